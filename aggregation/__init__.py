@@ -1,0 +1,47 @@
+"""Multi-teacher aggregation: the FKL mixture and the RKL geometric pool, token and sequence level.
+
+Token level (SPEC 1), arrays ``(K, ..., n)``, weights ``(K,)``::
+
+    arithmetic_pool, geometric_pool            probabilities in, probabilities out
+    log_arithmetic_pool, log_geometric_pool    log-probabilities in and out
+    log_partition                              ln Z of the geometric pool
+
+Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
+
+    sequence_log_partition          ln Z[h, s] by the backward recursion
+    sequence_geometric_conditionals ln g[h, s, a], the token conditionals of G_seq
+    local_geometric_conditionals    ln l[s, a], the per-token geometric pool
+    mixture_conditionals            ln A(a | u) along a path (posterior weights)
+    sequence_log_prob               ln p_k(y) of a path
+    sample_paths, state_occupancy   sampling and forward occupancies under g, l, A or a teacher
+"""
+
+from .pools import arithmetic_pool, geometric_pool, log_arithmetic_pool, log_geometric_pool, log_partition
+from .sequence import (
+    FiniteStateTeachers,
+    NumericalFallbackWarning,
+    local_geometric_conditionals,
+    mixture_conditionals,
+    sample_paths,
+    sequence_geometric_conditionals,
+    sequence_log_partition,
+    sequence_log_prob,
+    state_occupancy,
+)
+
+__all__ = [
+    "arithmetic_pool",
+    "geometric_pool",
+    "log_arithmetic_pool",
+    "log_geometric_pool",
+    "log_partition",
+    "FiniteStateTeachers",
+    "NumericalFallbackWarning",
+    "sequence_log_partition",
+    "sequence_geometric_conditionals",
+    "local_geometric_conditionals",
+    "mixture_conditionals",
+    "sequence_log_prob",
+    "sample_paths",
+    "state_occupancy",
+]

@@ -1,0 +1,98 @@
+"""Argument checks shared by the public functions (SPEC section 7).
+
+Each raises ValueError naming the argument and the first offending index, and returns a contiguous
+float64 (or int64) array ready for a kernel.
+"""
+
+import numpy as np
+from scipy.special import logsumexp
+
+ROW_TOL = 1e-6
+
+
+def _first(mask):
+    """The first True index of a boolean array, as a tuple (or an int for 1-D)."""
+    idx = tuple(int(i) for i in np.argwhere(mask)[0])
+    return idx[0] if len(idx) == 1 else idx
+
+
+def _array(x, name, dtype=np.float64, min_ndim=1):
+    try:
+        arr = np.ascontiguousarray(x, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a numeric array: {exc}") from None
+    if arr.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} axes (teacher first, vocabulary last), "
+                         f"got shape {arr.shape}")
+    return arr
+
+
+def check_weights(weights, n_teachers, name="weights", other="log_probs"):
+    """Weights on the simplex: 1-D, length K, finite, >= 0, summing to 1 (1e-6 relative)."""
+    w = _array(weights, name)
+    if w.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {w.shape}")
+    if w.shape[0] != n_teachers:
+        raise ValueError(f"{name} has length {w.shape[0]} but the teacher axis (axis 0) of {other} "
+                         f"has {n_teachers} entries")
+    if not np.all(np.isfinite(w)):
+        i = _first(~np.isfinite(w))
+        raise ValueError(f"{name}[{i}] = {w[i]} is not finite")
+    if np.any(w < 0):
+        i = _first(w < 0)
+        raise ValueError(f"{name}[{i}] = {w[i]} is negative")
+    total = w.sum()
+    if abs(total - 1.0) > ROW_TOL:
+        raise ValueError(f"{name} sum to {total!r}, not 1 (normalise them first)")
+    return w
+
+
+def check_probs(probs, name="probs", min_ndim=2):
+    """Probabilities with the vocabulary last: finite, >= 0, each row summing to 1 (1e-6 relative)."""
+    p = _array(probs, name, min_ndim=min_ndim)
+    if not np.all(np.isfinite(p)):
+        i = _first(~np.isfinite(p))
+        raise ValueError(f"{name}[{i}] = {p[i]} is not finite")
+    if np.any(p < 0):
+        i = _first(p < 0)
+        raise ValueError(f"{name}[{i}] = {p[i]} is negative")
+    sums = p.sum(axis=-1)
+    bad = np.abs(sums - 1.0) > ROW_TOL
+    if np.any(bad):
+        i = _first(bad)
+        raise ValueError(f"{name}[{i}] sums to {sums[i]!r}, not 1 (each row over the last axis must be "
+                         f"a distribution)")
+    return p
+
+
+def check_log_probs(log_probs, name="log_probs", min_ndim=2, normalised=False):
+    """Log-probabilities: no NaN, none above 0 (-inf allowed); optionally rows with logsumexp = 0."""
+    lp = _array(log_probs, name, min_ndim=min_ndim)
+    if np.any(np.isnan(lp)):
+        i = _first(np.isnan(lp))
+        raise ValueError(f"{name}[{i}] is NaN")
+    if np.any(lp > 0):
+        i = _first(lp > 0)
+        raise ValueError(f"{name}[{i}] = {lp[i]} > 0: pass log-probabilities (log_softmax), not logits")
+    if normalised:
+        with np.errstate(divide="ignore"):
+            sums = np.exp(logsumexp(lp, axis=-1))
+        bad = np.abs(sums - 1.0) > ROW_TOL
+        if np.any(bad):
+            i = _first(bad)
+            raise ValueError(f"{name}[{i}] sums to {sums[i]!r} in probability, not 1 (each row over "
+                             f"the last axis must be a distribution)")
+    return lp
+
+
+def check_horizon(horizon, name="horizon"):
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {horizon!r}")
+    if horizon < 0:
+        raise ValueError(f"{name} = {horizon} is negative")
+    return int(horizon)
+
+
+def positive_teachers(weights):
+    """Indices of the teachers with positive weight (weight-0 teachers are left out of every sum)."""
+    return np.flatnonzero(weights > 0)

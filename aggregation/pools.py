@@ -1,0 +1,111 @@
+"""Token-level pools of K teachers over one vocabulary (SPEC section 1).
+
+Arrays put the teacher axis first and the vocabulary last, ``(K, ..., n)``, with any number of
+middle axes; weights are ``(K,)`` on the simplex. Weight-0 teachers are left out of every sum, so a
+teacher with weight 0 may put probability 0 anywhere.
+"""
+
+import numpy as np
+from numba import get_num_threads
+
+from . import _kernels
+from ._validate import _array, check_log_probs, check_probs, check_weights, positive_teachers
+
+
+def _active(log_probs, weights, name):
+    """Validate the shapes and weights; drop weight-0 teachers (after checking their entries too)."""
+    lp = _array(log_probs, name, min_ndim=2)
+    w = check_weights(weights, lp.shape[0], other=name)
+    if lp.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty vocabulary axis (axis -1)")
+    keep = positive_teachers(w)
+    if keep.size < w.size:
+        check_log_probs(lp, name)
+        lp, w = np.ascontiguousarray(lp[keep]), w[keep]
+    return lp, w
+
+
+def _geometric(log_probs, weights, name="log_probs"):
+    """Run the geometric kernel; returns (log G, ln Z) with the middle axes restored."""
+    lp, w = _active(log_probs, weights, name)
+    K, n = lp.shape[0], lp.shape[-1]
+    middle = lp.shape[1:-1]
+    flat = lp.reshape(K, -1, n)
+    out = np.empty(flat.shape[1:])
+    log_z = np.empty(flat.shape[1])
+    status = np.empty(flat.shape[1], np.int8)
+    _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, get_num_threads())
+    if status.any():
+        row = int(np.flatnonzero(status)[0])
+        if status[row] == 1:
+            check_log_probs(log_probs, name)  # raises with the exact index
+        idx = np.unravel_index(row, middle) if middle else ()
+        raise ValueError(f"{name}: empty support intersection at middle index {tuple(int(i) for i in idx)}: "
+                         f"every token has probability 0 under some positive-weight teacher (Z = 0)")
+    return out.reshape(middle + (n,)), log_z.reshape(middle)
+
+
+def log_geometric_pool(log_probs, weights):
+    """Normalised weighted geometric pool in log space (the RKL minimiser, SPEC 1).
+
+    ln G(a) = sum_k w_k ln p_k(a) - ln Z,   ln Z = logsumexp_a sum_k w_k ln p_k(a).
+
+    Parameters
+    ----------
+    log_probs : (K, ..., n) log-probabilities (-inf allowed; rows need not be normalised, G is
+        invariant to rescaling a teacher).
+    weights : (K,) on the simplex.
+
+    Returns
+    -------
+    (..., n) log-probabilities. Raises ValueError for an empty support intersection.
+    """
+    return _geometric(log_probs, weights)[0]
+
+
+def log_partition(log_probs, weights):
+    """ln Z = logsumexp_a sum_k w_k ln p_k(a) <= 0 for normalised teachers (SPEC 1); shape (...).
+
+    -ln Z is the minimum of sum_k w_k KL(q || p_k) over q.
+    """
+    return _geometric(log_probs, weights)[1]
+
+
+def log_arithmetic_pool(log_probs, weights):
+    """Weighted arithmetic mixture in log space (the FKL minimiser, SPEC 1).
+
+    ln A(a) = logsumexp_k (ln w_k + ln p_k(a)).
+
+    Parameters
+    ----------
+    log_probs : (K, ..., n) log-probabilities (-inf allowed).
+    weights : (K,) on the simplex.
+
+    Returns
+    -------
+    (..., n) log-probabilities.
+    """
+    lp, w = _active(log_probs, weights, "log_probs")
+    K, n = lp.shape[0], lp.shape[-1]
+    flat = lp.reshape(K, -1, n)
+    out = np.empty(flat.shape[1:])
+    status = np.empty(flat.shape[1], np.int8)
+    _kernels.log_arithmetic_pool_kernel(flat, np.log(w), out, status, get_num_threads())
+    if status.any():
+        check_log_probs(log_probs)
+    return out.reshape(lp.shape[1:])
+
+
+def arithmetic_pool(probs, weights):
+    """A(a) = sum_k w_k p_k(a) (SPEC 1). probs: (K, ..., n) distributions; returns (..., n)."""
+    p = check_probs(probs)
+    w = check_weights(weights, p.shape[0], other="probs")
+    return np.tensordot(w, p, axes=1)
+
+
+def geometric_pool(probs, weights):
+    """G(a) = prod_k p_k(a)^{w_k} / Z (SPEC 1), computed in log space. probs: (K, ..., n)."""
+    p = check_probs(probs)
+    with np.errstate(divide="ignore"):
+        log_p = np.log(p)
+    return np.exp(_geometric(log_p, weights, "probs")[0])

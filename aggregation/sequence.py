@@ -1,0 +1,292 @@
+"""Sequence-level pools over finite-state teachers (SPEC section 2).
+
+K teachers share one finite-state machine: ``next_state[s, a]`` is the state after token a in state
+s (-1: the response ends), ``log_probs[k, s, a] = ln p_k(a | s)``. A response starts in ``start``
+and emits at most ``horizon`` tokens. Sequence-level targets:
+
+- mixture ``A_seq(y) = sum_k w_k p_k(y)``, token conditionals with posterior weights
+  ``beta_k(u) ∝ w_k p_k(u)``;
+- geometric ``G_seq(y) ∝ prod_k p_k(y)^{w_k}``, token conditionals
+  ``g(a | u) = prod_k p_k(a | u)^{w_k} Z(ua) / Z(u)`` with the continuation partition Z;
+- local geometric ``l(a | u) ∝ prod_k p_k(a | u)^{w_k}`` (the token-level pool at each state).
+"""
+
+import warnings
+
+import numpy as np
+from scipy.special import logsumexp
+
+from . import _kernels
+from ._validate import _array, check_horizon, check_log_probs, check_probs, check_weights, positive_teachers
+from .pools import _geometric
+
+# Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
+# its relative accuracy, so the log-space kernel is used instead.
+_LINEAR_MIN_REWARD = -700.0
+
+
+class NumericalFallbackWarning(RuntimeWarning):
+    """A fast path would have lost accuracy and a slower, exact one was used instead."""
+
+
+class FiniteStateTeachers:
+    """K teachers on one finite-state machine.
+
+    Parameters
+    ----------
+    next_state : (S, n) int, entries in [-1, S); -1 means the token ends the response.
+    log_probs : (K, S, n) log-probabilities; every row ``log_probs[k, s]`` a distribution
+        (1e-6 relative), -inf allowed.
+    start : the start state.
+    """
+
+    def __init__(self, next_state, log_probs, start=0):
+        ns = np.asarray(next_state)
+        if ns.dtype.kind not in "iu":
+            raise ValueError(f"next_state must be an integer array, got dtype {ns.dtype}")
+        if ns.ndim != 2 or ns.shape[0] == 0 or ns.shape[1] == 0:
+            raise ValueError(f"next_state must have shape (S, n) with S, n >= 1, got {ns.shape}")
+        lp = _array(log_probs, "log_probs", min_ndim=3)
+        if lp.ndim != 3:
+            raise ValueError(f"log_probs must have shape (K, S, n), got {lp.shape}")
+        for axis, what in ((1, "states"), (2, "vocabulary")):
+            if lp.shape[axis] != ns.shape[axis - 1]:
+                raise ValueError(f"log_probs axis {axis} ({what}) has {lp.shape[axis]} entries but "
+                                 f"next_state axis {axis - 1} has {ns.shape[axis - 1]}")
+        S = ns.shape[0]
+        bad = (ns < -1) | (ns >= S)
+        if bad.any():
+            i = tuple(int(j) for j in np.argwhere(bad)[0])
+            raise ValueError(f"next_state[{i}] = {ns[i]} is out of range [-1, {S})")
+        lp = check_log_probs(lp, "log_probs", normalised=True)
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start < S:
+            raise ValueError(f"start = {start!r} must be a state index in [0, {S})")
+        self.next_state = np.ascontiguousarray(ns, dtype=np.int64)
+        self.log_probs = lp
+        self.start = int(start)
+        self.next_state.flags.writeable = False
+        self.log_probs.flags.writeable = False
+
+    @classmethod
+    def from_probs(cls, next_state, probs, start=0):
+        """Build from probabilities ``probs: (K, S, n)`` instead of log-probabilities."""
+        p = check_probs(probs, "probs", min_ndim=3)
+        with np.errstate(divide="ignore"):
+            return cls(next_state, np.log(p), start)
+
+    K = property(lambda self: self.log_probs.shape[0], doc="number of teachers")
+    S = property(lambda self: self.log_probs.shape[1], doc="number of states")
+    n = property(lambda self: self.log_probs.shape[2], doc="vocabulary size")
+
+    def __repr__(self):
+        return f"FiniteStateTeachers(K={self.K}, S={self.S}, n={self.n}, start={self.start})"
+
+
+def _check_teachers(teachers):
+    if not isinstance(teachers, FiniteStateTeachers):
+        raise ValueError(f"teachers must be a FiniteStateTeachers, got {type(teachers).__name__}")
+    return teachers
+
+
+def _reward(teachers, weights):
+    """r[s, a] = sum_k w_k ln p_k(a | s) over the positive-weight teachers; (S, n)."""
+    _check_teachers(teachers)
+    w = check_weights(weights, teachers.K, other="teachers.log_probs")
+    keep = positive_teachers(w)
+    return _kernels.pooled_weights_kernel(np.ascontiguousarray(teachers.log_probs[keep]), w[keep])
+
+
+def _log_partition(teachers, reward, horizon):
+    S = teachers.S
+    out = np.empty((horizon + 1, S))
+    finite = reward[np.isfinite(reward)]
+    linear_ok = finite.size == 0 or finite.min() >= _LINEAR_MIN_REWARD
+    if linear_ok and _kernels.sequence_log_partition_linear_kernel(teachers.next_state, reward, horizon, out):
+        pass
+    else:
+        warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
+                      "differing by more than ~1e280, or pooled probabilities below 1e-304); using the "
+                      "log-space recursion", NumericalFallbackWarning, stacklevel=3)
+        _kernels.sequence_log_partition_log_kernel(teachers.next_state, reward, horizon, out)
+    if out[0, teachers.start] == -np.inf:
+        raise ValueError(f"empty support intersection at the sequence level: no response of at most "
+                         f"{horizon} tokens from the start state {teachers.start} has positive probability "
+                         f"under every positive-weight teacher (Z = 0)")
+    return out
+
+
+def sequence_log_partition(teachers, weights, horizon):
+    """Continuation partitions ln Z by the backward recursion (SPEC 2).
+
+    ln Z[H, s] = 0,  ln Z[h, s] = logsumexp_a ( sum_k w_k ln p_k(a|s) + ln Z[h+1, next(s, a)] ),
+    with ln Z = 0 after an end token. O(H S n) time after pooling the K teachers once.
+
+    Returns
+    -------
+    (horizon + 1, S): row h is ln Z of each state with ``horizon - h`` tokens left; -inf where no
+    completion has positive weight. Raises ValueError when that happens at the start state.
+    """
+    horizon = check_horizon(horizon)
+    reward = _reward(teachers, weights)
+    return _log_partition(teachers, reward, horizon)
+
+
+def sequence_geometric_conditionals(teachers, weights, horizon):
+    """Token conditionals of the sequence-level geometric pool G_seq (SPEC 2).
+
+    ln g[h, s, a] = sum_k w_k ln p_k(a|s) + ln Z[h+1, next(s, a)] - ln Z[h, s].
+
+    Returns
+    -------
+    (horizon, S, n) log-probabilities; rows of states with Z = 0 (never reached under g) are -inf.
+    """
+    horizon = check_horizon(horizon)
+    reward = _reward(teachers, weights)
+    log_z = _log_partition(teachers, reward, horizon)
+    out = np.empty((horizon, teachers.S, teachers.n))
+    _kernels.geometric_conditionals_kernel(teachers.next_state, reward, log_z, out)
+    return out
+
+
+def local_geometric_conditionals(teachers, weights):
+    """Local (per-token) geometric pool at every state, l(a|s) ∝ prod_k p_k(a|s)^{w_k} (SPEC 2); (S, n).
+
+    Raises ValueError naming the first state whose supports do not intersect.
+    """
+    _check_teachers(teachers)
+    return _geometric(teachers.log_probs, weights, "teachers.log_probs")[0]
+
+
+def _walk(teachers, path):
+    """Validate a token path from the start state; returns (tokens, states visited before each)."""
+    _check_teachers(teachers)
+    tokens = np.asarray(path)
+    if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+        raise ValueError(f"path must be a 1-D sequence of token ids, got {tokens!r}")
+    tokens = tokens.astype(np.int64)
+    bad = (tokens < 0) | (tokens >= teachers.n)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"path[{i}] = {tokens[i]} is out of the vocabulary range [0, {teachers.n})")
+    states = np.empty(tokens.size, np.int64)
+    s = teachers.start
+    for t, a in enumerate(tokens):
+        if s < 0:
+            raise ValueError(f"path[{t - 1}] = {tokens[t - 1]} ends the response but the path goes on")
+        states[t] = s
+        s = teachers.next_state[s, a]
+    return tokens, states
+
+
+def sequence_log_prob(teachers, path):
+    """ln p_k(y) = sum_h ln p_k(y_h | y_<h) of a token path from the start state, per teacher; (K,)."""
+    tokens, states = _walk(teachers, path)
+    return teachers.log_probs[:, states, tokens].sum(axis=1)
+
+
+def mixture_conditionals(teachers, weights, path):
+    """Token conditionals of the sequence-level mixture A_seq along a path (SPEC 2).
+
+    ln A(a | u) = logsumexp_k ( ln beta_k(u) + ln p_k(a|u) ),  beta_k(u) ∝ w_k p_k(u),
+    for every prefix u of the path (the empty prefix first).
+
+    Returns
+    -------
+    (len(path) + 1, n) log-probabilities; the last row is -inf when the path ends the response.
+    Raises ValueError when the path has probability 0 under every positive-weight teacher.
+    """
+    tokens, states = _walk(teachers, path)
+    w = check_weights(weights, teachers.K, other="teachers.log_probs")
+    keep = positive_teachers(w)
+    lp = teachers.log_probs[keep]
+    # log_beta[t] = ln w_k + ln p_k(y_<t), for t = 0 .. L
+    steps = lp[:, states, tokens]                                 # (K', L)
+    log_beta = np.log(w[keep])[:, None] + np.concatenate(
+        [np.zeros((keep.size, 1)), np.cumsum(steps, axis=1)], axis=1)
+    dead = np.isneginf(log_beta).all(axis=0)
+    if dead.any():
+        t = int(np.flatnonzero(dead)[0]) - 1
+        raise ValueError(f"path[{t}] = {tokens[t]}: the prefix has probability 0 under every "
+                         f"positive-weight teacher")
+    log_beta -= logsumexp(log_beta, axis=0)
+    last = teachers.start if tokens.size == 0 else teachers.next_state[states[-1], tokens[-1]]
+    all_states = np.append(states, last)
+    out = np.full((tokens.size + 1, teachers.n), -np.inf)
+    live = all_states >= 0
+    cond = lp[:, np.where(live, all_states, 0), :]               # (K', L + 1, n)
+    out[live] = logsumexp(log_beta[:, :, None] + cond, axis=0)[live]
+    return out
+
+
+def _target_tables(teachers, weights, horizon, target):
+    """Per-step probability tables (T, S, n) and step (1: table h at step h, 0: one table)."""
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        if not 0 <= target < teachers.K:
+            raise ValueError(f"target = {target} is not a teacher index in [0, {teachers.K})")
+        return np.exp(teachers.log_probs[target])[None], 0
+    if target == "geometric":
+        return np.exp(sequence_geometric_conditionals(teachers, weights, horizon)), 1
+    if target == "local":
+        return np.exp(local_geometric_conditionals(teachers, weights))[None], 0
+    if target == "mixture":
+        return np.exp(teachers.log_probs), 0
+    raise ValueError(f"target = {target!r} must be 'geometric', 'local', 'mixture' or a teacher index")
+
+
+def _check_count(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} = {value!r} must be a non-negative integer")
+    return int(value)
+
+
+def sample_paths(teachers, weights, horizon, n_samples, seed, target="geometric"):
+    """Sample responses of at most ``horizon`` tokens from the start state.
+
+    target: ``"geometric"`` (g, i.e. G_seq), ``"local"`` (l at every step), ``"mixture"`` (A_seq:
+    a teacher k ~ w per response, then p_k) or a teacher index. ``weights`` may be None for a
+    teacher index.
+
+    Returns
+    -------
+    (n_samples, horizon) int64 tokens, -1 after the response ends. Same seed, same paths.
+    """
+    _check_teachers(teachers)
+    horizon = check_horizon(horizon)
+    n_samples = _check_count(n_samples, "n_samples")
+    probs, step = _target_tables(teachers, weights, horizon, target)
+    rng = np.random.default_rng(seed)
+    table = np.zeros(n_samples, np.int64)
+    if target == "mixture":
+        w = check_weights(weights, teachers.K, other="teachers.log_probs")
+        table = rng.choice(teachers.K, size=n_samples, p=w).astype(np.int64)
+    cdf = np.ascontiguousarray(np.cumsum(probs, axis=-1))
+    uniforms = rng.random((n_samples, horizon))
+    out = np.empty((n_samples, horizon), np.int64)
+    _kernels.sample_paths_kernel(teachers.next_state, cdf, table, step, teachers.start, uniforms, out)
+    return out
+
+
+def state_occupancy(teachers, weights, horizon, target="geometric"):
+    """Probability of being in each state, not yet ended, before token h (forward recursion).
+
+    occ[0] = one-hot(start),  occ[h+1, s'] = sum_{s, a: next(s, a) = s'} occ[h, s] P_h(a | s).
+    target as in :func:`sample_paths`; the mixture's occupancy is sum_k w_k occ_k.
+
+    Returns
+    -------
+    (horizon + 1, S).
+    """
+    _check_teachers(teachers)
+    horizon = check_horizon(horizon)
+    probs, step = _target_tables(teachers, weights, horizon, target)
+
+    def run(table, step):
+        out = np.zeros((horizon + 1, teachers.S))
+        _kernels.state_occupancy_kernel(teachers.next_state, np.ascontiguousarray(table), step,
+                                        teachers.start, horizon, out)
+        return out
+
+    if target == "mixture":
+        w = check_weights(weights, teachers.K, other="teachers.log_probs")
+        return sum(w[k] * run(probs[k:k + 1], 0) for k in positive_teachers(w))
+    return run(probs, step)
