@@ -43,7 +43,7 @@ def check_weights(weights, n_teachers, name="weights", other="log_probs"):
         raise ValueError(f"{name}[{i}] = {w[i]} is negative")
     total = w.sum()
     if abs(total - 1.0) > ROW_TOL:
-        raise ValueError(f"{name} sum to {total!r}, not 1 (normalise them first)")
+        raise ValueError(f"{name} sum to {float(total)!r}, not 1 (normalise them first)")
     return w
 
 
@@ -60,7 +60,7 @@ def check_probs(probs, name="probs", min_ndim=2):
     bad = np.abs(sums - 1.0) > ROW_TOL
     if np.any(bad):
         i = _first(bad)
-        raise ValueError(f"{name}[{i}] sums to {sums[i]!r}, not 1 (each row over the last axis must be "
+        raise ValueError(f"{name}[{i}] sums to {float(sums[i])!r}, not 1 (each row over the last axis must be "
                          f"a distribution)")
     return p
 
@@ -80,7 +80,7 @@ def check_log_probs(log_probs, name="log_probs", min_ndim=2, normalised=False):
         bad = np.abs(sums - 1.0) > ROW_TOL
         if np.any(bad):
             i = _first(bad)
-            raise ValueError(f"{name}[{i}] sums to {sums[i]!r} in probability, not 1 (each row over "
+            raise ValueError(f"{name}[{i}] sums to {float(sums[i])!r} in probability, not 1 (each row over "
                              f"the last axis must be a distribution)")
     return lp
 
