@@ -142,31 +142,58 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
         s = s_buf[c]
         e = e_buf[c]
         for m in range(c * M // chunks, (c + 1) * M // chunks):
+            # s = sum_k w_k x_k, two teachers per pass over s; pos > 0 iff some entry is > 0
             pos = 0.0
-            smax = -np.inf
-            # k innermost: one pass over the K input rows, no reloads of s
-            for a in range(n):
-                acc = 0.0
-                for k in range(K):
-                    x = log_probs[k, m, a]
+            first = 2 - K % 2
+            w0 = weights[0]
+            if first == 1:
+                for a in range(n):
+                    x = log_probs[0, m, a]
                     pos += max(x, 0.0)
-                    acc += weights[k] * x
-                s[a] = acc
-                smax = max(smax, acc)
-            if not (pos == 0.0) or smax != smax:
+                    s[a] = w0 * x
+            else:
+                w1 = weights[1]
+                for a in range(n):
+                    x = log_probs[0, m, a]
+                    y = log_probs[1, m, a]
+                    pos += max(x, 0.0) + max(y, 0.0)
+                    s[a] = w0 * x + w1 * y
+            for k in range(first, K, 2):
+                wk = weights[k]
+                wl = weights[k + 1]
+                for a in range(n):
+                    x = log_probs[k, m, a]
+                    y = log_probs[k + 1, m, a]
+                    pos += max(x, 0.0) + max(y, 0.0)
+                    s[a] += wk * x + wl * y
+            # s <= 0, so exp(s) cannot overflow and no max-shift is needed unless the sum underflows
+            nan_check = 0.0
+            for a in range(n):
+                e[a] = s[a]
+                nan_check += s[a]
+            if not (pos == 0.0) or nan_check != nan_check:
                 status[m] = 1
                 continue
-            if smax == -np.inf:
-                status[m] = 2
-                continue
-            status[m] = 0
-            for a in range(n):
-                e[a] = s[a] - smax
             _exp_inplace(e, a_buf[c], b_buf[c])
             tot = 0.0
             for a in range(n):
                 tot += e[a]
-            lse = smax + np.log(tot)
+            shift = 0.0
+            if tot < 1e-280:
+                shift = -np.inf
+                for a in range(n):
+                    shift = max(shift, s[a])
+                if shift == -np.inf:
+                    status[m] = 2
+                    continue
+                for a in range(n):
+                    e[a] = s[a] - shift
+                _exp_inplace(e, a_buf[c], b_buf[c])
+                tot = 0.0
+                for a in range(n):
+                    tot += e[a]
+            status[m] = 0
+            lse = shift + np.log(tot)
             log_z[m] = lse
             for a in range(n):
                 out[m, a] = s[a] - lse
@@ -193,10 +220,12 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
         d = d_buf[c]
         for m in range(c * M // chunks, (c + 1) * M // chunks):
             pos = 0.0
+            nan_check = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
             lw = log_weights[0]
             for a in range(n):
                 x = log_probs[0, m, a]
                 pos += max(x, 0.0)
+                nan_check += x
                 mx[a] = lw + x
                 sm[a] = 1.0
             for k in range(1, K):
@@ -204,6 +233,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
                 for a in range(n):
                     x = log_probs[k, m, a]
                     pos += max(x, 0.0)
+                    nan_check += x
                     diff = (lw + x) - mx[a]
                     # both -inf: diff is NaN and the term is 0
                     d[a] = -abs(diff) if diff == diff else -np.inf
@@ -213,10 +243,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
                     up = t > mx[a]
                     sm[a] = sm[a] * d[a] + 1.0 if up else sm[a] + d[a]
                     mx[a] = t if up else mx[a]
-            bad = not (pos == 0.0)
-            for a in range(n):
-                bad = bad or mx[a] != mx[a]
-            if bad:
+            if not (pos == 0.0) or nan_check != nan_check:
                 status[m] = 1
                 continue
             status[m] = 0

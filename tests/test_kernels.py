@@ -69,7 +69,7 @@ def test_arithmetic_pool_kernel_vs_twin(inputs, chunks):
 def test_pool_kernels_flag_bad_rows():
     lp = np.log(np.full((2, 3, 4), 0.25))
     lp[1, 1, 2] = 0.5
-    lp[0, 2, 0] = np.nan
+    lp[1, 2, 3] = np.nan
     out, log_z, status = np.empty((3, 4)), np.empty(3), np.empty(3, np.int8)
     _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, 2)
     assert list(status) == [0, 1, 1]

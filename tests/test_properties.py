@@ -92,6 +92,15 @@ def test_partition_at_most_one(tw):
     assert np.all(ag.log_partition(lp, w) <= 1e-12)
 
 
+@given(teachers(), st.integers(0, 2**31))
+def test_geometric_pool_invariant_to_rescaling_a_teacher(tw, seed):
+    """G is unchanged when a teacher's row is scaled before normalising, even by e^-800."""
+    lp, w = tw
+    shift = np.random.default_rng(seed).choice([-800.0, -30.0, -1e-3], size=lp.shape[:-1] + (1,))
+    np.testing.assert_allclose(ag.log_geometric_pool(lp + shift, w), ag.log_geometric_pool(lp, w),
+                               rtol=1e-9, atol=1e-9)
+
+
 @given(teachers(), st.integers(2, 8))
 def test_unanimity(tw, K):
     lp, _ = tw
