@@ -36,6 +36,7 @@ test: .venv/.installed-test
 
 bench: .venv/.installed-test
 	$(PY) benchmarks/bench_aggregation.py
+	$(PY) benchmarks/bench_regret.py
 
 clean:
 	rm -rf .venv results .hypothesis .pytest_cache

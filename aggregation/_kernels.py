@@ -38,6 +38,18 @@ def _exp_inplace(x, bits_a, bits_b):
     exp(x) = 2^k1 2^k2 P(r) with x = k ln2 + r, k = k1 + k2 split in two so that subnormal results
     come out right; x is clamped to [-746, 710], so -inf gives 0 and x > 709.78 gives inf.
     """
+    _exp_parts(x, bits_a, bits_b)
+    fa = bits_a.view(np.float64)
+    fb = bits_b.view(np.float64)
+    for i in range(x.shape[0]):
+        x[i] = x[i] * fa[i] * fb[i]
+
+
+@njit(cache=True, fastmath=_FM, inline="always")
+def _exp_parts(x, bits_a, bits_b):
+    """The first pass of ``_exp_inplace``, for callers in a hot loop: x[i] <- P(r_i), and the bits
+    of 2^k1, 2^k2 into bits_a, bits_b; exp(x[i]) is then x[i] * fa[i] * fb[i], with fa, fb the
+    float64 views of bits_a, bits_b that such a caller makes once, outside its loop."""
     m = x.shape[0]
     for i in range(m):
         xi = min(max(x[i], -746.0), 710.0)
@@ -60,10 +72,6 @@ def _exp_inplace(x, bits_a, bits_b):
         bits_a[i] = (k1 + 1023) << 52
         bits_b[i] = (k - k1 + 1023) << 52
         x[i] = p
-    fa = bits_a.view(np.float64)
-    fb = bits_b.view(np.float64)
-    for i in range(m):
-        x[i] = x[i] * fa[i] * fb[i]
 
 
 @njit(cache=True, fastmath=_FM)

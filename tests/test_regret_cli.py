@@ -1,0 +1,101 @@
+"""The regret suite end to end (integration): --quick, determinism, dask vs local, resume, bad args."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "sims", "regret.py")
+
+
+def run(*args, check=True, timeout=300):
+    proc = subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_quick_run_end_to_end(tmp_path):
+    out = tmp_path / "q"
+    run("--quick", "--out", str(out), "--quiet")
+    regret = pd.read_csv(out / "regret.csv")
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(regret.columns[:7]) == ["experiment", "learner", "feedback", "n_actions", "seed", "t", "regret"]
+    assert list(summary.columns[:8]) == ["experiment", "learner", "feedback", "n_actions", "slope", "slope_lo",
+                                         "slope_hi", "theory_slope"]
+    assert set(regret.experiment) == {"offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular",
+                                      "onpolicy-sequence", "function-approx"}
+    assert np.isfinite(regret.regret).all()
+    # KT on the constant sequence: the CSV holds R_KT(t) (10 significant digits)
+    from sims.learners import kt_worst_case
+    kt = regret[(regret.learner == "KT") & (regret.feedback == "constant") & (regret.n_actions == 3)]
+    np.testing.assert_allclose(kt.regret, kt_worst_case(kt.t.to_numpy(), 3), rtol=1e-9)
+    # alternating-teacher FTL slopes within 2% of (1/8) ln^2((1-e)/e)
+    ftl = summary[(summary.learner == "FTL") & (summary.feedback == "alternating") & (summary.metric == "regret")]
+    assert len(ftl) == 4
+    np.testing.assert_allclose(ftl.slope, ftl.theory_slope, rtol=0.02)
+    for exp in set(regret.experiment):
+        assert (out / "figures" / f"regret_{exp}.png").stat().st_size > 10_000
+
+
+def test_same_seed_same_bytes_and_other_seed_differs(tmp_path):
+    args = ("--quick", "--only", "offpolicy-sequence,onpolicy-sequence", "--no-figures", "--quiet", "--T", "300")
+    run(*args, "--out", str(tmp_path / "a"))
+    run(*args, "--out", str(tmp_path / "b"), "--no-resume")
+    run(*args, "--out", str(tmp_path / "c"), "--base-seed", "1")
+    for name in ("regret.csv", "summary.csv", "theory.csv"):
+        assert read(tmp_path / "a" / name) == read(tmp_path / "b" / name)
+    assert read(tmp_path / "a" / "regret.csv") != read(tmp_path / "c" / "regret.csv")
+
+
+def test_dask_executor_gives_the_same_bytes_as_local(tmp_path):
+    args = ("--quick", "--only", "offpolicy-tabular,function-approx", "--no-figures", "--quiet", "--T", "500")
+    run(*args, "--out", str(tmp_path / "local"))
+    run(*args, "--out", str(tmp_path / "dask"), "--executor", "dask")      # LocalCluster, 2 workers, 127.0.0.1
+    for name in ("regret.csv", "summary.csv", "theory.csv"):
+        assert read(tmp_path / "local" / name) == read(tmp_path / "dask" / name)
+
+
+def test_resume_after_a_killed_run(tmp_path):
+    out = tmp_path / "r"
+    args = ["--only", "onpolicy-sequence", "--seeds", "2", "--T", "20000", "--no-figures", "--quiet"]
+    proc = subprocess.Popen([sys.executable, SCRIPT, *args, "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cells = out / "cells"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (cells.exists() and any(p.suffix == ".pkl" for p in cells.iterdir())):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finished = {p.name: p.stat().st_mtime_ns for p in cells.iterdir() if p.suffix == ".pkl"}
+    assert 1 <= len(finished) < 4, "the run should have been killed between cells"
+    assert not (out / "regret.csv").exists()
+    again = run(*args, "--out", str(out))
+    assert f"({len(finished)} resumed)" in again.stderr
+    for name, mtime in finished.items():                         # finished cells were not recomputed
+        assert (cells / name).stat().st_mtime_ns == mtime
+    assert not [p for p in cells.iterdir() if p.name.startswith(".tmp-")]
+    run(*args, "--out", str(tmp_path / "fresh"))
+    assert read(out / "regret.csv") == read(tmp_path / "fresh" / "regret.csv")
+
+
+@pytest.mark.parametrize("bad", [["--T", "0"], ["--seeds", "-1"], ["--only", "nope"], ["--eps", "0.7"],
+                                 ["--eps", "0"], ["--executor", "mpi"], ["--T", "abc"],
+                                 ["--scheduler", "tcp://127.0.0.1:1"]])
+def test_bad_arguments_exit_2_with_one_line(bad):
+    proc = run(*bad, check=False, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr
