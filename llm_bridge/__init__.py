@@ -1,12 +1,21 @@
 """The token-level conditional analysis of aggregation/ on real causal language models (SPEC section 6).
 
-    Teachers(teachers, weights, vocab_size, device)   K causal LMs (or personas of one) with weights
+    Teachers(teachers, weights, vocab_size, device, end_token_ids)   K causal LMs (or personas of one)
     Teachers.teacher_log_probs(prompt_ids, continuation_ids, full=False, chunk=256)
     Teachers.path_analysis(prompt_ids, continuation_ids)   l, local and sequence-level mixture, posteriors
+    estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples, seed)   MC ln Z(u)
+    sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples, seed)  ln g of options
     TabularLM(finite_state_teachers, k)               a FiniteStateTeachers teacher served as a causal LM
+    load_model(spec), PersonaTeachers(model, tokenizer, personas, weights)   real models and personas
+
+Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe) and ``python -m llm_bridge.probe_batch``.
 """
 
+from .models import PersonaTeachers, load_model, read_teachers_file
+from .partition import PartitionEstimate, estimate_log_partition, sample_log_factors, sequence_geometric_scores
 from .tabular import TabularLM
 from .teachers import Teacher, Teachers, check_tokenizers, resolve_device
 
-__all__ = ["Teacher", "Teachers", "TabularLM", "check_tokenizers", "resolve_device"]
+__all__ = ["Teacher", "Teachers", "TabularLM", "check_tokenizers", "resolve_device",
+           "PartitionEstimate", "estimate_log_partition", "sample_log_factors", "sequence_geometric_scores",
+           "PersonaTeachers", "load_model", "read_teachers_file"]

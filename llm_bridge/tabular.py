@@ -4,6 +4,10 @@ With K of these as the bridge's teachers, every exact quantity of the bridge can
 aggregation's dynamic programme. Token ids 0..n-1 are the machine's tokens; id n is a BOS token
 that starts every sequence (the start state), and ``pad`` extra logit rows imitate a padded
 vocabulary. After the response ends (``next_state = -1``) the model serves uniform logits.
+
+The "KV cache" is the current state of each sequence, a LongTensor ``(B,)``; like a transformers
+cache it is returned (as ``cache`` and ``past_key_values``) when ``use_cache=True`` and is continued
+by passing it back with the new tokens only.
 """
 
 from types import SimpleNamespace
@@ -28,27 +32,36 @@ class TabularLM(torch.nn.Module):
         self.bos_token_id = teachers.n
         self.pad = int(pad)
         self.start = teachers.start
-        self.register_buffer("next_state", torch.from_numpy(np.array(teachers.next_state)))
+        # one extra row (index S) is the "ended / no state" row with uniform logits
+        ns = np.vstack([np.array(teachers.next_state), np.full((1, self.n), -1)])
+        ns[ns < 0] = teachers.S
+        self.register_buffer("next_state", torch.from_numpy(ns))
         lp = np.where(np.isneginf(teachers.log_probs[k]), _NEG, teachers.log_probs[k])
-        self.register_buffer("table", torch.from_numpy(lp))
+        table = np.full((teachers.S + 1, self.vocab_size), _NEG)
+        table[:-1, :self.n] = lp
+        table[-1, :self.n] = 0.0
+        self.register_buffer("table", torch.from_numpy(table))
+        self.ended = teachers.S
 
     @property
     def vocab_size(self):
         """Logit rows: the n tokens, BOS, then padding."""
         return self.n + 1 + self.pad
 
-    def forward(self, input_ids, use_cache=False, **_):
+    def forward(self, input_ids, cache=None, past_key_values=None, use_cache=False, **_):
         B, T = input_ids.shape
-        logits = torch.full((B, T, self.vocab_size), _NEG, dtype=self.table.dtype, device=input_ids.device)
-        for b in range(B):
-            s = -1
-            for t in range(T):
-                a = int(input_ids[b, t])
-                if a == self.bos_token_id:
-                    s = self.start
-                elif s >= 0 and a < self.n:
-                    s = int(self.next_state[s, a])
-                else:
-                    s = -1
-                logits[b, t, :self.n] = self.table[s] if s >= 0 else 0.0
-        return SimpleNamespace(logits=logits)
+        past_key_values = cache if cache is not None else past_key_values
+        if past_key_values is None:
+            state = torch.full((B,), self.ended, dtype=torch.long, device=input_ids.device)
+        else:
+            state = past_key_values.to(input_ids.device)
+        states = torch.empty((B, T), dtype=torch.long, device=input_ids.device)
+        for t in range(T):
+            a = input_ids[:, t]
+            inside = (a < self.n) & (state != self.ended)
+            step = self.next_state[state, a.clamp(0, self.n - 1)]
+            state = torch.where(a == self.bos_token_id, torch.full_like(state, self.start),
+                                torch.where(inside, step, torch.full_like(state, self.ended)))
+            states[:, t] = state
+        state = state if use_cache else None
+        return SimpleNamespace(logits=self.table[states], cache=state, past_key_values=state)

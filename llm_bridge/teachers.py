@@ -7,6 +7,7 @@ vocabulary (Qwen-style checkpoints pad the logit rows past ``len(tokenizer)``), 
 positions so that memory is O(chunk x n) per teacher. The pools themselves are aggregation's.
 """
 
+import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,10 +37,11 @@ def check_tokenizers(tokenizers):
 
 @dataclass
 class Teacher:
-    """One teacher: a causal LM, token ids put before every prompt, and a temperature."""
+    """One teacher: a causal LM, token ids put before every prompt, a temperature and a name."""
     model: torch.nn.Module
-    template_ids: list = field(default_factory=list)
-    temperature: float = 1.0
+    template_ids: list = field(default_factory=list)   # e.g. a system prompt, before the prompt
+    temperature: float = 1.0                           # logits / temperature before log_softmax
+    name: str = ""                                     # "" -> "teacher{k}"
 
 
 class Teachers:
@@ -51,9 +53,10 @@ class Teachers:
     weights : (K,) on the simplex.
     vocab_size : tokens that count (``len(tokenizer)``); logit rows past it are padding and dropped.
     device : ``"cpu"`` (default), ``"cuda"`` or ``"auto"`` (CUDA when present).
+    end_token_ids : token ids that end a response (EOS, ``<|im_end|>``); sampling stops there.
     """
 
-    def __init__(self, teachers, weights, vocab_size, device="cpu"):
+    def __init__(self, teachers, weights, vocab_size, device="cpu", end_token_ids=()):
         if not teachers:
             raise ValueError("teachers is empty")
         self.teachers = list(teachers)
@@ -65,12 +68,35 @@ class Teachers:
             raise ValueError(f"vocab_size = {vocab_size} must be >= 1")
         self.vocab_size = int(vocab_size)
         self.device = resolve_device(device)
-        for t in self.teachers:
+        self.end_token_ids = tuple(int(e) for e in end_token_ids)
+        bad = [e for e in self.end_token_ids if not 0 <= e < self.vocab_size]
+        if bad:
+            raise ValueError(f"end_token_ids contains {bad[0]}, outside the vocabulary [0, {self.vocab_size})")
+        for k, t in enumerate(self.teachers):
             t.model.to(self.device).eval()
+            if not t.name:
+                t.name = f"teacher{k}"
+        names = [t.name for t in self.teachers]
+        if len(set(names)) < len(names):
+            raise ValueError(f"teacher names must differ, got {names}")
 
     @property
     def K(self):
         return len(self.teachers)
+
+    @property
+    def names(self):
+        return [t.name for t in self.teachers]
+
+    def estimate_log_partition(self, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size=None):
+        """Monte-Carlo ln Z(prefix) from continuations sampled from l; see :mod:`llm_bridge.partition`."""
+        from .partition import estimate_log_partition
+        return estimate_log_partition(self, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size)
+
+    def sequence_geometric_scores(self, prompt_ids, options, horizons, n_samples, seed, batch_size=None):
+        """ln g of each option relative to the others, per horizon; see :mod:`llm_bridge.partition`."""
+        from .partition import sequence_geometric_scores
+        return sequence_geometric_scores(self, prompt_ids, options, horizons, n_samples, seed, batch_size)
 
     @torch.no_grad()
     def teacher_log_probs(self, prompt_ids, continuation_ids, full=False, chunk=256):
@@ -95,13 +121,11 @@ class Teachers:
         target = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
         for k, t in enumerate(self.teachers):
             ids = torch.tensor([t.template_ids + prompt_ids + continuation_ids], device=self.device)
-            out = t.model(input_ids=ids, use_cache=False)
-            hidden_logits = out.logits[0]
+            logits_rows = _logit_rows(t.model, ids)
             start = len(t.template_ids) + len(prompt_ids) - 1      # position predicting c_0
             for lo in range(0, T, chunk):
                 hi = min(T, lo + chunk)
-                logits = hidden_logits[start + lo:start + hi, :n].float() / t.temperature
-                lp = torch.log_softmax(logits, dim=-1)
+                lp = self.log_softmax(logits_rows(start + lo, start + hi), t.temperature)
                 path[k, lo:hi] = lp.gather(1, target[lo:hi, None])[:, 0].double().cpu().numpy()
                 if full:
                     out_full[k, lo:hi] = lp.double().cpu().numpy()
@@ -133,6 +157,86 @@ class Teachers:
             "posterior": post,
             "prefix_log_prob": prefix,
         }
+
+
+    def log_softmax(self, logits, temperature):
+        """float32 ``log_softmax(logits[..., :n] / temperature)``: padded logit rows are dropped."""
+        return torch.log_softmax(logits[..., :self.vocab_size].float() / temperature, dim=-1)
+
+    @torch.no_grad()
+    def prefill(self, k, ids):
+        """Run teacher k on ``template + ids`` (one sequence); returns (next-token log-probs (n,)
+        float32 tensor, the model's cache)."""
+        t = self.teachers[k]
+        x = torch.tensor([t.template_ids + list(ids)], device=self.device)
+        out = t.model(input_ids=x, use_cache=True, **_keep_last(t.model))
+        return self.log_softmax(out.logits[0, -1], t.temperature), _cache_of(out)
+
+    @torch.no_grad()
+    def step(self, k, tokens, cache):
+        """Feed one token per sequence, ``tokens: (B,)`` LongTensor, to teacher k with its cache;
+        returns ((B, n) float32 log-probs, the cache)."""
+        t = self.teachers[k]
+        out = t.model(input_ids=tokens[:, None], use_cache=True, **{_cache_name(t.model): cache})
+        return self.log_softmax(out.logits[:, -1], t.temperature), _cache_of(out)
+
+
+def expand_cache(cache, batch):
+    """Repeat a batch-1 cache ``batch`` times along the batch axis (transformers Cache or a tensor)."""
+    if isinstance(cache, torch.Tensor):
+        return cache.repeat_interleave(batch, dim=0)
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(batch)
+        return cache
+    if isinstance(cache, tuple):        # legacy tuple-of-tuples cache
+        return tuple(tuple(x.repeat_interleave(batch, dim=0) for x in layer) for layer in cache)
+    raise ValueError(f"cannot expand a cache of type {type(cache).__name__} along the batch axis")
+
+
+def _accepts(model, name):
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _cache_name(model):
+    """The cache keyword: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _keep_last(model):
+    """Ask transformers models for the last position's logits only (prefill memory O(n), not O(T n))."""
+    return {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+
+
+def _logit_rows(model, ids):
+    """A function (lo, hi) -> logits of positions lo..hi-1 of the single sequence ``ids``.
+
+    For transformers causal LMs (``logits = lm_head(final hidden state)``, as in Llama, Qwen2,
+    Mistral) the decoder runs once and the head is applied per chunk, so that memory for logits is
+    O(chunk x n) rather than O(T x n); Gemma-style final soft-capping is applied when configured.
+    Other modules (TabularLM) serve their full logits.
+    """
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    head = get_head() if callable(get_head) else None
+    if decoder is not None and head is not None and decoder is not model:
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+        cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+
+        def rows(lo, hi):
+            logits = head(hidden[lo:hi])
+            return cap * torch.tanh(logits / cap) if cap else logits
+        return rows
+    logits = model(input_ids=ids, use_cache=False).logits[0]
+    return lambda lo, hi: logits[lo:hi]
 
 
 def resolve_device(device):

