@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .teachers import Teacher, Teachers, check_tokenizers
+from .teachers import Teacher, Teachers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -142,7 +142,6 @@ class PersonaTeachers:
         self.tokenizer, self.fmt = tokenizer, fmt
         if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ValueError("format = 'chat' but the tokenizer has no chat template (use 'plain')")
-        check_tokenizers([tokenizer])
         teachers = []
         for i, p in enumerate(personas):
             template = self._template_text(p.get("system", ""))
@@ -150,8 +149,8 @@ class PersonaTeachers:
                                     p.get("name", f"teacher{i}")))
         ends = {e for e in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
                 if isinstance(e, int) and 0 <= e < len(tokenizer)}
-        self.teachers = Teachers(teachers, weights, vocab_size=len(tokenizer), device=device,
-                                 end_token_ids=sorted(ends))
+        self.teachers = Teachers(teachers, weights, device=device, end_token_ids=sorted(ends),
+                                 tokenizers=[tokenizer])
 
     def _template_text(self, system):
         if self.fmt == "chat":

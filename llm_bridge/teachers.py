@@ -52,11 +52,14 @@ class Teachers:
     teachers : list of :class:`Teacher` (the same model may appear under several templates).
     weights : (K,) on the simplex.
     vocab_size : tokens that count (``len(tokenizer)``); logit rows past it are padding and dropped.
+        Taken from ``tokenizers`` when not given.
     device : ``"cpu"`` (default), ``"cuda"`` or ``"auto"`` (CUDA when present).
     end_token_ids : token ids that end a response (EOS, ``<|im_end|>``); sampling stops there.
+    tokenizers : optional, one per teacher (or one for all): checked to share every vocabulary id
+        and special token (:func:`check_tokenizers` names the first difference).
     """
 
-    def __init__(self, teachers, weights, vocab_size, device="cpu", end_token_ids=()):
+    def __init__(self, teachers, weights, vocab_size=None, device="cpu", end_token_ids=(), tokenizers=None):
         if not teachers:
             raise ValueError("teachers is empty")
         self.teachers = list(teachers)
@@ -64,9 +67,23 @@ class Teachers:
         for i, t in enumerate(self.teachers):
             if not t.temperature > 0:
                 raise ValueError(f"teachers[{i}].temperature = {t.temperature} must be > 0")
+        if tokenizers is not None:
+            tokenizers = list(tokenizers)
+            if len(tokenizers) not in (1, len(self.teachers)):
+                raise ValueError(f"tokenizers has {len(tokenizers)} entries: give one, or one per teacher "
+                                 f"({len(self.teachers)})")
+            check_tokenizers(tokenizers)
+            if vocab_size is None:
+                vocab_size = len(tokenizers[0])
+        if vocab_size is None:
+            raise ValueError("vocab_size is missing: give vocab_size = len(tokenizer), or the tokenizers")
         if vocab_size < 1:
             raise ValueError(f"vocab_size = {vocab_size} must be >= 1")
         self.vocab_size = int(vocab_size)
+        for i, t in enumerate(self.teachers):
+            rows = getattr(getattr(t.model, "config", None), "vocab_size", None)
+            if isinstance(rows, int) and rows < self.vocab_size:
+                raise ValueError(f"teachers[{i}] has {rows} logit rows, fewer than vocab_size = {self.vocab_size}")
         self.device = resolve_device(device)
         self.end_token_ids = tuple(int(e) for e in end_token_ids)
         bad = [e for e in self.end_token_ids if not 0 <= e < self.vocab_size]

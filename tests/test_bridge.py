@@ -101,6 +101,9 @@ class FakeTokenizer:
     def get_vocab(self):
         return dict(self.vocab)
 
+    def __len__(self):
+        return len(self.vocab)
+
 
 def test_tokenizer_differences_are_named():
     a = FakeTokenizer({"a": 0, "b": 1, "c": 2})
@@ -111,6 +114,16 @@ def test_tokenizer_differences_are_named():
         check_tokenizers([a, FakeTokenizer({"a": 0, "b": 1})])
     with pytest.raises(ValueError, match="tokenizer 1 has eos_token_id = 2"):
         check_tokenizers([a, FakeTokenizer({"a": 0, "b": 1, "c": 2}, eos=2)])
+    # Teachers checks the tokenizers it is given, and takes the vocabulary size from them
+    model = tiny_llama(vocab=3)
+    two = [Teacher(model, name="x"), Teacher(model, [1], name="y")]
+    assert Teachers(two, [0.5, 0.5], tokenizers=[a, FakeTokenizer({"a": 0, "b": 1, "c": 2})]).vocab_size == 3
+    with pytest.raises(ValueError, match=r"tokenizer 1 maps 'b' to id 2, tokenizer 0 to 1"):
+        Teachers(two, [0.5, 0.5], tokenizers=[a, FakeTokenizer({"a": 0, "c": 1, "b": 2})])
+    with pytest.raises(ValueError, match="vocab_size is missing"):
+        Teachers(two, [0.5, 0.5])
+    with pytest.raises(ValueError, match=r"teachers\[0\] has 3 logit rows, fewer than vocab_size = 4"):
+        Teachers(two, [0.5, 0.5], vocab_size=4)
 
 
 def test_bad_input():
