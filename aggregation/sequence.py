@@ -12,7 +12,9 @@ and emits at most ``horizon`` tokens. Sequence-level targets:
 """
 
 import warnings
+from contextlib import contextmanager
 
+import numba
 import numpy as np
 from scipy.special import logsumexp
 
@@ -23,6 +25,24 @@ from .pools import _geometric
 # Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
 # its relative accuracy, so the log-space kernel is used instead.
 _LINEAR_MIN_REWARD = -700.0
+# The recursion opens one parallel region per step; below this many (state, token) pairs a step is
+# shorter than a region's start-up (microseconds, far more when the other core is busy), so it runs
+# on one thread.
+_PARALLEL_MIN_WORK = 1 << 14
+
+
+@contextmanager
+def _threads_for(work):
+    """numba threads for a recursion of ``work`` (state, token) pairs per step: 1 when it is small."""
+    before = numba.get_num_threads()
+    if work >= _PARALLEL_MIN_WORK or before == 1:
+        yield
+        return
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 class NumericalFallbackWarning(RuntimeWarning):
@@ -101,13 +121,13 @@ def _log_partition(teachers, reward, horizon):
     out = np.empty((horizon + 1, S))
     finite = reward[np.isfinite(reward)]
     linear_ok = finite.size == 0 or finite.min() >= _LINEAR_MIN_REWARD
-    if linear_ok and _kernels.sequence_log_partition_linear_kernel(teachers.next_state, reward, horizon, out):
-        pass
-    else:
-        warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
-                      "differing by more than ~1e280, or pooled probabilities below 1e-304); using the "
-                      "log-space recursion", NumericalFallbackWarning, stacklevel=3)
-        _kernels.sequence_log_partition_log_kernel(teachers.next_state, reward, horizon, out)
+    with _threads_for(reward.size):
+        if not (linear_ok and _kernels.sequence_log_partition_linear_kernel(teachers.next_state, reward, horizon,
+                                                                           out)):
+            warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
+                          "differing by more than ~1e280, or pooled probabilities below 1e-304); using the "
+                          "log-space recursion", NumericalFallbackWarning, stacklevel=3)
+            _kernels.sequence_log_partition_log_kernel(teachers.next_state, reward, horizon, out)
     if out[0, teachers.start] == -np.inf:
         raise ValueError(f"empty support intersection at the sequence level: no response of at most "
                          f"{horizon} tokens from the start state {teachers.start} has positive probability "

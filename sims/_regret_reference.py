@@ -39,17 +39,21 @@ def _alias_pick(prob, index, u):
 
 
 def add_beta(next_state, start, horizon, alias_prob, alias_index, teacher_cdf, joint, neg_entropy, beta, forced,
-             seeds, grid):
-    """Add-beta per state; returns (regret, pseudo) of shape (R, G). See the kernel's docstring."""
+             seeds, grid, track=None):
+    """Add-beta per state; returns (regret, pseudo) of shape (R, G), and (R, G, P) q_t(track | start)
+    when ``track`` is given. See the kernel's docstring."""
     S, n = next_state.shape
     regret = np.zeros((len(seeds), len(grid)))
     pseudo = np.zeros_like(regret)
+    tracked = np.zeros((len(seeds), len(grid), 0 if track is None else len(track)))
     for i, seed in enumerate(seeds):
         rng = Stream(seed)
         counts = np.zeros((S, n))
         loss = pseudo_sum = 0.0
         for t in range(1, grid[-1] + 1):
             log_q = np.log(counts + beta) - np.log(counts.sum(axis=1, keepdims=True) + n * beta)
+            if track is not None and t in grid:
+                tracked[i, list(grid).index(t)] = np.exp(log_q[start, track])
             pseudo_sum += neg_entropy - np.sum(joint * log_q)
             k = _pick(teacher_cdf, rng.uniform()) if len(teacher_cdf) > 1 else 0
             s = start
@@ -66,14 +70,16 @@ def add_beta(next_state, start, horizon, alias_prob, alias_index, teacher_cdf, j
                     best = np.where(counts > 0, counts * np.log(counts / counts.sum(axis=1, keepdims=True)), 0.0)
                 regret[i, g] = loss + best.sum()
                 pseudo[i, g] = pseudo_sum
-    return regret, pseudo
+    return (regret, pseudo) if track is None else (regret, pseudo, tracked)
 
 
-def rkl_tabular(log_probs, teacher_cdf, pooled, log_target, feedback, schedule, eta0, seeds, grid):
-    """Exponentiated gradient / FTL on RKL, one context; returns (regret, pseudo), (R, G)."""
+def rkl_tabular(log_probs, teacher_cdf, pooled, log_target, feedback, schedule, eta0, seeds, grid, track=None):
+    """Exponentiated gradient / FTL on RKL, one context; returns (regret, pseudo), (R, G), and (R, G, P)
+    q_t(track) when ``track`` is given."""
     K, n = log_probs.shape
     regret = np.zeros((len(seeds), len(grid)))
     pseudo = np.zeros_like(regret)
+    tracked = np.zeros((len(seeds), len(grid), 0 if track is None else len(track)))
     for i, seed in enumerate(seeds):
         rng = Stream(seed)
         theta = np.zeros(n)
@@ -82,6 +88,8 @@ def rkl_tabular(log_probs, teacher_cdf, pooled, log_target, feedback, schedule, 
         for t in range(1, grid[-1] + 1):
             log_q = theta - logsumexp(theta)
             q = np.exp(log_q)
+            if track is not None and t in grid:
+                tracked[i, list(grid).index(t)] = q[track]
             if feedback == 0:
                 target = log_probs[(t - 1) % K]
             elif feedback == 1:
@@ -97,7 +105,7 @@ def rkl_tabular(log_probs, teacher_cdf, pooled, log_target, feedback, schedule, 
                 g = list(grid).index(t)
                 regret[i, g] = loss + t * logsumexp(np.mean(seen, axis=0))
                 pseudo[i, g] = pseudo_sum
-    return regret, pseudo
+    return (regret, pseudo) if track is None else (regret, pseudo, tracked)
 
 
 def soft_policy(next_state, reward, horizon):
@@ -127,11 +135,13 @@ def occupancy(next_state, start, log_q):
     return occ
 
 
-def rkl_sequence(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_l, mode, seeds, grid):
-    """On-policy plug-in learner on finite-state teachers; returns (regret, pseudo, token), (R, G)."""
+def rkl_sequence(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_l, mode, seeds, grid, track=None):
+    """On-policy plug-in learner on finite-state teachers; returns (regret, pseudo, token), (R, G), and
+    (R, G, P) q_t(track | h = 0, start) when ``track`` is given."""
     S, n = next_state.shape
     K = log_probs.shape[0]
     out = np.zeros((3, len(seeds), len(grid)))
+    tracked = np.zeros((len(seeds), len(grid), 0 if track is None else len(track)))
     for i, seed in enumerate(seeds):
         rng = Stream(seed)
         revealed = [[[] for _ in range(n)] for _ in range(S)]
@@ -144,6 +154,8 @@ def rkl_sequence(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_
                 log_q = soft_policy(next_state, rhat, horizon)[0]
             else:
                 log_q = np.broadcast_to(rhat - logsumexp(rhat, axis=1, keepdims=True), (horizon, S, n))
+            if track is not None and t in grid:
+                tracked[i, list(grid).index(t)] = np.exp(log_q[0, start, track])
             k = _pick(teacher_cdf, rng.uniform())
             n_teacher[k] += 1
             flow = occupancy(next_state, start, log_q)[:, :, None] * np.exp(log_q)
@@ -162,7 +174,7 @@ def rkl_sequence(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_
                 reward = np.tensordot(n_teacher[keep] / t, log_probs[keep], axes=1)
                 log_z0 = soft_policy(next_state, reward, horizon)[1][0, start]
                 out[:, i, g] = sums + [t * log_z0, 0.0, 0.0]
-    return out[0], out[1], out[2]
+    return (out[0], out[1], out[2]) if track is None else (out[0], out[1], out[2], tracked)
 
 
 def loglinear(features, log_probs, teacher_cdf, pooled, method, lam, radius, gamma, eps, seeds, grid):

@@ -88,6 +88,31 @@ def _weights(weights, K, name="weights"):
     return w
 
 
+def _track(track, n):
+    """Validated token ids to record, (P,) int64, or None."""
+    if track is None:
+        return None
+    tr = np.asarray(track)
+    if tr.ndim != 1 or tr.size == 0 or tr.dtype.kind not in "iu":
+        raise ValueError(f"track must be a non-empty 1-D sequence of token ids, got {track!r}")
+    bad = (tr < 0) | (tr >= n)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"track[{i}] = {tr[i]} is out of the vocabulary range [0, {n})")
+    return np.ascontiguousarray(tr.astype(np.int64))
+
+
+def _tracked_call(kernel, args, track, n_seeds, n_grid):
+    """Run ``kernel(*args)``, adding the optional (track, track_out) pair only when tracking; returns
+    track_out (R, G, P) or None. Without tracking the kernel is called exactly as before."""
+    if track is None:
+        kernel(*args)
+        return None
+    track_out = np.zeros((n_seeds, n_grid, track.size))
+    kernel(*args, track, track_out)
+    return track_out
+
+
 def _teacher_cdf(weights):
     cdf = np.cumsum(weights)
     cdf[-1] = 1.0
@@ -243,7 +268,7 @@ def _log_tables(beta, n, size):
     return np.log(j + beta), np.log(j + n * beta)
 
 
-def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=None):
+def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=None, track=None):
     """Add-beta estimator q_t(a) = (N_t(a) + beta) / (t - 1 + n beta) on one context (SPEC 3).
 
     Feedback: ``sequence=None`` draws k_t ~ w and y_t ~ p_{k_t} (sample feedback); otherwise the
@@ -251,11 +276,14 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     (0, 1, ..., n-1, ...) or an explicit (n_rounds,) token array.
 
     Returns dict with ``regret`` (R, G) against the best fixed distribution in hindsight,
-    ``pseudo`` (R, G) = sum_t KL(A || q_t) against the mixture A = sum_k w_k p_k, and ``grid``.
+    ``pseudo`` (R, G) = sum_t KL(A || q_t) against the mixture A = sum_k w_k p_k, and ``grid``; with
+    ``track`` (token ids, (P,)) also ``track`` (R, G, P) = q_t(track) at the grid rounds (the
+    prediction committed at round t, before its feedback; it converges to A(track)).
     """
     p = _probs(probs, "probs")
     K, n = p.shape
     w = _weights(weights, K)
+    track = _track(track, n)
     if not (np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta = {beta!r} must be positive")
     n_rounds = _positive_int(n_rounds, "n_rounds")
@@ -283,9 +311,13 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     prob, index = alias_tables(mix[None, None, :])
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    _k.add_beta_kernel(np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), joint, neg_entropy,
-                       log_num, log_den, forced, seeds, grid, regret, pseudo)
-    return {"regret": regret, "pseudo": pseudo, "grid": grid}
+    tracked = _tracked_call(_k.add_beta_kernel, (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), joint,
+                                                 neg_entropy, log_num, log_den, forced, seeds, grid, regret, pseudo),
+                            track, seeds.size, grid.size)
+    out = {"regret": regret, "pseudo": pseudo, "grid": grid}
+    if tracked is not None:
+        out["track"] = tracked
+    return out
 
 
 def mixture_joint(teachers, weights, horizon):
@@ -300,7 +332,7 @@ def mixture_joint(teachers, weights, horizon):
     return joint
 
 
-def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=None):
+def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=None, track=None):
     """Per-state add-beta on responses y ~ A_seq (k_t ~ w, then y ~ p_{k_t}), loss -ln q_t(y) (SPEC 3).
 
     The loss splits by the chain rule, -ln q(y) = sum_h -ln q(y_h | s_h), so each state runs its own
@@ -308,11 +340,14 @@ def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=No
     sum_t [sum_{s,a} joint ln A(a|s) - sum_{s,a} joint ln q_t(a|s)], which is sum_t KL(A_seq || q_t)
     when every state is reached by one prefix only (a prefix tree), and the KL to the best
     per-state model otherwise. Returns dict regret, pseudo (R, G), grid, and ``visited`` (the number
-    of states the mixture reaches, whose (n-1)/2 sum is the theory slope).
+    of states the mixture reaches, whose (n-1)/2 sum is the theory slope); with ``track`` (token ids,
+    (P,)) also ``track`` (R, G, P) = q_t(track | start) at the grid rounds, which converges to the
+    mixture's first-token marginal sum_k w_k p_k(track | start).
     """
     if not isinstance(teachers, ag.FiniteStateTeachers):
         raise ValueError(f"teachers must be a FiniteStateTeachers, got {type(teachers).__name__}")
     w = _weights(weights, teachers.K)
+    track = _track(track, teachers.n)
     horizon = _positive_int(horizon, "horizon")
     if not (np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta = {beta!r} must be positive")
@@ -327,16 +362,21 @@ def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=No
     prob, index = alias_tables(np.exp(teachers.log_probs))
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    _k.add_beta_kernel(teachers.next_state, teachers.start, horizon, prob, index, _teacher_cdf(w), joint, neg_entropy,
-                       log_num, log_den, np.zeros(0, np.int64), seeds, grid, regret, pseudo)
+    tracked = _tracked_call(_k.add_beta_kernel, (teachers.next_state, teachers.start, horizon, prob, index,
+                                                 _teacher_cdf(w), joint, neg_entropy, log_num, log_den,
+                                                 np.zeros(0, np.int64), seeds, grid, regret, pseudo),
+                            track, seeds.size, grid.size)
     visited = int(np.sum(mass[:, 0] > 0))
-    return {"regret": regret, "pseudo": pseudo, "grid": grid, "visited": visited}
+    out = {"regret": regret, "pseudo": pseudo, "grid": grid, "visited": visited}
+    if tracked is not None:
+        out["track"] = tracked
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
 # on-policy: RKL
 # ------------------------------------------------------------------------------------------------
-def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.0, grid=None):
+def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.0, grid=None, track=None):
     """Exponentiated gradient / follow-the-leader on the RKL loss, one context (SPEC 3).
 
     theta_{t+1} = (1 - eta_t) theta_t + eta_t ln p_{k_t} is exponentiated gradient on
@@ -346,7 +386,8 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
     (k_t ~ w) or 'full' (f_t = sum_k w_k KL(q || p_k)).
 
     Returns dict ``regret`` (R, G) against the best fixed q in hindsight, ``pseudo`` (R, G) =
-    sum_t KL(q_t || G) with G the w-geometric pool, and ``grid``.
+    sum_t KL(q_t || G) with G the w-geometric pool, and ``grid``; with ``track`` (token ids, (P,)) also
+    ``track`` (R, G, P) = q_t(track) at the grid rounds (before that round's update).
     """
     lp = np.ascontiguousarray(log_probs, dtype=np.float64)
     if lp.ndim != 2:
@@ -359,6 +400,7 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
         raise ValueError(f"log_probs[{i}] does not sum to 1")
     K, n = lp.shape
     w = _weights(weights, K)
+    track = _track(track, n)
     if feedback not in FEEDBACK:
         raise ValueError(f"feedback = {feedback!r} must be one of {sorted(FEEDBACK)}")
     if schedule not in SCHEDULES:
@@ -372,12 +414,16 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
     log_target = np.ascontiguousarray(pooled - logsumexp(pooled))
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    _k.rkl_tabular_kernel(lp, _teacher_cdf(w), pooled, log_target, FEEDBACK[feedback], SCHEDULES[schedule],
-                          float(eta0), seeds, grid, regret, pseudo)
-    return {"regret": regret, "pseudo": pseudo, "grid": grid}
+    tracked = _tracked_call(_k.rkl_tabular_kernel, (lp, _teacher_cdf(w), pooled, log_target, FEEDBACK[feedback],
+                                                    SCHEDULES[schedule], float(eta0), seeds, grid, regret, pseudo),
+                            track, seeds.size, grid.size)
+    out = {"regret": regret, "pseudo": pseudo, "grid": grid}
+    if tracked is not None:
+        out["track"] = tracked
+    return out
 
 
-def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None):
+def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, track=None):
     """On-policy learner on finite-state teachers with sample feedback on its own rollouts (SPEC 2, 3).
 
     mode 'sequence': q_t is the soft-optimal policy of the running-mean rewards rhat (each token
@@ -386,11 +432,14 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None):
 
     Returns dict ``regret`` (realised, against the best fixed policy in hindsight on the realised
     teacher draws), ``pseudo`` = sum_t KL_seq(q_t || G_seq), ``token`` = sum_t sum_{h,s} occ_{q_t}(h, s)
-    KL(q_t(.|h, s) || l(.|s)) (the per-token regret), each (R, G), and ``grid``.
+    KL(q_t(.|h, s) || l(.|s)) (the per-token regret), each (R, G), and ``grid``; with ``track`` (token
+    ids, (P,)) also ``track`` (R, G, P) = q_t(track | h = 0, start) at the grid rounds, the first-token
+    probability of the policy rolled out in that round (-> g(.|start) in mode 'sequence', l in 'token').
     """
     if not isinstance(teachers, ag.FiniteStateTeachers):
         raise ValueError(f"teachers must be a FiniteStateTeachers, got {type(teachers).__name__}")
     w = _weights(weights, teachers.K)
+    track = _track(track, teachers.n)
     if mode not in ("sequence", "token"):
         raise ValueError(f"mode = {mode!r} must be 'sequence' or 'token'")
     horizon = _positive_int(horizon, "horizon")
@@ -405,9 +454,14 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None):
     log_g = np.ascontiguousarray(ag.sequence_geometric_conditionals(teachers, w, horizon))
     log_l = np.ascontiguousarray(ag.local_geometric_conditionals(teachers, w))
     out = np.zeros((3, seeds.size, grid.size))
-    _k.rkl_sequence_kernel(teachers.next_state, teachers.start, horizon, lp, _teacher_cdf(w[keep]), log_g, log_l,
-                           0 if mode == "sequence" else 1, seeds, grid, out[0], out[1], out[2])
-    return {"regret": out[0], "pseudo": out[1], "token": out[2], "grid": grid}
+    tracked = _tracked_call(_k.rkl_sequence_kernel, (teachers.next_state, teachers.start, horizon, lp,
+                                                     _teacher_cdf(w[keep]), log_g, log_l, 0 if mode == "sequence" else 1,
+                                                     seeds, grid, out[0], out[1], out[2]),
+                            track, seeds.size, grid.size)
+    res = {"regret": out[0], "pseudo": out[1], "token": out[2], "grid": grid}
+    if tracked is not None:
+        res["track"] = tracked
+    return res
 
 
 # ------------------------------------------------------------------------------------------------

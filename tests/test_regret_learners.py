@@ -310,6 +310,93 @@ def test_loglinear_kernel_matches_reference(method):
 
 
 # ------------------------------------------------------------------------------------------------
+# tracked probabilities (the learned curves of sims/mechanisms.py): kernel vs twin, outputs unchanged
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.nojit
+def test_add_beta_kernel_tracking_matches_reference_and_changes_nothing_else():
+    teachers = examples.prefix_tree(2, 3, 2, seed=4)       # a tree: no state repeats within a response
+    w, H, beta = np.array([0.5, 0.5]), 3, 0.5
+    joint = L.mixture_joint(teachers, w, H)
+    prob, index = L.alias_tables(np.exp(teachers.log_probs))
+    log_num, log_den = L._log_tables(beta, 2, 40 * H)
+    seeds, grid, track = L._seeds([1, 9]), L.log_grid(40), np.array([0, 1])
+    args = (teachers.next_state, 0, H, prob, index, np.cumsum(w), joint, -0.3)
+    plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
+    track_out = np.zeros((2, grid.size, 2))
+    K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, plain[0], plain[1])
+    K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, tracked[0], tracked[1],
+                      track, track_out)
+    np.testing.assert_array_equal(plain, tracked)
+    ref = R.add_beta(*args, beta, np.zeros(0, np.int64), seeds, grid, track=track)
+    np.testing.assert_allclose(tracked, np.stack(ref[:2]), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(track_out, ref[2], rtol=1e-12)
+    np.testing.assert_allclose(track_out.sum(axis=2), 1.0, rtol=1e-12)
+    assert np.all(track_out[:, 0] == 0.5)                       # q_1 is uniform
+
+
+@pytest.mark.nojit
+@pytest.mark.parametrize("feedback, schedule", [(0, 0), (1, 0), (1, 2), (2, 3)])
+def test_rkl_tabular_kernel_tracking_matches_reference(feedback, schedule):
+    lp = np.log(np.random.default_rng(8).dirichlet(np.ones(5), size=3))     # n >= 4: the vectorised exp
+    w = np.array([0.5, 0.3, 0.2])
+    pooled = w @ lp
+    log_target = pooled - logsumexp(pooled)
+    seeds, grid, track = L._seeds([3, 4]), L.log_grid(120), np.array([4, 0])
+    plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
+    track_out = np.zeros((2, grid.size, 2))
+    args = (lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
+    K.rkl_tabular_kernel(*args, plain[0], plain[1])
+    K.rkl_tabular_kernel(*args, tracked[0], tracked[1], track, track_out)
+    # a separate specialisation; fastmath reassociation may round the sums differently in the last bit
+    np.testing.assert_allclose(plain, tracked, rtol=1e-13, atol=1e-14)
+    ref = R.rkl_tabular(*args, track=track)
+    np.testing.assert_allclose(tracked, np.stack(ref[:2]), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(track_out, ref[2], rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.nojit
+@pytest.mark.parametrize("mode", [0, 1])
+def test_rkl_sequence_kernel_tracking_matches_reference(mode):
+    teachers = examples.prefix_bias_teachers([0.9, 0.8], [[0.8, 0.2], [0.3, 0.7]])
+    w, H = np.array([0.5, 0.5]), 4
+    log_g = ag.sequence_geometric_conditionals(teachers, w, H)
+    log_l = ag.local_geometric_conditionals(teachers, w)
+    seeds, grid, track = L._seeds([1, 9]), L.log_grid(40), np.array([0])
+    args = (teachers.next_state, 0, H, np.ascontiguousarray(teachers.log_probs), np.cumsum(w), log_g, log_l, mode,
+            seeds, grid)
+    plain, tracked = np.zeros((3, 2, grid.size)), np.zeros((3, 2, grid.size))
+    track_out = np.zeros((2, grid.size, 1))
+    K.rkl_sequence_kernel(*args, plain[0], plain[1], plain[2])
+    K.rkl_sequence_kernel(*args, tracked[0], tracked[1], tracked[2], track, track_out)
+    np.testing.assert_array_equal(plain, tracked)
+    ref = R.rkl_sequence(*args, track=track)
+    np.testing.assert_allclose(tracked, np.stack(ref[:3]), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(track_out, ref[3], rtol=1e-9)
+
+
+def test_public_tracking_closed_forms_and_unchanged_results():
+    """add-beta tracks (N_{t-1}(a) + beta) / (t - 1 + n beta); FTL with full feedback plays G from round 2."""
+    seq = np.array([0, 1, 1, 2, 1, 0, 2, 2, 2])
+    n, beta, grid = 3, 0.5, np.arange(1, len(seq) + 1)
+    kw = dict(sequence=seq, grid=grid)
+    res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], track=[0, 2], **kw)
+    counts = np.vstack([np.zeros(n), np.cumsum(np.eye(n)[seq], axis=0)[:-1]])
+    want = (counts[:, [0, 2]] + beta) / (np.arange(len(seq))[:, None] + n * beta)
+    np.testing.assert_allclose(res["track"][0], want, rtol=1e-12)
+    plain = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], **kw)
+    assert "track" not in plain
+    np.testing.assert_array_equal(plain["regret"], res["regret"])
+    lp = np.log(np.random.default_rng(1).dirichlet(np.ones(3), size=3))
+    w = np.array([0.5, 0.3, 0.2])
+    full = L.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[0, 1, 2])
+    np.testing.assert_allclose(full["track"][0, 0], 1 / 3, rtol=1e-12)
+    np.testing.assert_allclose(full["track"][0, 1:], np.broadcast_to(ag.geometric_pool(np.exp(lp), w),
+                                                                     (full["grid"].size - 1, 3)), rtol=1e-9)
+    with pytest.raises(ValueError, match="track"):
+        L.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[3])
+
+
+# ------------------------------------------------------------------------------------------------
 # bad input (SPEC 7)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, match", [
