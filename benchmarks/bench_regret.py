@@ -16,7 +16,7 @@ import sys
 import time
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import logsumexp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from sims import learners as L  # noqa: E402

@@ -203,14 +203,13 @@ def low_prob_figure(df):
     s = _sel(df, part="exact", x_name="veto weight", learner="e*")
     s = s[s.x >= 0.1]
     d.plot(s.x, s.value, color="red", lw=1.5, label="e* = 1/(1 + 9^((1 - w_veto)/w_veto))")
-    d.axvline(1 / 3, color="grey", lw=0.8, ls=":", label=f"w_veto = 1/3: e* = 1/82")
+    d.axvline(1 / 3, color="grey", lw=0.8, ls=":", label="w_veto = 1/3: e* = 1/82")
     d.set_yscale("log")
     d.set_xlabel("vetoing teacher's weight w_veto")
     d.set_ylabel("veto threshold e* (log scale)")
     d.set_title("the threshold below which G prefers the wrong token", fontsize=9)
     for ax in (a, b, c):
         ax.set_ylabel("probability of the correct token")
-        ax.grid(alpha=0.3, which="both", lw=0.4)
     for ax in (a, b, c, d):
         ax.legend(fontsize=SMALL - 1)
         ax.grid(alpha=0.3, which="both", lw=0.4)
@@ -230,7 +229,7 @@ def low_prob_figure(df):
                    color=LEARNER_COLOURS.get(name), label=f"{name}: median, quartiles over seeds")
     scale = _sel(df, part="target", quantity="rounds until q(correct) < 1/2 for good").sort_values("x")
     a.plot(scale.x, scale.value, "k--", lw=1.0, label="(sigma/mu)^2 of the per-teacher log-odds (drift-diffusion scale)")
-    a.axvline(e_star, color="red", lw=1.0, label=f"e* = 1/82 (never vetoed above it)")
+    a.axvline(e_star, color="red", lw=1.0, label="e* = 1/82 (never vetoed above it)")
     a.set_xscale("log")
     a.set_yscale("log")
     a.set_xlabel("e (log scale)")

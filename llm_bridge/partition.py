@@ -27,7 +27,6 @@ import pandas as pd
 import torch
 from scipy.special import logsumexp
 
-import aggregation as ag
 from aggregation._validate import positive_teachers
 from aggregation.pools import _geometric
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from sims.storage import atomic_write
+
 from .probe_prefix_bias import _Parser, add_model_arguments, build_teachers, parse_horizons, run_probe, \
-    write_atomic, write_report
+    write_report
 
 
 def read_questions(path):
@@ -102,8 +104,8 @@ def main(argv=None):
         table = summary_table(summaries)
         rates = flip_rates(table)
         rates.update(horizons=hs, n_samples=args.n_samples, seed=args.seed, model=str(args.model))
-        write_atomic(out / "summary.csv", lambda path: table.to_csv(path, index=False))
-        write_atomic(out / "summary.json", lambda path: Path(path).write_text(json.dumps(rates, indent=1)))
+        atomic_write(out / "summary.csv", lambda path: table.to_csv(path, index=False))
+        atomic_write(out / "summary.json", lambda path: Path(path).write_text(json.dumps(rates, indent=1)))
     except (ValueError, OSError) as exc:
         print(f"probe_batch: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2

@@ -20,13 +20,13 @@ the flags) and ``probe.png``. The margin of a scorer is ``ln s(correct) - max_{o
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from sims.storage import atomic_write
 
 from .partition import Z_95, sequence_geometric_scores
 
@@ -128,36 +128,18 @@ def summarise(df, teacher_names, correct):
                 any_flip=any(r["flip"] for r in per_h))
 
 
-def write_atomic(path, write):
-    """Write via ``write(tmp_path)`` to a temporary file beside ``path``, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def write_report(out, df, summary, stem="probe", figure=True):
     """``stem``.csv, ``stem``.json and (optionally) ``stem``.png under ``out``; returns their paths."""
     out = Path(out)
     paths = [out / f"{stem}.csv", out / f"{stem}.json"]
-    write_atomic(paths[0], lambda p: df.to_csv(p, index=False))
-    write_atomic(paths[1], lambda p: Path(p).write_text(json.dumps(summary, indent=1)))
+    atomic_write(paths[0], lambda p: df.to_csv(p, index=False))
+    atomic_write(paths[1], lambda p: Path(p).write_text(json.dumps(summary, indent=1)))
     if figure:
         from figures.probe import probe_figure
         correct = summary["options"].index(summary["correct"])
         fig = probe_figure(margins(df, correct), summary["question"][:80])
         paths.append(out / f"{stem}.png")
-        write_atomic(paths[2], lambda p: fig.savefig(p, dpi=110, format="png"))
+        atomic_write(paths[2], lambda p: fig.savefig(p, dpi=110, format="png"))
     return paths
 
 

@@ -45,7 +45,8 @@ import pandas as pd  # noqa: E402
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
 from sims import learners as L  # noqa: E402
-from sims.regret import _int_at_least, atomic_write, load_cell, save_cell  # noqa: E402
+from sims.storage import atomic_write  # noqa: E402
+from sims.regret import _int_at_least, load_cell, save_cell  # noqa: E402
 
 MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
 COLUMNS = ["mechanism", "part", "learner", "setting", "x_name", "x", "seed", "t", "quantity", "value"]

@@ -33,12 +33,16 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
-import pandas as pd
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from sims.storage import atomic_write  # noqa: E402
 
 EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
                "function-approx")
@@ -270,21 +274,6 @@ def run_cell(cell):
 # ------------------------------------------------------------------------------------------------
 # results: atomic per-cell files, summary, CSVs
 # ------------------------------------------------------------------------------------------------
-def atomic_write(path, write):
-    """write(tmp) into a temp file in the same folder, then os.replace: readers never see half a file."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix="-" + os.path.basename(path))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _cell_path(out_dir, cell):
     return os.path.join(out_dir, "cells", cell.key + ".pkl")
 
@@ -470,6 +459,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
     # Import this file as the module sims.regret, so that dask pickles run_cell by reference.
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from sims.regret import main as _main
     sys.exit(_main())
