@@ -64,8 +64,13 @@ def test_dask_executor_gives_the_same_bytes_as_local(tmp_path):
     args = ("--quick", "--only", "offpolicy-tabular,function-approx", "--no-figures", "--quiet", "--T", "500")
     run(*args, "--out", str(tmp_path / "local"))
     run(*args, "--out", str(tmp_path / "dask"), "--executor", "dask")      # LocalCluster, 2 workers, 127.0.0.1
+    from dask.distributed import LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", processes=True,
+                      dashboard_address=None) as cluster:                   # an existing scheduler
+        run(*args, "--out", str(tmp_path / "remote"), "--executor", "dask", "--scheduler", cluster.scheduler_address)
     for name in ("regret.csv", "summary.csv", "theory.csv"):
         assert read(tmp_path / "local" / name) == read(tmp_path / "dask" / name)
+        assert read(tmp_path / "local" / name) == read(tmp_path / "remote" / name)
 
 
 def test_resume_after_a_killed_run(tmp_path):
