@@ -45,7 +45,7 @@ import pandas as pd  # noqa: E402
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
 from sims import learners as L  # noqa: E402
-from sims.storage import atomic_write  # noqa: E402
+from sims.storage import atomic_write, remove_stale_temps  # noqa: E402
 from sims.regret import _int_at_least, load_cell, save_cell  # noqa: E402
 
 MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
@@ -669,6 +669,7 @@ def main(argv=None):
     names = MECHANISMS if args.mechanism == "all" else (args.mechanism,)
     cells = {name: cells_for(name, config) for name in names}
     every = [c for name in names for c in cells[name]]
+    remove_stale_temps(os.path.join(args.out, "cells"))         # left by a killed run
     done = {c.key for c in every if args.resume and load_cell(args.out, c) is not None}
     start = time.time()
     with tqdm(total=len(every), desc="mechanism cells", unit="cell", disable=args.quiet, file=sys.stderr) as bar:

@@ -42,7 +42,7 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sims.storage import atomic_write  # noqa: E402
+from sims.storage import atomic_write, remove_stale_temps  # noqa: E402
 
 EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
                "function-approx")
@@ -434,6 +434,7 @@ def main(argv=None):
     cells = cells_for(config)
     out_dir = args.out
     os.makedirs(out_dir, exist_ok=True)
+    remove_stale_temps(os.path.join(out_dir, "cells"))          # left by a killed run
     done = {c.key for c in cells if args.resume and load_cell(out_dir, c) is not None}
     todo = [c for c in cells if c.key not in done]
     start = time.time()

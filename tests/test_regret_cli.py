@@ -75,23 +75,26 @@ def test_dask_executor_gives_the_same_bytes_as_local(tmp_path):
 
 def test_resume_after_a_killed_run(tmp_path):
     out = tmp_path / "r"
-    args = ["--only", "onpolicy-sequence", "--seeds", "2", "--T", "20000", "--no-figures", "--quiet"]
+    # cells of about 0.5 s each (T = 1e6), so that the poll below sees the first one long before the last
+    args = ["--only", "onpolicy-sequence", "--seeds", "2", "--T", "1000000", "--no-figures", "--quiet"]
     proc = subprocess.Popen([sys.executable, SCRIPT, *args, "--out", str(out)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     cells = out / "cells"
     deadline = time.time() + 120
-    while time.time() < deadline and not (cells.exists() and any(p.suffix == ".pkl" for p in cells.iterdir())):
-        time.sleep(0.05)
+    while time.time() < deadline and not (cells.exists() and any(not p.name.startswith(".tmp-")
+                                                                 for p in cells.iterdir())):
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    finished = {p.name: p.stat().st_mtime_ns for p in cells.iterdir() if p.suffix == ".pkl"}
+    finished = {p.name: p.stat().st_mtime_ns for p in cells.iterdir() if not p.name.startswith(".tmp-")}
     assert 1 <= len(finished) < 4, "the run should have been killed between cells"
     assert not (out / "regret.csv").exists()
+    (cells / ".tmp-killed-mid-write.pkl").write_bytes(b"half a pickle")   # as a kill mid-write leaves
     again = run(*args, "--out", str(out))
     assert f"({len(finished)} resumed)" in again.stderr
     for name, mtime in finished.items():                         # finished cells were not recomputed
         assert (cells / name).stat().st_mtime_ns == mtime
-    assert not [p for p in cells.iterdir() if p.name.startswith(".tmp-")]
+    assert not [p for p in cells.iterdir() if p.name.startswith(".tmp-")]      # stale temp files removed
     run(*args, "--out", str(tmp_path / "fresh"))
     assert read(out / "regret.csv") == read(tmp_path / "fresh" / "regret.csv")
 
