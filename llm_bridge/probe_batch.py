@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from sims.cli import Parser
 from sims.storage import atomic_write
 
-from .probe_prefix_bias import _Parser, add_model_arguments, build_teachers, parse_horizons, run_probe, \
+from .probe_prefix_bias import add_model_arguments, build_teachers, parse_horizons, run_probe, \
     write_report
 
 
@@ -82,7 +83,7 @@ def flip_rates(table):
 
 
 def main(argv=None):
-    p = _Parser(prog="probe_batch", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="probe_batch", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
     p.add_argument("--questions", required=True, help="JSONL file: id, question, options, correct")
     p.add_argument("--out", default="results/probe_batch", help="output folder")

@@ -18,7 +18,6 @@ the flags) and ``probe.png``. The margin of a scorer is ``ln s(correct) - max_{o
 ``flip_significant`` that g's 95% upper bound is < 0 as well.
 """
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,16 +25,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sims.cli import Parser
 from sims.storage import atomic_write
 
 from .partition import Z_95, sequence_geometric_scores
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors and exit status 2 (no usage block, no traceback)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_horizons(text):
@@ -172,7 +165,7 @@ def build_teachers(args):
 
 
 def main(argv=None):
-    p = _Parser(prog="probe_prefix_bias", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="probe_prefix_bias", description=__doc__.split("\n\n")[0])
     add_model_arguments(p)
     p.add_argument("--question", required=True)
     p.add_argument("--options", nargs="+", required=True, help="answer options (at least two)")

@@ -46,7 +46,8 @@ import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
 from sims import learners as L  # noqa: E402
 from sims.storage import atomic_write, remove_stale_temps  # noqa: E402
-from sims.regret import _int_at_least, load_cell, save_cell  # noqa: E402
+from sims.cli import Parser, int_at_least  # noqa: E402
+from sims.regret import load_cell, save_cell  # noqa: E402
 
 MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
 COLUMNS = ["mechanism", "part", "learner", "setting", "x_name", "x", "seed", "t", "quantity", "value"]
@@ -625,14 +626,8 @@ def final_values(df):
 # ------------------------------------------------------------------------------------------------
 # command line
 # ------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                   # one line on stderr, status 2, no usage block
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.exit(2)
-
-
 def parse_args(argv):
-    ap = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("mechanism", nargs="?", default="all", choices=MECHANISMS + ("all",),
                     help="which mechanism (default all)")
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds); the tests use it")
@@ -640,8 +635,8 @@ def parse_args(argv):
     ap.add_argument("--figures", default=None,
                     help="folder of the PNGs (default figures/, or OUT/figures when --out is given)")
     ap.add_argument("--no-figures", action="store_true", help="write the CSVs only")
-    ap.add_argument("--seeds", type=_int_at_least(1, "--seeds"), default=None, help="seeds per learned curve")
-    ap.add_argument("--base-seed", type=_int_at_least(0, "--base-seed"), default=0)
+    ap.add_argument("--seeds", type=int_at_least(1, "--seeds"), default=None, help="seeds per learned curve")
+    ap.add_argument("--base-seed", type=int_at_least(0, "--base-seed"), default=0)
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                     help="reuse the finished cells in OUT/cells (default on)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar, no summary")

@@ -42,6 +42,7 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from sims.cli import Parser, int_at_least  # noqa: E402
 from sims.storage import atomic_write, remove_stale_temps  # noqa: E402
 
 EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
@@ -354,27 +355,6 @@ def run_dask(todo, out_dir, bar, scheduler):
 # ------------------------------------------------------------------------------------------------
 # command line
 # ------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):                   # one line on stderr, status 2, no usage block
-        sys.stderr.write(f"{PROG}: error: {message}\n")
-        sys.exit(2)
-
-
-def _int_at_least(minimum, what):
-    def parse(text):
-        try:
-            value = float(text)
-            if not value.is_integer():
-                raise ValueError
-            value = int(value)
-        except (ValueError, OverflowError):
-            raise argparse.ArgumentTypeError(f"{what} must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{what} must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
 def _eps_list(text):
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -399,22 +379,22 @@ def _experiments(text):
 
 
 def parse_args(argv):
-    ap = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (seconds); the tests use it")
     ap.add_argument("--out", default=DEFAULT_OUT, help="output folder (default results/regret)")
     ap.add_argument("--figures", default=None,
                     help="folder of the PNGs (default figures/, or OUT/figures when --out is given)")
     ap.add_argument("--no-figures", action="store_true", help="write the CSVs only")
-    ap.add_argument("--seeds", type=_int_at_least(1, "--seeds"), default=None, help="seeds per stochastic cell")
-    ap.add_argument("--T", "--rounds", dest="n_rounds", type=_int_at_least(1, "--T"), default=None,
+    ap.add_argument("--seeds", type=int_at_least(1, "--seeds"), default=None, help="seeds per stochastic cell")
+    ap.add_argument("--T", "--rounds", dest="n_rounds", type=int_at_least(1, "--T"), default=None,
                     help="rounds of every cell")
-    ap.add_argument("--horizon", type=_int_at_least(1, "--horizon"), default=None,
+    ap.add_argument("--horizon", type=int_at_least(1, "--horizon"), default=None,
                     help="response length of the sequence experiments")
     ap.add_argument("--eps", type=_eps_list, default=(0.1, 1e-2, 1e-3, 1e-4),
                     help="alternating-teacher values e, each in (0, 1/2), comma-separated")
     ap.add_argument("--only", type=_experiments, default=EXPERIMENTS,
                     help=f"comma-separated subset of: {', '.join(EXPERIMENTS)}")
-    ap.add_argument("--base-seed", type=_int_at_least(0, "--base-seed"), default=0)
+    ap.add_argument("--base-seed", type=int_at_least(0, "--base-seed"), default=0)
     ap.add_argument("--executor", choices=("local", "dask"), default="local")
     ap.add_argument("--scheduler", default=None, help="address of a running dask scheduler (--executor dask)")
     ap.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
