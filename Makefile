@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench clean
+.PHONY: regret test install install-test bench figures gallery clean
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -33,6 +33,16 @@ regret: .venv/.installed
 test: .venv/.installed-test
 	$(PY) -m pytest $(PYTEST) -n 2 || [ $$? -eq 5 ]
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest $(PYTEST) -m nojit || [ $$? -eq 5 ]
+
+# Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).
+figures: .venv/.installed
+	$(PY) -m figures
+
+# The headline figures under version control (docs/figures/): default runs of both sims, then copy.
+gallery: .venv/.installed
+	$(PY) sims/regret.py
+	$(PY) sims/mechanisms.py all
+	$(PY) -m figures --gallery
 
 bench: .venv/.installed-test
 	$(PY) benchmarks/bench_aggregation.py

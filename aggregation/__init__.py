@@ -14,17 +14,25 @@ Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
     mixture_conditionals            ln A(a | u) along a path (posterior weights)
     sequence_log_prob               ln p_k(y) of a path
     sample_paths, state_occupancy   sampling and forward occupancies under g, l, A or a teacher
+    sequence_kl                     KL_seq(q || G_seq, l or a teacher) of a state-conditional policy
+    growth_rate                     lim_H Z_H(s)^{1/H}, which decides the prefix bias as H -> inf
+
+Submodules: ``examples`` (SPEC worked examples, random teachers), ``validate`` (the argument checks
+every package uses), ``jit`` (numba building blocks for kernels elsewhere). Importing this package
+pulls in neither torch nor matplotlib.
 """
 
 from .pools import arithmetic_pool, geometric_pool, log_arithmetic_pool, log_geometric_pool, log_partition
 from .sequence import (
     FiniteStateTeachers,
     NumericalFallbackWarning,
+    growth_rate,
     local_geometric_conditionals,
     mixture_conditionals,
     sample_paths,
     sequence_geometric_conditionals,
     sequence_log_partition,
+    sequence_kl,
     sequence_log_prob,
     state_occupancy,
 )
@@ -44,4 +52,6 @@ __all__ = [
     "sequence_log_prob",
     "sample_paths",
     "state_occupancy",
+    "sequence_kl",
+    "growth_rate",
 ]

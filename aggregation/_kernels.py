@@ -3,111 +3,14 @@
 Every kernel has a slow NumPy twin in ``_reference.py``; the tests compare the two. The public
 wrappers in ``pools.py`` and ``sequence.py`` validate their arguments and mask out weight-0 teachers
 before any of these run.
-
-Vectorised exp and log
-----------------------
-numba's ``math.exp`` / ``math.log`` are scalar calls here (no SVML), and every pool is bound by them.
-``_exp_inplace`` and ``_log_inplace`` are branch-free loops that LLVM vectorises: a Cody-Waite
-reduction plus a polynomial, with the power of two assembled in an int64 buffer viewed as float64.
+The vectorised exp / log and the soft backward step they build on are in ``jit.py``.
 """
 
 import numpy as np
 from numba import njit, prange
 
-# Reassociation lets LLVM vectorise the sums; no 'nnan' / 'ninf': -inf is a valid log-prob.
-_FM = {"reassoc", "contract"}
-
-_LOG2E = 1.4426950408889634
-_LN2_HI = 6.93147180369123816490e-01
-_LN2_LO = 1.90821492927058770002e-10
-_SQRT2 = 1.4142135623730951
-_MANT_MASK = (1 << 52) - 1
-_EXP_ONE = 1023 << 52
-# 1/k!, k = 11 .. 0, for Horner on |r| <= ln2 / 2 (truncation error 6e-15 relative).
-_EXP_C = (
-    2.505210838544172e-08, 2.755731922398589e-07, 2.7557319223985893e-06,
-    2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
-    0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5, 1.0, 1.0,
-)
-
-
-@njit(cache=True, fastmath=_FM)
-def _exp_inplace(x, bits_a, bits_b):
-    """x[i] <- exp(x[i]) for a 1-D buffer; bits_a, bits_b: int64 scratch of len(x).
-
-    exp(x) = 2^k1 2^k2 P(r) with x = k ln2 + r, k = k1 + k2 split in two so that subnormal results
-    come out right; x is clamped to [-746, 710], so -inf gives 0 and x > 709.78 gives inf.
-    """
-    _exp_parts(x, bits_a, bits_b)
-    fa = bits_a.view(np.float64)
-    fb = bits_b.view(np.float64)
-    for i in range(x.shape[0]):
-        x[i] = x[i] * fa[i] * fb[i]
-
-
-@njit(cache=True, fastmath=_FM, inline="always")
-def _exp_parts(x, bits_a, bits_b):
-    """The first pass of ``_exp_inplace``, for callers in a hot loop: x[i] <- P(r_i), and the bits
-    of 2^k1, 2^k2 into bits_a, bits_b; exp(x[i]) is then x[i] * fa[i] * fb[i], with fa, fb the
-    float64 views of bits_a, bits_b that such a caller makes once, outside its loop."""
-    m = x.shape[0]
-    for i in range(m):
-        xi = min(max(x[i], -746.0), 710.0)
-        kf = np.floor(xi * _LOG2E + 0.5)
-        r = (xi - kf * _LN2_HI) - kf * _LN2_LO
-        p = _EXP_C[0]
-        p = p * r + _EXP_C[1]
-        p = p * r + _EXP_C[2]
-        p = p * r + _EXP_C[3]
-        p = p * r + _EXP_C[4]
-        p = p * r + _EXP_C[5]
-        p = p * r + _EXP_C[6]
-        p = p * r + _EXP_C[7]
-        p = p * r + _EXP_C[8]
-        p = p * r + _EXP_C[9]
-        p = p * r + _EXP_C[10]
-        p = p * r + _EXP_C[11]
-        k = np.int64(kf)
-        k1 = k >> 1
-        bits_a[i] = (k1 + 1023) << 52
-        bits_b[i] = (k - k1 + 1023) << 52
-        x[i] = p
-
-
-@njit(cache=True, fastmath=_FM)
-def _log_inplace(x, bits):
-    """x[i] <- ln x[i] for positive normal x; bits: int64 scratch of len(x) (viewed as float64).
-
-    x = 2^e m with m in [sqrt(1/2), sqrt 2); ln m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172,
-    summed to f^21 (truncation error below 1e-16). Zero and subnormal inputs are not handled:
-    callers pass values >= 1 or fall back to math.log.
-    """
-    m = x.shape[0]
-    fb = bits.view(np.float64)
-    xb = x.view(np.int64)
-    for i in range(m):
-        b = xb[i]
-        e = (b >> 52) - 1023
-        bits[i] = (b & _MANT_MASK) | _EXP_ONE
-        mant = fb[i]
-        big = mant > _SQRT2
-        mant = mant * 0.5 if big else mant
-        ef = np.float64(e + 1) if big else np.float64(e)
-        f = (mant - 1.0) / (mant + 1.0)
-        f2 = f * f
-        s = 1.0 / 21.0
-        s = s * f2 + 1.0 / 19.0
-        s = s * f2 + 1.0 / 17.0
-        s = s * f2 + 1.0 / 15.0
-        s = s * f2 + 1.0 / 13.0
-        s = s * f2 + 1.0 / 11.0
-        s = s * f2 + 1.0 / 9.0
-        s = s * f2 + 1.0 / 7.0
-        s = s * f2 + 1.0 / 5.0
-        s = s * f2 + 1.0 / 3.0
-        s = s * f2 + 1.0
-        x[i] = ef * _LN2_HI + (2.0 * f * s + ef * _LN2_LO)
-
+from .jit import FASTMATH as _FM
+from .jit import exp_inplace, log_inplace, soft_value
 
 @njit(cache=True)
 def exp_kernel(x):
@@ -115,7 +18,7 @@ def exp_kernel(x):
     out = x.copy()
     a = np.empty(x.shape[0], np.int64)
     b = np.empty(x.shape[0], np.int64)
-    _exp_inplace(out, a, b)
+    exp_inplace(out, a, b)
     return out
 
 
@@ -124,7 +27,7 @@ def log_kernel(x):
     """Vectorised ln of a 1-D array of positive normal floats."""
     out = x.copy()
     b = np.empty(x.shape[0], np.int64)
-    _log_inplace(out, b)
+    log_inplace(out, b)
     return out
 
 
@@ -182,7 +85,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
             if not (pos == 0.0) or nan_check != nan_check:
                 status[m] = 1
                 continue
-            _exp_inplace(e, a_buf[c], b_buf[c])
+            exp_inplace(e, a_buf[c], b_buf[c])
             tot = 0.0
             for a in range(n):
                 tot += e[a]
@@ -196,7 +99,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
                     continue
                 for a in range(n):
                     e[a] = s[a] - shift
-                _exp_inplace(e, a_buf[c], b_buf[c])
+                exp_inplace(e, a_buf[c], b_buf[c])
                 tot = 0.0
                 for a in range(n):
                     tot += e[a]
@@ -245,7 +148,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
                     diff = (lw + x) - mx[a]
                     # both -inf: diff is NaN and the term is 0
                     d[a] = -abs(diff) if diff == diff else -np.inf
-                _exp_inplace(d, a_buf[c], b_buf[c])
+                exp_inplace(d, a_buf[c], b_buf[c])
                 for a in range(n):
                     t = lw + log_probs[k, m, a]
                     up = t > mx[a]
@@ -256,7 +159,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
                 continue
             status[m] = 0
             # sm >= 1, so the vectorised log applies
-            _log_inplace(sm, a_buf[c])
+            log_inplace(sm, a_buf[c])
             for a in range(n):
                 out[m, a] = mx[a] + sm[a]
 
@@ -340,24 +243,11 @@ def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
 @njit(parallel=True, cache=True)
 def sequence_log_partition_log_kernel(next_state, reward, horizon, out):
     """The same recursion in log space: ln Z_h(s) = logsumexp_a (r[s, a] + ln Z_{h+1}(next))."""
-    S, n = reward.shape
+    S = reward.shape[0]
     out[horizon, :] = 0.0
     for h in range(horizon - 1, -1, -1):
         for s in prange(S):
-            mx = -np.inf
-            for a in range(n):
-                t = next_state[s, a]
-                v = reward[s, a] + (0.0 if t < 0 else out[h + 1, t])
-                mx = max(mx, v)
-            if mx == -np.inf:
-                out[h, s] = -np.inf
-                continue
-            acc = 0.0
-            for a in range(n):
-                t = next_state[s, a]
-                v = reward[s, a] + (0.0 if t < 0 else out[h + 1, t])
-                acc += np.exp(v - mx)
-            out[h, s] = mx + np.log(acc)
+            out[h, s] = soft_value(next_state, reward, out[h + 1], s)
 
 
 @njit(parallel=True, cache=True)

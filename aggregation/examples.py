@@ -12,9 +12,10 @@ def confident_expert(d, n_uniform=1, n=3):
     return np.vstack([expert] + [np.full(n, 1.0 / n)] * n_uniform)
 
 
-def low_probability_teachers(e):
-    """Teachers (0.9, 0.1), (0.9, 0.1), (e, 1 - e); token 0 is correct (SPEC 1); (3, 2)."""
-    return np.array([[0.9, 0.1], [0.9, 0.1], [e, 1.0 - e]])
+def low_probability_teachers(e, n_agree=2):
+    """``n_agree`` teachers (0.9, 0.1) and one (e, 1 - e) last; token 0 is correct (SPEC 1);
+    (n_agree + 1, 2). The default is SPEC 1's triple (0.9, 0.1), (0.9, 0.1), (e, 1 - e)."""
+    return np.vstack([np.tile([0.9, 0.1], (n_agree, 1)), [[e, 1.0 - e]]])
 
 
 def prefix_bias_teachers(p_correct, continuation_c, continuation_i=None):
@@ -85,3 +86,29 @@ def prefix_tree(K, depth, n, seed, concentration=1.0, zero_fraction=0.0, tiny=No
         next_state[s] = s * n + 1 + np.arange(n)
     next_state[rng.random((S, n)) < end_prob] = -1
     return FiniteStateTeachers(next_state, _random_log_probs(rng, K, S, n, concentration, zero_fraction, tiny))
+
+
+def random_prefix_teachers(seed, sigma, n_teachers=3, n_states=4):
+    """Random binary-token teachers on which every teacher prefers the correct first token (SPEC 2).
+
+    State 0 is the start: token 0 = C enters a region of ``n_states`` states, token 1 = I another;
+    each region's transitions are uniform within it (seeded) and never end. p_k(C | start) ~ U(0.55, 0.95).
+    In a region state s teacher k's row is softmax(b_s + sigma eps_{k,s}), b, eps ~ N(0, 1): sigma
+    is the teachers' disagreement (sigma = 0: identical teachers, Z = 1, no flip). The same seed gives
+    the same b, eps at every sigma. The regions start at states 1 and 1 + n_states.
+    """
+    rng = np.random.default_rng(seed)
+    m, K = n_states, n_teachers
+    S = 1 + 2 * m
+    next_state = np.zeros((S, 2), np.int64)
+    next_state[0] = (1, 1 + m)
+    for offset in (1, 1 + m):
+        next_state[offset:offset + m] = offset + rng.integers(0, m, size=(m, 2))
+    p_c = rng.uniform(0.55, 0.95, size=K)
+    base = rng.normal(size=(S - 1, 2))
+    noise = rng.normal(size=(K, S - 1, 2))
+    logits = base[None] + sigma * noise
+    log_probs = np.empty((K, S, 2))
+    log_probs[:, 0, 0], log_probs[:, 0, 1] = np.log(p_c), np.log1p(-p_c)
+    log_probs[:, 1:] = logits - np.logaddexp(logits[..., :1], logits[..., 1:])
+    return FiniteStateTeachers(next_state, log_probs)

@@ -9,12 +9,12 @@ import numpy as np
 from numba import get_num_threads
 
 from . import _kernels
-from ._validate import _array, check_log_probs, check_probs, check_weights, positive_teachers
+from .validate import as_array, check_log_probs, check_probs, check_weights, positive_teachers
 
 
 def _active(log_probs, weights, name):
     """Validate the shapes and weights; drop weight-0 teachers (after checking their entries too)."""
-    lp = _array(log_probs, name, min_ndim=2)
+    lp = as_array(log_probs, name, min_ndim=2)
     w = check_weights(weights, lp.shape[0], other=name)
     if lp.shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (axis -1)")
@@ -45,7 +45,7 @@ def _geometric(log_probs, weights, name="log_probs"):
     return out.reshape(middle + (n,)), log_z.reshape(middle)
 
 
-def log_geometric_pool(log_probs, weights):
+def log_geometric_pool(log_probs, weights, return_log_partition=False):
     """Normalised weighted geometric pool in log space (the RKL minimiser, SPEC 1).
 
     ln G(a) = sum_k w_k ln p_k(a) - ln Z,   ln Z = logsumexp_a sum_k w_k ln p_k(a).
@@ -55,12 +55,15 @@ def log_geometric_pool(log_probs, weights):
     log_probs : (K, ..., n) log-probabilities (-inf allowed; rows need not be normalised, G is
         invariant to rescaling a teacher).
     weights : (K,) on the simplex.
+    return_log_partition : also return ln Z, shape (...), from the same pass (the bridge's sampler
+        needs both at every step; :func:`log_partition` alone runs the same kernel).
 
     Returns
     -------
-    (..., n) log-probabilities. Raises ValueError for an empty support intersection.
+    (..., n) log-probabilities, or (ln G, ln Z). Raises ValueError for an empty support intersection.
     """
-    return _geometric(log_probs, weights)[0]
+    log_g, log_z = _geometric(log_probs, weights)
+    return (log_g, log_z) if return_log_partition else log_g
 
 
 def log_partition(log_probs, weights):

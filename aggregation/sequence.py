@@ -11,6 +11,7 @@ and emits at most ``horizon`` tokens. Sequence-level targets:
 - local geometric ``l(a | u) ∝ prod_k p_k(a | u)^{w_k}`` (the token-level pool at each state).
 """
 
+import math
 import warnings
 from contextlib import contextmanager
 
@@ -19,7 +20,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 from . import _kernels
-from ._validate import _array, check_horizon, check_log_probs, check_probs, check_weights, positive_teachers
+from .validate import (as_array, check_horizon, check_int, check_log_probs, check_probs, check_token_ids, check_weights,
+                       positive_teachers)
 from .pools import _geometric
 
 # Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
@@ -66,7 +68,7 @@ class FiniteStateTeachers:
             raise ValueError(f"next_state must be an integer array, got dtype {ns.dtype}")
         if ns.ndim != 2 or ns.shape[0] == 0 or ns.shape[1] == 0:
             raise ValueError(f"next_state must have shape (S, n) with S, n >= 1, got {ns.shape}")
-        lp = _array(log_probs, "log_probs", min_ndim=3)
+        lp = as_array(log_probs, "log_probs", min_ndim=3)
         if lp.ndim != 3:
             raise ValueError(f"log_probs must have shape (K, S, n), got {lp.shape}")
         for axis, what in ((1, "states"), (2, "vocabulary")):
@@ -180,14 +182,9 @@ def local_geometric_conditionals(teachers, weights):
 def _walk(teachers, path):
     """Validate a token path from the start state; returns (tokens, states visited before each)."""
     _check_teachers(teachers)
-    tokens = np.asarray(path)
-    if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
-        raise ValueError(f"path must be a 1-D sequence of token ids, got {tokens!r}")
-    tokens = tokens.astype(np.int64)
-    bad = (tokens < 0) | (tokens >= teachers.n)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"path[{i}] = {tokens[i]} is out of the vocabulary range [0, {teachers.n})")
+    if np.ndim(path) != 1:
+        raise ValueError(f"path must be a 1-D sequence of token ids, got {path!r}")
+    tokens = np.asarray(check_token_ids(path, "path", teachers.n), dtype=np.int64)
     states = np.empty(tokens.size, np.int64)
     s = teachers.start
     for t, a in enumerate(tokens):
@@ -253,12 +250,6 @@ def _target_tables(teachers, weights, horizon, target):
     raise ValueError(f"target = {target!r} must be 'geometric', 'local', 'mixture' or a teacher index")
 
 
-def _check_count(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} = {value!r} must be a non-negative integer")
-    return int(value)
-
-
 def sample_paths(teachers, weights, horizon, n_samples, seed, target="geometric"):
     """Sample responses of at most ``horizon`` tokens from the start state.
 
@@ -272,7 +263,7 @@ def sample_paths(teachers, weights, horizon, n_samples, seed, target="geometric"
     """
     _check_teachers(teachers)
     horizon = check_horizon(horizon)
-    n_samples = _check_count(n_samples, "n_samples")
+    n_samples = check_int(n_samples, "n_samples")
     probs, step = _target_tables(teachers, weights, horizon, target)
     rng = np.random.default_rng(seed)
     table = np.zeros(n_samples, np.int64)
@@ -310,3 +301,66 @@ def state_occupancy(teachers, weights, horizon, target="geometric"):
         w = check_weights(weights, teachers.K, other="teachers.log_probs")
         return sum(w[k] * run(probs[k:k + 1], 0) for k in positive_teachers(w))
     return run(probs, step)
+
+
+def sequence_kl(teachers, weights, horizon, log_policy, target="geometric"):
+    """KL_seq(q || P) over responses of at most ``horizon`` tokens, for a state-conditional policy q.
+
+    KL_seq(q || P) = sum_h sum_s occ_q(h, s) KL(q(.|h, s) || P(.|h, s))   (SPEC 2-3: the KL over
+    responses splits by the chain rule into per-state KLs weighted by q's occupancy), where P is
+    G_seq (``"geometric"``, conditionals g), the local pool l at every step (``"local"``) or teacher
+    k (an index). Tokens with q = 0 contribute 0.
+
+    log_policy : (S, n) (the same policy at every step) or (horizon, S, n) log-probabilities.
+    Returns a float (nats per response). Example: the per-round sequence-level regret of an on-policy
+    learner that converged to l is ``sequence_kl(t, w, H, local_geometric_conditionals(t, w))``.
+    """
+    _check_teachers(teachers)
+    horizon = check_horizon(horizon)
+    lq = check_log_probs(log_policy, "log_policy", normalised=True)
+    if lq.shape[-2:] != (teachers.S, teachers.n) or lq.ndim not in (2, 3) or (lq.ndim == 3 and lq.shape[0] != horizon):
+        raise ValueError(f"log_policy must have shape (S, n) = ({teachers.S}, {teachers.n}) or "
+                         f"(horizon, S, n) = ({horizon}, {teachers.S}, {teachers.n}), got {lq.shape}")
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        if not 0 <= target < teachers.K:
+            raise ValueError(f"target = {target} is not a teacher index in [0, {teachers.K})")
+        log_t = teachers.log_probs[target][None]
+    elif target == "geometric":
+        log_t = sequence_geometric_conditionals(teachers, weights, horizon)
+    elif target == "local":
+        log_t = local_geometric_conditionals(teachers, weights)[None]
+    else:
+        raise ValueError(f"target = {target!r} must be 'geometric', 'local' or a teacher index")
+    step = 1 if lq.ndim == 3 else 0
+    q = np.exp(lq) if step else np.exp(lq)[None]
+    occ = np.zeros((horizon + 1, teachers.S))
+    _kernels.state_occupancy_kernel(teachers.next_state, np.ascontiguousarray(q), step, teachers.start, horizon, occ)
+    lq = lq if step else lq[None]
+    with np.errstate(invalid="ignore"):
+        kl = np.sum(np.where(q > 0, q * (lq - log_t), 0.0), axis=2)
+    return float(np.sum(occ[:horizon] * kl))
+
+
+def growth_rate(teachers, weights, state):
+    """lim_H Z_H(state)^{1/H}: the spectral radius of the pooled matrix
+    M[s, s'] = sum_{a: next(s, a) = s'} prod_k p_k(a|s)^{w_k} restricted to the states reachable from
+    ``state`` (SPEC 2). Z_H(C) / Z_H(I) -> 0 as H -> inf when the rate after C is below the rate after I."""
+    reward = _reward(teachers, weights)
+    S = teachers.S
+    state = check_int(state, "state")
+    if state >= S:
+        raise ValueError(f"state = {state} is not a state index in [0, {S})")
+    M = np.zeros((S, S))
+    for s in range(S):
+        for a in range(teachers.n):
+            if teachers.next_state[s, a] >= 0:
+                M[s, teachers.next_state[s, a]] += math.exp(reward[s, a])
+    reach, frontier = {state}, [state]
+    while frontier:
+        s = frontier.pop()
+        for s2 in np.flatnonzero(M[s] > 0):
+            if int(s2) not in reach:
+                reach.add(int(s2))
+                frontier.append(int(s2))
+    idx = sorted(reach)
+    return float(np.max(np.abs(np.linalg.eigvals(M[np.ix_(idx, idx)]))))

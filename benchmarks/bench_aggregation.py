@@ -19,19 +19,7 @@ import time
 
 import numpy as np
 from scipy.special import logsumexp
-
-
-def best_time(fns, repeats):
-    """Minimum wall time of each callable over interleaved repeats (after one warm-up call each)."""
-    for f in fns.values():
-        f()
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t0)
-    return {name: min(ts) for name, ts in times.items()}
+from timing import best_time  # (benchmarks/timing.py, beside this script)
 
 
 def copy_bandwidth(nbytes, repeats):

@@ -16,18 +16,10 @@ import os
 import subprocess
 import sys
 import time
+from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _best(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def sampling(args):
@@ -54,7 +46,7 @@ def sampling(args):
                            min_new_tokens=args.length - 1, do_sample=True, top_k=0, top_p=1.0,
                            pad_token_id=tok.eos_token_id)
     ours(), generate()                                            # warm-up
-    t_ours, t_gen = _best(ours, args.repeats), _best(generate, args.repeats)
+    t_ours, t_gen = best_time(ours, args.repeats, warmup=False), best_time(generate, args.repeats, warmup=False)
     tokens = args.batch * (args.length - 1)
     return dict(batch=args.batch, length=args.length, teachers=K,
                 ours_s=t_ours, generate_s=t_gen,

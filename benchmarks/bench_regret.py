@@ -13,23 +13,14 @@ KT with n = 16 on 2 cores.
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 from scipy.special import logsumexp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sims import analysis  # noqa: E402
 from sims import learners as L  # noqa: E402
-
-
-def best_time(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 
 def numpy_kt(tokens, mix, beta, grid):
@@ -77,7 +68,7 @@ def main(argv=None):
     probs = rng.dirichlet(np.ones(n), size=3)
     w = np.array([0.5, 0.3, 0.2])
     mix = w @ probs
-    grid = L.log_grid(T)
+    grid = analysis.log_grid(T)
     check_T = 20_000
     tokens = rng.choice(n, size=check_T, p=mix)
     ours = L.add_beta_tabular(np.vstack([mix]), [1.0], 0.5, check_T, [0], sequence=tokens)

@@ -1,1 +1,110 @@
-"""Pure functions from tidy DataFrames to matplotlib Figures, and a script that rebuilds every figure."""
+"""Figures: pure functions from the tidy CSVs of a results folder to matplotlib Figures.
+
+    python -m figures [--results DIR]     # rebuild every figure of every results folder under DIR
+    python -m figures --gallery           # ... then copy the headline figures to docs/figures/
+    figures.rebuild(folder)               # what the experiment scripts call at the end of a run
+
+A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
+``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes). Its figures go
+to ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
+no backend switch): building a figure changes no global state.
+"""
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of results folder: ``matches(folder)`` says whether a folder is one, ``build(folder)``
+    returns {file stem: Figure} from its CSVs."""
+    name: str
+    matches: object
+    build: object
+
+
+def _exists(*names):
+    return lambda folder: any(os.path.exists(os.path.join(folder, n)) for n in names)
+
+
+def _build_regret(folder):
+    from . import regret
+    return regret.figures_from(folder)
+
+
+def _build_mechanisms(folder):
+    from . import mechanisms
+    return mechanisms.figures_from(folder)
+
+
+def _build_probe(folder):
+    from . import probe
+    return probe.figures_from(folder)
+
+
+KINDS = (
+    Kind("regret", _exists("regret.csv"), _build_regret),
+    Kind("mechanisms", _exists("confident-expert.csv", "low-prob.csv", "prefix-bias.csv"), _build_mechanisms),
+    Kind("probe", _exists("margins.csv"), _build_probe),
+)
+
+# The headline figures kept under version control (docs/figures/), refreshed only by --gallery.
+GALLERY_DIR = os.path.join("docs", "figures")
+GALLERY = {
+    "regret": ("regret_offpolicy-tabular", "regret_offpolicy-sequence", "regret_onpolicy-tabular",
+               "regret_onpolicy-sequence", "regret_function-approx"),
+    "mechanisms": ("mechanism_confident-expert", "mechanism_low-prob", "mechanism_prefix-bias"),
+}
+DPI = 200
+
+
+def save(fig, path, dpi=DPI):
+    """Write one Figure as PNG (atomically: a reader never sees half a file)."""
+    from harness import atomic_write
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    return path
+
+
+def rebuild(folder, fig_dir=None, quiet=True):
+    """Rebuild every figure of one results folder into ``fig_dir`` (default ``folder/figures``);
+    returns the paths written (none when the folder holds no known CSVs)."""
+    fig_dir = fig_dir or os.path.join(folder, "figures")
+    paths = []
+    for kind in KINDS:
+        if kind.matches(folder):
+            for stem, fig in kind.build(folder).items():
+                paths.append(save(fig, os.path.join(fig_dir, f"{stem}.png")))
+                if not quiet:
+                    print(f"wrote {paths[-1]}", file=sys.stderr)
+    return paths
+
+
+def results_folders(root):
+    """``root`` and every folder below it (cells/ and figures/ aside) that holds a known kind of CSV."""
+    found = []
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("cells", "figures") and not d.startswith("."))
+        if any(kind.matches(dirpath) for kind in KINDS):
+            found.append(dirpath)
+    return found
+
+
+def rebuild_all(root="results", quiet=True):
+    """Rebuild the figures of every results folder under ``root``; returns the paths written."""
+    return [p for folder in results_folders(root) for p in rebuild(folder, quiet=quiet)]
+
+
+def refresh_gallery(root="results", gallery_dir=GALLERY_DIR):
+    """Copy the headline figures from ``root/<experiment>/figures`` to ``gallery_dir``; returns the copies.
+    Raises ValueError naming the first headline figure that is missing (run its script first)."""
+    copies = []
+    for experiment, stems in GALLERY.items():
+        for stem in stems:
+            src = os.path.join(root, experiment, "figures", f"{stem}.png")
+            if not os.path.exists(src):
+                raise ValueError(f"{src} is missing: run the {experiment} script (default settings) first")
+            os.makedirs(gallery_dir, exist_ok=True)
+            copies.append(shutil.copyfile(src, os.path.join(gallery_dir, f"{stem}.png")))
+    return copies

@@ -1,8 +1,7 @@
 """Mechanism figures (SPEC 1-3; claims T6-T8): pure functions of the tidy DataFrames of sims/mechanisms.py.
 
     fig = confident_expert_figure(df)        # also low_prob_figure, prefix_bias_figure
-    save_figure("low-prob", df, "figures")   # figures/mechanism_low-prob.png
-    python figures/mechanisms.py [RESULTS_DIR [FIG_DIR]]   # rebuild all three from the CSVs
+    figures_from("results/mechanisms")       # {"mechanism_<name>": Figure} for each CSV there
 
 Each figure has a row of exact closed forms (SPEC worked values as markers) and rows of learned
 curves: q_t of each learner against the round t on a log axis (mean over seeds, band = min..max over
@@ -10,28 +9,15 @@ seeds), with the exact targets as horizontal black lines beside them.
 """
 
 import os
-import sys
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from sims.labels import G_SEQ, L_LOCAL, LEARNER_COLOURS, MIXTURE, POOL_COLOURS, TARGET_STYLES, A, G
 
-LEARNER_COLOURS = {
-    "KT on teacher samples (FKL)": "tab:blue",
-    "FTL, sampled teacher scores q (RKL)": "tab:orange",
-    "FTL on own rollouts (RKL)": "tab:green",
-    "sequence-level RKL, reward-to-go": "tab:red",
-    "per-token RKL, discount 0": "tab:purple",
-    "per-state KT on teacher samples (FKL)": "tab:blue",
-}
-TARGET_STYLES = {"A": ("--", "A (FKL target)"), "G": (":", "G (RKL target)"),
-                 "g (sequence-level geometric)": (":", "g, sequence-level geometric"),
-                 "l (local geometric)": ("-.", "l, local geometric"),
-                 "mixture marginal": ("--", "mixture marginal")}
-POOL_STYLE = {"A": dict(color="tab:blue", ls="--"), "G": dict(color="tab:orange", ls="-")}
+POOL_STYLE = {A: dict(color=POOL_COLOURS[A], ls="--"), G: dict(color=POOL_COLOURS[G], ls="-")}
 SMALL = 7
 
 
@@ -53,7 +39,7 @@ def _grid_rows(fig, counts, height=3.3, width=4.2):
 
 
 def _figure(counts, width=4.2, height=3.4):
-    fig = plt.figure(figsize=(width * max(counts), height * len(counts)), layout="constrained")
+    fig = Figure(figsize=(width * max(counts), height * len(counts)), layout="constrained")
     return fig, _grid_rows(fig, counts)
 
 
@@ -122,7 +108,7 @@ def confident_expert_figure(df):
     b.set_xlabel("number of teachers K (1 expert + K-1 uniform; log scale)")
     b.set_title("d = 1e-4, n = 3, equal weights", fontsize=9)
     for i, setting in enumerate(dict.fromkeys(_sel(df, part="exact", x_name="expert weight").setting)):
-        colour = plt.cm.viridis(i / 3)
+        colour = matplotlib.colormaps["viridis"](i / 3)
         for lab, ls in (("G", "-"), ("A", "--")):
             s = _sel(df, part="exact", x_name="expert weight", setting=setting, learner=lab)
             c.plot(s.x, s.value, ls=ls, color=colour, lw=1.4, label=f"{lab}, {setting.split(', ')[1]}")
@@ -184,7 +170,7 @@ def low_prob_figure(df):
         s = _sel(df, part="exact", x_name="e", setting=setting, learner="G")
         if s.empty:
             continue
-        colour = plt.cm.plasma(i / 4)
+        colour = matplotlib.colormaps["plasma"](i / 4)
         es = float(_sel(df, learner="e*", setting=setting).value.iloc[0])
         b.plot(s.x, s.value, color=colour, lw=1.5, label=f"G, m = {m}: e* = {es:.2g}")
         b.axvline(es, color=colour, lw=0.8, ls="--")
@@ -193,7 +179,7 @@ def low_prob_figure(df):
     b.set_xlabel("e (log scale); dashed: e* = 1/(1 + 9^m)")
     b.set_title("against the number m of agreeing teachers (equal w)", fontsize=9)
     for i, setting in enumerate(dict.fromkeys(_sel(df, part="exact", x_name="veto weight", learner="G").setting)):
-        colour = plt.cm.viridis(i / 3)
+        colour = matplotlib.colormaps["viridis"](i / 3)
         for lab, ls in (("G", "-"), ("A", "--")):
             s = _sel(df, part="exact", x_name="veto weight", setting=setting, learner=lab)
             c.plot(s.x, s.value, color=colour, ls=ls, lw=1.4, label=f"{lab}, {setting.split(', ')[1]}")
@@ -268,15 +254,15 @@ def prefix_bias_figure(df):
     sub, axes = rows[0]
     sub.suptitle("exact first-token probability of C against the number H of tokens after it", fontsize=10)
     for ax, setting in zip(axes, exact):
-        for lab, colour in (("g (sequence-level geometric)", "tab:red"), ("l (local geometric)", "tab:purple"),
-                            ("mixture marginal", "tab:blue")):
+        for lab in (G_SEQ, L_LOCAL, MIXTURE):
+            colour = POOL_COLOURS[lab]
             s = _sel(df, part="exact", setting=setting, learner=lab)
             style = {"g": dict(ls="-", lw=1.6), "l": dict(ls="-.", lw=2.6, alpha=0.7), "m": dict(ls="--", lw=1.4)}
             ax.plot(s.x, s.value, color=colour, label=TARGET_STYLES[lab][1], **style[lab[0]])
         spec = _sel(df, part="spec", setting=setting).set_index("quantity").value
         ax.axvline(spec["H*"], color="black", lw=1.0, ls=":", label=f"H* = {spec['H*']:.4g} (rho = {spec['rho']:.4g})")
         flip = int(spec["first H with g(C) < 1/2"])
-        g = _sel(df, part="exact", setting=setting, learner="g (sequence-level geometric)").set_index("x").value
+        g = _sel(df, part="exact", setting=setting, learner=G_SEQ).set_index("x").value
         ax.plot([flip - 1, flip], [g[flip - 1], g[flip]], "o", color="tab:red", mfc="white", ms=5,
                 label=f"g(C): {g[flip - 1]:.3f} (H={flip - 1}) -> {g[flip]:.3f} (H={flip})")
         ax.axhline(0.5, color="grey", lw=0.8, ls=(0, (1, 3)))
@@ -302,7 +288,7 @@ def prefix_bias_figure(df):
     count = _sel(df, part="target", quantity="instances").set_index("x").value
     sigmas = sorted(lim.index)
     for i, sigma in enumerate(sigmas):
-        colour = plt.cm.viridis(i / max(len(sigmas) - 1, 1))
+        colour = matplotlib.colormaps["viridis"](i / max(len(sigmas) - 1, 1))
         s = _sel(fam, setting=f"sigma={sigma:g}").sort_values("x")
         a.plot(s.x, s.value, "o-", ms=3, color=colour, lw=1.3, label=f"sigma = {sigma:g} (-ln z = {gap[sigma]:.3f})")
         a.axhline(lim[sigma], color=colour, lw=0.8, ls="--")
@@ -317,7 +303,7 @@ def prefix_bias_figure(df):
     x = gap[sigmas].to_numpy()
     for j, H in enumerate((1, 4, 16, 64, 1024)):
         y = [_sel(fam, setting=f"sigma={s:g}", x=H).value.iloc[0] for s in sigmas]
-        b.plot(x, y, "o-", color=plt.cm.magma(j / 5.5), lw=1.3, ms=4, label=f"H = {H}")
+        b.plot(x, y, "o-", color=matplotlib.colormaps["magma"](j / 5.5), lw=1.3, ms=4, label=f"H = {H}")
     b.plot(x, lim[sigmas].to_numpy(), "k--", lw=1.0, label="H -> inf")
     for xi, s in zip(x, sigmas):
         b.annotate(f"sigma={s:g}", (xi, 0.0), textcoords="offset points", xytext=(0, 4), fontsize=6, ha="center")
@@ -334,26 +320,7 @@ FIGURES = {"confident-expert": confident_expert_figure, "low-prob": low_prob_fig
            "prefix-bias": prefix_bias_figure}
 
 
-def save_figure(name, df, fig_dir, dpi=110):
-    """Write fig_dir/mechanism_<name>.png; returns the path."""
-    os.makedirs(fig_dir, exist_ok=True)
-    fig = FIGURES[name](df)
-    path = os.path.join(fig_dir, f"mechanism_{name}.png")
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return path
-
-
-def main(results_dir=os.path.join("results", "mechanisms"), fig_dir="figures"):
-    """Rebuild the mechanism figures from the CSVs in ``results_dir`` (those that exist)."""
-    paths = []
-    for name in FIGURES:
-        csv = os.path.join(results_dir, f"{name}.csv")
-        if os.path.exists(csv):
-            paths.append(save_figure(name, pd.read_csv(csv), fig_dir))
-    return paths
-
-
-if __name__ == "__main__":
-    for p in main(*sys.argv[1:3]):
-        print(p)
+def figures_from(folder):
+    """{"mechanism_<name>": Figure} for each mechanism CSV in ``folder``."""
+    return {f"mechanism_{name}": build(pd.read_csv(os.path.join(folder, f"{name}.csv")))
+            for name, build in FIGURES.items() if os.path.exists(os.path.join(folder, f"{name}.csv"))}

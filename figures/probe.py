@@ -1,10 +1,11 @@
-"""The prefix-bias probe's figure (SPEC 6): a pure function of the margins DataFrame that
-``llm_bridge.probe_prefix_bias.margins`` returns (horizon, scorer, margin, margin_low, margin_high)."""
+"""The prefix-bias probe's figure (SPEC 6): a pure function of the margins table that the probes
+write (``margins.csv``: horizon, scorer, rival, margin, margin_low, margin_high)."""
 
-import matplotlib
+import json
+import os
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd
+from matplotlib.figure import Figure
 
 POOLS = {"geometric": dict(color="C3", lw=2.2, marker="o", label="sequence-level geometric g (95% CI)"),
          "local_geometric": dict(color="C0", lw=1.5, marker="s", label="local geometric l"),
@@ -15,7 +16,8 @@ TEACHER_MARKERS = ("v", "D", "P", "X", "*", "h")
 def probe_figure(margins, title=""):
     """Each scorer's margin ln s(correct) - max ln s(incorrect) against the horizon H; > 0 prefers
     the correct option. Teachers dashed grey (one marker each), g with its 95% band."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.subplots()
     teachers = [s for s in dict.fromkeys(margins["scorer"]) if s not in POOLS]
     for j, name in enumerate(teachers):
         grp = margins[margins.scorer == name].sort_values("horizon")
@@ -34,5 +36,14 @@ def probe_figure(margins, title=""):
     ax.set_title(title or "prefix-bias probe", fontsize=9)
     ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3, lw=0.4)
-    fig.tight_layout()
     return fig
+
+
+def figures_from(folder):
+    """{"probe": Figure} from ``margins.csv`` in ``folder`` (titled with the question of its
+    ``summary.json``). A batch keeps one such folder per question, each found by ``python -m figures``."""
+    title = ""
+    if os.path.exists(os.path.join(folder, "summary.json")):
+        with open(os.path.join(folder, "summary.json")) as f:
+            title = str(json.load(f).get("question", ""))[:80]
+    return {"probe": probe_figure(pd.read_csv(os.path.join(folder, "margins.csv")), title)}

@@ -1,8 +1,7 @@
 """Regret figures (SPEC section 3): pure functions of the DataFrames that ``sims/regret.py`` writes.
 
     fig = regret_figure(regret, summary, theory, "onpolicy-tabular")
-    save_all(regret, summary, theory, "figures")     # regret_<experiment>.png for every experiment
-    python figures/regret.py [RESULTS_DIR [FIG_DIR]]   # rebuild them from the CSVs
+    figures_from("results/regret")     # {"regret_<experiment>": Figure} for every experiment in the CSVs
 
 Regret against t on a log axis (and a symlog y axis where one learner's regret is linear), one panel per (feedback, setting, n_actions, metric), one curve
 per learner (mean over seeds, band = 5-95% over seeds), the theory curves in black beside them,
@@ -10,14 +9,11 @@ the fitted slope with its 95% interval and the theory slope in the legend.
 """
 
 import os
-import sys
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
 METRIC_LABEL = {"regret": "regret vs best in hindsight", "pseudo": "pseudo-regret vs target",
                 "token": "per-token regret vs local l"}
@@ -42,9 +38,10 @@ def regret_figure(regret, summary, theory, experiment, ncols=4):
     panels = _panels(df)
     ncols = min(ncols, len(panels))
     nrows = int(np.ceil(len(panels) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.4 * ncols, 3.4 * nrows), squeeze=False)
+    fig = Figure(figsize=(4.4 * ncols, 3.4 * nrows))
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     learners = list(dict.fromkeys(df.learner))
-    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(learners)}
+    colours = {name: matplotlib.colormaps["tab10"](i % 10) for i, name in enumerate(learners)}
     for ax, (feedback, setting, n, metric) in zip(axes.flat, panels):
         sel = _match(df, experiment, feedback, setting, n, metric)
         summ = _match(summary, experiment, feedback, setting, n, metric)
@@ -90,26 +87,7 @@ def regret_figure(regret, summary, theory, experiment, ncols=4):
     return fig
 
 
-def save_all(regret, summary, theory, fig_dir, dpi=130):
-    """Write regret_<experiment>.png for every experiment in ``regret``; returns the paths."""
-    os.makedirs(fig_dir, exist_ok=True)
-    paths = []
-    for experiment in dict.fromkeys(regret.experiment):
-        fig = regret_figure(regret, summary, theory, experiment)
-        path = os.path.join(fig_dir, f"regret_{experiment}.png")
-        fig.savefig(path, dpi=dpi)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def main(results_dir=os.path.join("results", "regret"), fig_dir="figures"):
-    """Rebuild the regret figures from the CSVs in ``results_dir``."""
-    def read(name):
-        return pd.read_csv(os.path.join(results_dir, name))
-    return save_all(read("regret.csv"), read("summary.csv"), read("theory.csv"), fig_dir)
-
-
-if __name__ == "__main__":
-    for p in main(*sys.argv[1:3]):
-        print(p)
+def figures_from(folder):
+    """{"regret_<experiment>": Figure} from regret.csv, summary.csv and theory.csv in ``folder``."""
+    regret, summary, theory = (pd.read_csv(os.path.join(folder, f"{name}.csv")) for name in ("regret", "summary", "theory"))
+    return {f"regret_{e}": regret_figure(regret, summary, theory, e) for e in dict.fromkeys(regret.experiment)}

@@ -27,8 +27,10 @@ import pandas as pd
 import torch
 from scipy.special import logsumexp
 
-from aggregation._validate import positive_teachers
-from aggregation.pools import _geometric
+import aggregation as ag
+from aggregation.validate import check_horizon, check_horizons, check_int, positive_teachers
+
+from .teachers import expand_cache
 
 Z_95 = 1.959963984540054    # two-sided 95% normal quantile: the intervals' stated coverage
 
@@ -67,25 +69,6 @@ def log_mean_exp_stats(log_weights, z=Z_95):
     return est, se, ess
 
 
-def _check_count(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} = {value!r} must be an integer >= {minimum}")
-    return int(value)
-
-
-def _check_horizons(horizon):
-    scalar = np.ndim(horizon) == 0
-    hs = [horizon] if scalar else list(horizon)
-    if not hs:
-        raise ValueError("horizons is empty")
-    for i, h in enumerate(hs):
-        if isinstance(h, bool) or not isinstance(h, (int, np.integer)):
-            raise ValueError(f"horizon[{i}] = {h!r} must be an integer")
-        if h < 0:
-            raise ValueError(f"horizon[{i}] = {h} is negative")
-    return [int(h) for h in hs], scalar
-
-
 def _sample(log_l, rng):
     """One token per row of ``log_l: (B, n)`` by inverse CDF with uniforms in (0, 1]."""
     cdf = np.cumsum(np.exp(log_l), axis=1)
@@ -93,12 +76,10 @@ def _sample(log_l, rng):
     return np.minimum((cdf < u[:, None]).sum(axis=1), log_l.shape[1] - 1)
 
 
-def _pool(teachers, keep, weights, log_probs):
-    """(ln l (B, n), ln z (B,)) of K' teachers' float32 log-probs ``[(B, n)]`` by aggregation."""
+def _pool(weights, log_probs):
+    """(ln l (B, n), ln z (B,)) of K' teachers' float32 log-probs ``[(B, n)]`` by aggregation (one pass)."""
     lp = np.stack([x.double().cpu().numpy() for x in log_probs])
-    # one pass of aggregation's geometric kernel gives both ln G and ln Z (the public
-    # log_geometric_pool and log_partition would run it twice)
-    return _geometric(lp, weights)
+    return ag.log_geometric_pool(lp, weights, return_log_partition=True)
 
 
 @torch.no_grad()
@@ -109,9 +90,12 @@ def sample_log_factors(teachers, context_ids, horizon, n_samples, rng, batch_siz
     With ``return_tokens``, also the sampled tokens ``(n_samples, horizon - 1)`` (the last factor
     needs no token; -1 where sampling stopped because every sequence of the batch had ended).
     """
+    context_ids = teachers.check_ids(context_ids, "context", allow_empty=False, input_ids=True)
+    horizon = check_horizon(horizon)
+    n_samples = check_int(n_samples, "n_samples", 1)
     keep = positive_teachers(teachers.weights)
     w = teachers.weights[keep]
-    batch_size = n_samples if batch_size is None else _check_count(batch_size, "batch_size", 1)
+    batch_size = n_samples if batch_size is None else check_int(batch_size, "batch_size", 1)
     factors = np.zeros((n_samples, horizon))
     sampled = np.full((n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
     if horizon == 0:
@@ -124,7 +108,7 @@ def sample_log_factors(teachers, context_ids, horizon, n_samples, rng, batch_siz
         log_probs = [lp[None].expand(B, -1) for lp, _ in first]
         alive = np.ones(B, dtype=bool)
         for h in range(horizon):
-            log_l, log_z = _pool(teachers, keep, w, log_probs)
+            log_l, log_z = _pool(w, log_probs)
             factors[lo:lo + B, h] = np.where(alive, log_z, 0.0)
             if h == horizon - 1:
                 break
@@ -138,24 +122,9 @@ def sample_log_factors(teachers, context_ids, horizon, n_samples, rng, batch_siz
                 cache = caches[j]
                 if cache is None:      # a fresh copy of the prompt's cache for this batch
                     _, cache = teachers.prefill(k, context_ids) if lo > 0 else first[j]
-                    cache = _expand(cache, B)
+                    cache = expand_cache(cache, B)
                 log_probs[j], caches[j] = teachers.step(k, tokens, cache)
     return (factors, sampled) if return_tokens else factors
-
-
-def _expand(cache, B):
-    from .teachers import expand_cache
-    return expand_cache(cache, B)
-
-
-def _check_ids(ids, name, vocab_size, allow_empty):
-    ids = list(ids)
-    if not ids and not allow_empty:
-        raise ValueError(f"{name} is empty")
-    for i, a in enumerate(ids):
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-            raise ValueError(f"{name}[{i}] = {a!r} is not a token id")
-    return [int(a) for a in ids]
 
 
 def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size=None):
@@ -173,12 +142,12 @@ def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples,
     -------
     :class:`PartitionEstimate`. A prefix ending in an end token has Z = 1 (nothing follows).
     """
-    prompt_ids = _check_ids(prompt_ids, "prompt", teachers.vocab_size, allow_empty=False)
-    prefix_ids = _check_ids(prefix_ids, "prefix", teachers.vocab_size, allow_empty=True)
-    horizons, scalar = _check_horizons(horizon)
-    n_samples = _check_count(n_samples, "n_samples", 1)
+    prompt_ids = teachers.check_ids(prompt_ids, "prompt", allow_empty=False, input_ids=True)
+    prefix_ids = teachers.check_ids(prefix_ids, "prefix")
+    horizons, scalar = check_horizons(horizon)
+    n_samples = check_int(n_samples, "n_samples", 1)
     if batch_size is not None:
-        _check_count(batch_size, "batch_size", 1)
+        check_int(batch_size, "batch_size", 1)
     for i, a in enumerate(prefix_ids[:-1]):
         if a in teachers.end_token_ids:
             raise ValueError(f"prefix[{i}] = {a} is an end token but the prefix goes on")
@@ -247,16 +216,15 @@ def sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples
     (unnormalised ``reward + ln Z``), ``log_partition``, its ``log_partition_se`` and ``ess``.
     Scorers: the teacher names, ``local_geometric``, ``mixture``, ``geometric``.
     """
-    prompt_ids = _check_ids(prompt_ids, "prompt", teachers.vocab_size, allow_empty=False)
+    prompt_ids = teachers.check_ids(prompt_ids, "prompt", allow_empty=False, input_ids=True)
     if len(options) < 1:
         raise ValueError("options is empty")
-    options = [_check_ids(o, f"options[{i}]", teachers.vocab_size, allow_empty=True)
-               for i, o in enumerate(options)]
     for i, o in enumerate(options):
-        if not o:
+        if len(o) == 0:
             raise ValueError(f"options[{i}] has no tokens")
-    hs, _ = _check_horizons(horizons)
-    n_samples = _check_count(n_samples, "n_samples", 1)
+    options = [teachers.check_ids(o, f"options[{i}]") for i, o in enumerate(options)]
+    hs, _ = check_horizons(horizons)
+    n_samples = check_int(n_samples, "n_samples", 1)
     exact = option_log_probs(teachers, prompt_ids, options)
     rows = []
     from tqdm import tqdm

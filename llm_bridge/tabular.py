@@ -49,7 +49,14 @@ class TabularLM(torch.nn.Module):
         return self.n + 1 + self.pad
 
     def forward(self, input_ids, cache=None, past_key_values=None, use_cache=False, **_):
+        """Logits (B, T, vocab_size) of ``input_ids`` (B, T): ids in [0, n] (the tokens and BOS); an id
+        outside is a ValueError naming its position (a real model's embedding lookup would fail)."""
         B, T = input_ids.shape
+        bad = (input_ids < 0) | (input_ids > self.bos_token_id)
+        if bool(bad.any()):
+            b, t = (int(i) for i in torch.nonzero(bad)[0])
+            raise ValueError(f"input_ids[{b}, {t}] = {int(input_ids[b, t])} is not a token of this machine "
+                             f"(ids 0..{self.n - 1}, BOS = {self.bos_token_id})")
         past_key_values = cache if cache is not None else past_key_values
         if past_key_values is None:
             state = torch.full((B,), self.ended, dtype=torch.long, device=input_ids.device)

@@ -15,13 +15,27 @@ import torch
 from scipy.special import logsumexp
 
 import aggregation as ag
-from aggregation._validate import check_weights
+from aggregation.validate import check_int, check_token_ids, check_weights
+
+
+SPECIAL_ATTRIBUTES = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+def _special_tokens(tok):
+    """Every special token of a tokenizer, as comparable data: the named ids, the special-token map
+    (additional special tokens included) and the added tokens with their flags."""
+    out = {name: getattr(tok, name, None) for name in SPECIAL_ATTRIBUTES}
+    out["special tokens"] = sorted(getattr(tok, "all_special_tokens", None) or [])
+    added = getattr(tok, "added_tokens_decoder", None) or {}
+    out["added tokens"] = sorted((int(i), str(t), bool(getattr(t, "special", False))) for i, t in added.items())
+    return out
 
 
 def check_tokenizers(tokenizers):
-    """Raise ValueError naming the first difference in vocabulary ids or special tokens."""
+    """Raise ValueError naming the first difference in vocabulary ids or special tokens (SPEC 6)."""
     first = tokenizers[0]
     vocab0 = first.get_vocab()
+    special0 = _special_tokens(first)
     for i, tok in enumerate(tokenizers[1:], start=1):
         vocab = tok.get_vocab()
         if len(vocab) != len(vocab0):
@@ -29,10 +43,13 @@ def check_tokenizers(tokenizers):
         for token, idx in sorted(vocab0.items(), key=lambda kv: kv[1]):
             if vocab.get(token) != idx:
                 raise ValueError(f"tokenizer {i} maps {token!r} to id {vocab.get(token)}, tokenizer 0 to {idx}")
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
-            if getattr(tok, name, None) != getattr(first, name, None):
-                raise ValueError(f"tokenizer {i} has {name} = {getattr(tok, name, None)}, "
-                                 f"tokenizer 0 has {getattr(first, name, None)}")
+        for name, value in _special_tokens(tok).items():
+            if value != special0[name]:
+                if isinstance(value, list):
+                    diff = sorted(set(map(str, value)) ^ set(map(str, special0[name])))
+                    raise ValueError(f"tokenizer {i} and tokenizer 0 differ in their {name}: first difference "
+                                     f"{diff[0] if diff else 'in order'}")
+                raise ValueError(f"tokenizer {i} has {name} = {value}, tokenizer 0 has {special0[name]}")
 
 
 @dataclass
@@ -80,10 +97,14 @@ class Teachers:
         if vocab_size < 1:
             raise ValueError(f"vocab_size = {vocab_size} must be >= 1")
         self.vocab_size = int(vocab_size)
+        rows = [_rows(t.model) for t in self.teachers]
+        for i, r in enumerate(rows):
+            if r is not None and r < self.vocab_size:
+                raise ValueError(f"teachers[{i}] has {r} logit rows, fewer than vocab_size = {self.vocab_size}")
+        # a prompt may hold ids the scored vocabulary leaves out (TabularLM's BOS), never past a model's rows
+        self.input_vocab_size = min([r for r in rows if r is not None], default=self.vocab_size)
         for i, t in enumerate(self.teachers):
-            rows = getattr(getattr(t.model, "config", None), "vocab_size", None)
-            if isinstance(rows, int) and rows < self.vocab_size:
-                raise ValueError(f"teachers[{i}] has {rows} logit rows, fewer than vocab_size = {self.vocab_size}")
+            self.check_ids(t.template_ids, f"teachers[{i}].template_ids", input_ids=True)
         self.device = resolve_device(device)
         self.end_token_ids = tuple(int(e) for e in end_token_ids)
         bad = [e for e in self.end_token_ids if not 0 <= e < self.vocab_size]
@@ -105,16 +126,6 @@ class Teachers:
     def names(self):
         return [t.name for t in self.teachers]
 
-    def estimate_log_partition(self, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size=None):
-        """Monte-Carlo ln Z(prefix) from continuations sampled from l; see :mod:`llm_bridge.partition`."""
-        from .partition import estimate_log_partition
-        return estimate_log_partition(self, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size)
-
-    def sequence_geometric_scores(self, prompt_ids, options, horizons, n_samples, seed, batch_size=None):
-        """ln g of each option relative to the others, per horizon; see :mod:`llm_bridge.partition`."""
-        from .partition import sequence_geometric_scores
-        return sequence_geometric_scores(self, prompt_ids, options, horizons, n_samples, seed, batch_size)
-
     @torch.no_grad()
     def teacher_log_probs(self, prompt_ids, continuation_ids, full=False, chunk=256):
         """Per-teacher log-probs of the continuation tokens, and optionally full conditionals.
@@ -124,14 +135,9 @@ class Teachers:
         path : (K, T) float64, ``ln p_k(c_t | prompt, c_<t)``;
         full (if asked) : (K, T, n) float64, the whole conditional at each position.
         """
-        prompt_ids, continuation_ids = list(prompt_ids), list(continuation_ids)
-        if not prompt_ids:
-            raise ValueError("prompt is empty: a causal LM needs at least one token to condition on")
-        bad = [i for i, c in enumerate(continuation_ids) if not 0 <= c < self.vocab_size]
-        if bad:
-            raise ValueError(f"continuation[{bad[0]}] = {continuation_ids[bad[0]]} is outside the vocabulary")
-        if chunk < 1:
-            raise ValueError(f"chunk = {chunk} must be >= 1")
+        prompt_ids = self.check_ids(prompt_ids, "prompt", allow_empty=False, input_ids=True)
+        continuation_ids = self.check_ids(continuation_ids, "continuation")
+        chunk = check_int(chunk, "chunk", 1)
         T, n = len(continuation_ids), self.vocab_size
         path = np.empty((self.K, T))
         out_full = np.empty((self.K, T, n)) if full else None
@@ -176,6 +182,14 @@ class Teachers:
         }
 
 
+    def check_ids(self, ids, name, allow_empty=True, input_ids=False):
+        """Token ids as a list of ints, each in [0, vocab_size) (scored tokens) or, with ``input_ids``,
+        in [0, input_vocab_size) (prompt tokens: every id the models embed); ValueError naming the first
+        bad position. ``allow_empty=False``: an empty list is an error (a prompt needs a token)."""
+        if not allow_empty and len(ids) == 0:
+            raise ValueError(f"{name} is empty: a causal LM needs at least one token to condition on")
+        return check_token_ids(ids, name, self.input_vocab_size if input_ids else self.vocab_size)
+
     def log_softmax(self, logits, temperature):
         """float32 ``log_softmax(logits[..., :n] / temperature)``: padded logit rows are dropped."""
         return torch.log_softmax(logits[..., :self.vocab_size].float() / temperature, dim=-1)
@@ -208,6 +222,14 @@ def expand_cache(cache, batch):
     if isinstance(cache, tuple):        # legacy tuple-of-tuples cache
         return tuple(tuple(x.repeat_interleave(batch, dim=0) for x in layer) for layer in cache)
     raise ValueError(f"cannot expand a cache of type {type(cache).__name__} along the batch axis")
+
+
+def _rows(model):
+    """The number of logit rows (token ids) of a model, when it says: ``config.vocab_size`` for
+    transformers models, ``vocab_size`` for TabularLM; None otherwise."""
+    rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    rows = getattr(model, "vocab_size", None) if rows is None else rows
+    return rows if isinstance(rows, int) else None
 
 
 def _accepts(model, name):

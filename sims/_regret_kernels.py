@@ -13,7 +13,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from aggregation._kernels import _exp_parts
+from aggregation.jit import exp_parts, logsumexp_row, soft_value
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -40,20 +40,6 @@ def _pick(cdf, u):
     while a < n - 1 and u >= cdf[a]:
         a += 1
     return a
-
-
-@njit(cache=True, inline="always")
-def _lse(x):
-    m = -np.inf
-    for v in x:
-        if v > m:
-            m = v
-    if m == -np.inf:
-        return m
-    acc = 0.0
-    for v in x:
-        acc += math.exp(v - m)
-    return m + math.log(acc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -191,7 +177,7 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
             else:                                        # vectorised exp (math.exp is a scalar call)
                 for a in range(n):
                     q[a] = theta[a] - m
-                _exp_parts(q, bits_a, bits_b)
+                exp_parts(q, bits_a, bits_b)
                 for a in range(n):
                     q[a] = q[a] * fa[a] * fb[a]
                     s += q[a]
@@ -227,7 +213,7 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
             if t == grid[g]:
                 for a in range(n):
                     mean[a] = total[a] / t
-                regret_out[i, g] = loss + t * _lse(mean)
+                regret_out[i, g] = loss + t * logsumexp_row(mean)
                 pseudo_out[i, g] = pseudo
                 if track is not None:                    # q, inv still hold this round's q_t
                     for j in range(track.shape[0]):
@@ -266,7 +252,6 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
         log_q = np.zeros((horizon, S, n))
         occ = np.zeros(S)
         nxt = np.zeros(S)
-        row = np.empty(n)
         reward = np.empty((S, n))
         log_z = np.zeros((horizon + 1, S))
         loss = 0.0
@@ -275,19 +260,17 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
         g = 0
         for t in range(1, n_rounds + 1):
             # the student's policy for this round
-            if mode == 0:
+            if mode == 0:                                # soft-optimal for rhat (SPEC 2)
                 for h in range(horizon - 1, -1, -1):
                     for s in range(S):
-                        for a in range(n):
-                            s2 = next_state[s, a]
-                            row[a] = rhat[s, a] + (value[h + 1, s2] if s2 >= 0 else 0.0)
-                        v = _lse(row)
+                        v = soft_value(next_state, rhat, value[h + 1], s)
                         value[h, s] = v
                         for a in range(n):
-                            log_q[h, s, a] = row[a] - v
+                            s2 = next_state[s, a]
+                            log_q[h, s, a] = rhat[s, a] + (value[h + 1, s2] if s2 >= 0 else 0.0) - v
             else:
                 for s in range(S):
-                    v = _lse(rhat[s])
+                    v = logsumexp_row(rhat[s])
                     for a in range(n):
                         log_q[0, s, a] = rhat[s, a] - v
                 for h in range(1, horizon):
@@ -347,10 +330,7 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
                         reward[s, a] = acc
                 for h in range(horizon - 1, -1, -1):
                     for s in range(S):
-                        for a in range(n):
-                            s2 = next_state[s, a]
-                            row[a] = reward[s, a] + (log_z[h + 1, s2] if s2 >= 0 else 0.0)
-                        log_z[h, s] = _lse(row)
+                        log_z[h, s] = soft_value(next_state, reward, log_z[h + 1], s)
                 regret_out[i, g] = loss + t * log_z[0, start]
                 pseudo_out[i, g] = pseudo
                 token_out[i, g] = token
@@ -423,7 +403,7 @@ def loglinear_kernel(features, log_probs, teacher_cdf, pooled, method, lam, radi
                 for j in range(d):
                     acc += theta[j] * features[ctx, a, j]
                 logits[a] = acc
-            z = _lse(logits)
+            z = logsumexp_row(logits)
             sq = 0.0
             for j in range(d):
                 sq += theta[j] * theta[j]

@@ -7,28 +7,24 @@ seed, one column per round of ``grid`` (a log grid of rounds, 1-based, ending at
 Off-policy (FKL, log loss)       add_beta_tabular, add_beta_sequence
 On-policy (RKL)                  rkl_tabular (FTL / exponentiated gradient), rkl_sequence (plug-in)
 Function approximation           loglinear (OGD, online Newton step, on-policy OGD)
-Theory                           kt_worst_case, laplace_worst_case, add_beta_constant_sequence,
-                                 shtarkov_log_complexity, alternating_constant, ftl_constant, hak_bound
-Analysis                         log_grid, fit_slope, cell_seeds
+Learned curves                   learn_one_context, learn_prefix: q_t of the mechanism learners
+The closed forms they are compared with are in ``sims.theory``; grids and slopes in ``sims.analysis``.
 """
 
-import math
-import zlib
-
 import numpy as np
-from scipy import optimize, stats
-from scipy.special import gammaln, logsumexp
+from scipy import optimize
+from scipy.special import logsumexp
 
 import aggregation as ag
+from aggregation.validate import check_int, check_probs, check_token_ids, check_weights
 
 from . import _regret_kernels as _k
+from .analysis import log_grid
+from .labels import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
 
 __all__ = [
-    "log_grid", "cell_seeds", "fit_slope",
     "add_beta_tabular", "add_beta_sequence", "rkl_tabular", "rkl_sequence", "loglinear",
-    "kt_worst_case", "laplace_worst_case", "add_beta_constant_sequence", "add_beta_round_robin",
-    "shtarkov_log_complexity", "alternating_constant", "ftl_constant", "hak_bound",
-    "SCHEDULES", "FEEDBACK",
+    "learn_one_context", "learn_prefix", "SCHEDULES", "FEEDBACK",
 ]
 
 SCHEDULES = {"1/t": 0, "constant": 1, "1/sqrt(t)": 2, "1/(t+1)": 3}
@@ -38,12 +34,6 @@ FEEDBACK = {"alternating": 0, "sample": 1, "full": 2}
 # ------------------------------------------------------------------------------------------------
 # validation helpers
 # ------------------------------------------------------------------------------------------------
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} = {value!r} must be an integer >= {minimum}")
-    return int(value)
-
-
 def _seeds(seeds):
     s = np.asarray(seeds)
     if s.ndim != 1 or s.size == 0 or s.dtype.kind not in "iu":
@@ -68,38 +58,20 @@ def _grid(grid, n_rounds):
     return np.ascontiguousarray(g)
 
 
-def _probs(probs, name):
-    p = np.ascontiguousarray(probs, dtype=np.float64)
-    if p.ndim != 2:
-        raise ValueError(f"{name} must have shape (K, n), got {p.shape}")
-    ag.arithmetic_pool(p, np.full(p.shape[0], 1.0 / p.shape[0]))   # validates rows (SPEC 7)
-    return p
-
-
-def _weights(weights, K, name="weights"):
-    w = np.ascontiguousarray(weights, dtype=np.float64)
-    if w.ndim != 1 or w.shape[0] != K:
-        raise ValueError(f"{name} must have shape ({K},) (one weight per teacher), got {w.shape}")
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        i = int(np.flatnonzero(~(np.isfinite(w) & (w >= 0)))[0])
-        raise ValueError(f"{name}[{i}] = {w[i]} must be finite and >= 0")
-    if abs(w.sum() - 1.0) > 1e-6:
-        raise ValueError(f"{name} sum to {w.sum()!r}, not 1")
-    return w
-
-
 def _track(track, n):
     """Validated token ids to record, (P,) int64, or None."""
     if track is None:
         return None
-    tr = np.asarray(track)
-    if tr.ndim != 1 or tr.size == 0 or tr.dtype.kind not in "iu":
-        raise ValueError(f"track must be a non-empty 1-D sequence of token ids, got {track!r}")
-    bad = (tr < 0) | (tr >= n)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"track[{i}] = {tr[i]} is out of the vocabulary range [0, {n})")
-    return np.ascontiguousarray(tr.astype(np.int64))
+    if np.ndim(track) != 1:
+        raise ValueError(f"track must be a 1-D sequence of token ids, got {track!r}")
+    return np.asarray(check_token_ids(track, "track", n, allow_empty=False), dtype=np.int64)
+
+
+def _probs(probs, name):
+    p = check_probs(probs, name)
+    if p.ndim != 2:
+        raise ValueError(f"{name} must have shape (K, n), got {p.shape}")
+    return p
 
 
 def _tracked_call(kernel, args, track, n_seeds, n_grid):
@@ -117,121 +89,6 @@ def _teacher_cdf(weights):
     cdf = np.cumsum(weights)
     cdf[-1] = 1.0
     return np.ascontiguousarray(cdf)
-
-
-# ------------------------------------------------------------------------------------------------
-# grids, seeds, slopes
-# ------------------------------------------------------------------------------------------------
-def log_grid(n_rounds, per_decade=10):
-    """Rounds 1..n_rounds on a log grid: unique rounded 10^(j / per_decade), always ending at n_rounds."""
-    n_rounds = _positive_int(n_rounds, "n_rounds")
-    top = math.log10(n_rounds)
-    pts = np.unique(np.round(10.0 ** np.arange(0.0, top + 1e-12, 1.0 / per_decade)).astype(np.int64))
-    pts = pts[pts <= n_rounds]
-    if pts[-1] != n_rounds:
-        pts = np.append(pts, n_rounds)
-    return pts
-
-
-def cell_seeds(base_seed, key, n_seeds):
-    """Per-seed uint64 stream seeds for one cell: SeedSequence([base_seed, crc32(key), i])."""
-    crc = zlib.crc32(key.encode())
-    return np.array([np.random.SeedSequence([int(base_seed), crc, i]).generate_state(1, np.uint64)[0]
-                     for i in range(int(n_seeds))], dtype=np.uint64)
-
-
-def fit_slope(t, regret, decades=2.0, level=0.95):
-    """Least-squares slope of regret against ln t over t in [t_max / 10^decades, t_max], per seed.
-
-    Returns (mean slope, lower, upper): a Student-t interval over seeds (lower = upper = the slope
-    with one seed). regret: (R, G) or (G,).
-    """
-    t = np.asarray(t, dtype=float)
-    r = np.atleast_2d(np.asarray(regret, dtype=float))
-    keep = t >= t.max() / 10.0 ** decades - 1e-9
-    if keep.sum() < 2:
-        raise ValueError("fit_slope needs at least two grid points in the fitted range")
-    x = np.log(t[keep])
-    xc = x - x.mean()
-    slopes = (r[:, keep] - r[:, keep].mean(axis=1, keepdims=True)) @ xc / (xc @ xc)
-    mean = float(slopes.mean())
-    if slopes.size < 2:
-        return mean, mean, mean
-    half = stats.t.ppf(0.5 + level / 2, slopes.size - 1) * slopes.std(ddof=1) / math.sqrt(slopes.size)
-    return mean, mean - float(half), mean + float(half)
-
-
-# ------------------------------------------------------------------------------------------------
-# theory (SPEC 3)
-# ------------------------------------------------------------------------------------------------
-def add_beta_constant_sequence(T, n, beta):
-    """Regret of add-beta on a constant sequence of length T over n symbols:
-    ln Γ(T + n beta) - ln Γ(n beta) - ln Γ(T + beta) + ln Γ(beta)."""
-    T = np.asarray(T, dtype=float)
-    return gammaln(T + n * beta) - gammaln(n * beta) - gammaln(T + beta) + gammaln(beta)
-
-
-def kt_worst_case(T, n):
-    """R_KT(T) = ln Γ(1/2) + ln Γ(T + n/2) - ln Γ(n/2) - ln Γ(T + 1/2) ~ (n-1)/2 ln T (SPEC 3)."""
-    return add_beta_constant_sequence(T, n, 0.5)
-
-
-def laplace_worst_case(T, n):
-    """Laplace's worst case ln binom(T + n - 1, n - 1) (SPEC 3)."""
-    T = np.asarray(T, dtype=float)
-    return gammaln(T + n) - gammaln(n) - gammaln(T + 1)
-
-
-def add_beta_round_robin(T, n, beta):
-    """Regret of add-beta on the round-robin sequence 0, 1, ..., n-1, 0, ... (counts as equal as possible):
-    ln Γ(T + n beta)/Γ(n beta) - sum_a ln Γ(N_a + beta)/Γ(beta) + sum_a N_a ln(N_a / T)."""
-    T = np.atleast_1d(np.asarray(T, dtype=np.int64))
-    out = gammaln(T + n * beta) - gammaln(n * beta)
-    for a in range(n):
-        N = (T - a + n - 1) // n
-        out = out - (gammaln(N + beta) - gammaln(beta)) + np.where(N > 0, N * np.log(np.maximum(N, 1) / T), 0.0)
-    return out
-
-
-def shtarkov_log_complexity(T, n):
-    """ln C_T, Shtarkov's minimax regret for n symbols: C_T(2) = sum_j binom(T, j) (j/T)^j ((T-j)/T)^(T-j),
-    then C_T(m) = C_T(m-1) + T/(m-2) C_T(m-2) (Kontkanen and Myllymäki 2007), in log space."""
-    T = _positive_int(T, "T")
-    n = _positive_int(n, "n")
-    j = np.arange(T + 1, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = (gammaln(T + 1) - gammaln(j + 1) - gammaln(T - j + 1)
-                 + np.where(j > 0, j * np.log(j / T), 0.0) + np.where(j < T, (T - j) * np.log((T - j) / T), 0.0))
-    log_c = [0.0, float(logsumexp(terms))]                   # m = 1, 2
-    for m in range(3, n + 1):
-        log_c.append(float(np.logaddexp(log_c[-1], math.log(T / (m - 2)) + log_c[-2])))
-    return log_c[n - 1]
-
-
-def alternating_constant(e):
-    """c = (1/8) ln^2((1 - e)/e): FTL's regret c ln T on alternating teachers (1-e, e), (e, 1-e)."""
-    return 0.125 * math.log((1.0 - e) / e) ** 2
-
-
-def ftl_constant(log_probs, weights):
-    """Asymptotic slope of FTL's RKL regret when teachers arrive with frequencies w (i.i.d. or cyclic):
-    c = 1/2 sum_k w_k Var_G(ln p_k - r), r = sum_j w_j ln p_j, G the w-geometric pool.
-
-    From R_T = sum_t t KL(q_t || q_{t+1}) and a second-order expansion of the KL in the logits."""
-    lp = np.asarray(log_probs, dtype=float)
-    w = np.asarray(weights, dtype=float)
-    r = w @ lp
-    log_g = r - logsumexp(r)
-    g = np.exp(log_g)
-    dev = lp - r
-    var = g @ (dev ** 2).T - (g @ dev.T) ** 2
-    return 0.5 * float(w @ var)
-
-
-def hak_bound(T, G, lam):
-    """Hazan-Agarwal-Kale (2007): OGD with eta_t = 1/(lam t) on lam-strongly convex losses with
-    gradients bounded by G has regret <= G^2 / (2 lam) (1 + ln T)."""
-    return G ** 2 / (2 * lam) * (1 + np.log(np.asarray(T, dtype=float)))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,11 +139,11 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     """
     p = _probs(probs, "probs")
     K, n = p.shape
-    w = _weights(weights, K)
+    w = check_weights(weights, K, other="probs")
     track = _track(track, n)
     if not (np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta = {beta!r} must be positive")
-    n_rounds = _positive_int(n_rounds, "n_rounds")
+    n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     if sequence is None:
@@ -346,12 +203,12 @@ def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=No
     """
     if not isinstance(teachers, ag.FiniteStateTeachers):
         raise ValueError(f"teachers must be a FiniteStateTeachers, got {type(teachers).__name__}")
-    w = _weights(weights, teachers.K)
+    w = check_weights(weights, teachers.K, other="teachers")
     track = _track(track, teachers.n)
-    horizon = _positive_int(horizon, "horizon")
+    horizon = check_int(horizon, "horizon", 1)
     if not (np.isfinite(beta) and beta > 0):
         raise ValueError(f"beta = {beta!r} must be positive")
-    n_rounds = _positive_int(n_rounds, "n_rounds")
+    n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     joint = np.ascontiguousarray(mixture_joint(teachers, w, horizon))
@@ -399,7 +256,7 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
         i = int(np.flatnonzero(np.abs(logsumexp(lp, axis=1)) > 1e-6)[0])
         raise ValueError(f"log_probs[{i}] does not sum to 1")
     K, n = lp.shape
-    w = _weights(weights, K)
+    w = check_weights(weights, K)
     track = _track(track, n)
     if feedback not in FEEDBACK:
         raise ValueError(f"feedback = {feedback!r} must be one of {sorted(FEEDBACK)}")
@@ -407,7 +264,7 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
         raise ValueError(f"schedule = {schedule!r} must be one of {sorted(SCHEDULES)}")
     if not (np.isfinite(eta0) and 0 < eta0 <= 1):
         raise ValueError(f"eta0 = {eta0!r} must be in (0, 1]")
-    n_rounds = _positive_int(n_rounds, "n_rounds")
+    n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     pooled = np.ascontiguousarray(w @ lp)
@@ -438,12 +295,12 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, t
     """
     if not isinstance(teachers, ag.FiniteStateTeachers):
         raise ValueError(f"teachers must be a FiniteStateTeachers, got {type(teachers).__name__}")
-    w = _weights(weights, teachers.K)
+    w = check_weights(weights, teachers.K, other="teachers")
     track = _track(track, teachers.n)
     if mode not in ("sequence", "token"):
         raise ValueError(f"mode = {mode!r} must be 'sequence' or 'token'")
-    horizon = _positive_int(horizon, "horizon")
-    n_rounds = _positive_int(n_rounds, "n_rounds")
+    horizon = check_int(horizon, "horizon", 1)
+    n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     keep = np.flatnonzero(w > 0)
@@ -520,12 +377,12 @@ def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None)
     if np.any(p <= 0) or np.any(np.abs(p.sum(axis=2) - 1) > 1e-6):
         raise ValueError("probs must be positive rows summing to 1")
     K = p.shape[0]
-    w = _weights(weights, K)
+    w = check_weights(weights, K, other="probs")
     if method not in METHODS:
         raise ValueError(f"method = {method!r} must be one of {sorted(METHODS)}")
     if not (np.isfinite(lam) and lam > 0):
         raise ValueError(f"lam = {lam!r} must be positive")
-    n_rounds = _positive_int(n_rounds, "n_rounds")
+    n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     lp = np.ascontiguousarray(np.log(p))
@@ -545,3 +402,55 @@ def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None)
             regret[i, g] = loss[i, g] - loglinear_comparator(phi, counts[i, g], lam, int(t), pooled if on else None)
     return {"regret": regret, "grid": grid, "G": G, "D": radius,
             "bound_slope": float("nan") if on else G ** 2 / (2 * lam)}
+
+
+# ------------------------------------------------------------------------------------------------
+# learned curves: the learners above, tracking q_t at log-grid rounds (the mechanism sims)
+# ------------------------------------------------------------------------------------------------
+def one_context_machine(probs):
+    """A one-state, one-token machine whose teachers are the rows of ``probs`` (K, n): rkl_sequence on it
+    is the on-policy learner that samples its own token and sees only the sampled teacher's ln p_k of it."""
+    probs = np.asarray(probs, dtype=float)
+    return ag.FiniteStateTeachers.from_probs(np.full((1, probs.shape[1]), -1), probs[:, None, :])
+
+
+def learn_one_context(probs, weights, n_rounds, seeds, learners=(KT, FTL, ROLLOUT), grid=None, token=0):
+    """q_t(token) of each learner at the rounds of ``grid`` (default the log grid of each learner's T).
+
+    KT: add-beta (beta = 1/2) on y_t ~ p_{k_t}, k_t ~ w -> A. FTL: q_{t+1} ∝ exp(mean_{s<=t} ln p_{k_s})
+    with teacher k_t revealing its row -> G. ROLLOUT: the student samples y ~ q_t, teacher k_t reveals
+    ln p_{k_t}(y) only, q_t ∝ exp(running means) -> G. n_rounds: an int or a dict learner -> int.
+
+    Returns dict learner -> (grid (G,), q (R, G)).
+    """
+    p = np.asarray(probs, dtype=float)
+    out = {}
+    for name in learners:
+        T = n_rounds[name] if isinstance(n_rounds, dict) else n_rounds
+        g = grid if grid is not None else log_grid(T)
+        if name == KT:
+            res = add_beta_tabular(p, weights, 0.5, T, seeds, grid=g, track=[token])
+        elif name == FTL:
+            res = rkl_tabular(np.log(p), weights, "sample", "1/t", T, seeds, grid=g, track=[token])
+        elif name == ROLLOUT:
+            res = rkl_sequence(one_context_machine(p), weights, 1, "sequence", T, seeds, grid=g, track=[token])
+        else:
+            raise ValueError(f"unknown learner {name!r}")
+        out[name] = (res["grid"], res["track"][:, :, 0])
+    return out
+
+
+def learn_prefix(teachers, weights, horizon, n_rounds, seeds, token=0):
+    """First-token probability q_t(C | start) of the three sequence learners (SPEC 2, "which target").
+
+    SEQ_RKL: rkl_sequence 'sequence' (soft-optimal for the running-mean rewards, reward-to-go) -> g;
+    TOKEN_RKL: rkl_sequence 'token' (discount 0) -> l; STATE_KT: add_beta_sequence (per-state KT on
+    responses y ~ A_seq) -> the mixture's marginal sum_k w_k p_k(C). Returns dict learner -> (grid, (R, G)).
+    """
+    out = {}
+    for name, mode in ((SEQ_RKL, "sequence"), (TOKEN_RKL, "token")):
+        res = rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, track=[token])
+        out[name] = (res["grid"], res["track"][:, :, 0])
+    res = add_beta_sequence(teachers, weights, horizon, 0.5, n_rounds, seeds, track=[token])
+    out[STATE_KT] = (res["grid"], res["track"][:, :, 0])
+    return out

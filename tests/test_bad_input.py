@@ -126,7 +126,7 @@ def test_sequence_functions_validate():
         ag.sequence_geometric_conditionals(t, W2, -3)
     with pytest.raises(ValueError, match="weights has length 3"):
         ag.sequence_log_partition(t, [0.2, 0.3, 0.5], 2)
-    with pytest.raises(ValueError, match=r"path\[1\] = 7 is out of the vocabulary"):
+    with pytest.raises(ValueError, match=r"path\[1\] = 7 is outside the vocabulary"):
         ag.mixture_conditionals(t, W2, [0, 7])
     with pytest.raises(ValueError, match=r"path\[0\] = 1 ends the response but the path goes on"):
         ag.sequence_log_prob(t, [1, 0])

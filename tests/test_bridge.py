@@ -5,6 +5,8 @@ import os
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.integration
 import torch
 from scipy.special import logsumexp
 
@@ -218,7 +220,7 @@ def test_log_partition_interval_covers_the_exact_value(pad):
     assert exact[-1] < -0.5                                      # a non-trivial target
     covers, errors = np.zeros(len(horizons)), []
     for seed in range(50):
-        est = bridge.estimate_log_partition([t.n], [a], horizons, 200, seed)
+        est = estimate_log_partition(bridge, [t.n], [a], horizons, 200, seed)
         covers += (est.ci_low - 1e-5 <= exact) & (exact <= est.ci_high + 1e-5)   # float32 log-probs
         errors.append(est.log_partition - exact)
         assert np.all(est.ess <= 200 + 1e-9) and np.all(est.ess >= 1)
@@ -233,13 +235,13 @@ def test_log_partition_interval_covers_the_exact_value(pad):
 def test_log_partition_seed_and_end_token():
     t = end_token_machine()
     bridge = end_bridge(t)
-    a = bridge.estimate_log_partition([t.n], [1], 6, 64, seed=7)
-    b = bridge.estimate_log_partition([t.n], [1], 6, 64, seed=7)
+    a = estimate_log_partition(bridge, [t.n], [1], 6, 64, seed=7)
+    b = estimate_log_partition(bridge, [t.n], [1], 6, 64, seed=7)
     assert a.log_partition == b.log_partition and isinstance(a.log_partition, float)
-    ended = bridge.estimate_log_partition([t.n], [5], [0, 6], 8, seed=0)     # 5 ends the response
+    ended = estimate_log_partition(bridge, [t.n], [5], [0, 6], 8, seed=0)     # 5 ends the response
     np.testing.assert_array_equal(ended.log_partition, [0.0, 0.0])
     with pytest.raises(ValueError, match=r"prefix\[0\] = 5 is an end token"):
-        bridge.estimate_log_partition([t.n], [5, 1], 3, 8, seed=0)
+        estimate_log_partition(bridge, [t.n], [5, 1], 3, 8, seed=0)
     # an end token stops a sample's factors: every factor after it is 0
     f, tok = sample_log_factors(bridge, [t.n, 1], 10, 100, np.random.default_rng(1), return_tokens=True)
     for i in range(100):
@@ -297,7 +299,7 @@ def test_multi_token_options_match_the_dynamic_programme():
 def test_prefix_bias_machine_flips_through_the_bridge():
     """SPEC 2 row 1 (rho = 0.6, H* = 4.301) served by TabularLM: g(C) = .538 at H = 4 and .412 at
     H = 5 (horizon after the first token); both within the reported intervals, and the probe flags."""
-    from llm_bridge.probe_prefix_bias import summarise
+    from llm_bridge.probes import summarise
     t = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
     w = np.array([0.5, 0.5])
     bridge = Teachers([Teacher(TabularLM(t, k), name=f"t{k}") for k in range(2)], w, vocab_size=t.n)
@@ -382,14 +384,56 @@ def test_sampling_bad_input():
     with pytest.raises(ValueError, match="n_samples = 0 must be an integer >= 1"):
         estimate_log_partition(bridge, [t.n], [1], 3, 0, seed=0)
     with pytest.raises(ValueError, match=r"horizon\[0\] = -1 is negative"):
-        bridge.estimate_log_partition([t.n], [1], -1, 4, seed=0)
+        estimate_log_partition(bridge, [t.n], [1], -1, 4, seed=0)
     with pytest.raises(ValueError, match="prompt is empty"):
-        bridge.estimate_log_partition([], [1], 2, 4, seed=0)
+        estimate_log_partition(bridge, [], [1], 2, 4, seed=0)
     with pytest.raises(ValueError, match=r"options\[1\] has no tokens"):
-        bridge.sequence_geometric_scores([t.n], [[1], []], [2], 4, seed=0)
+        sequence_geometric_scores(bridge, [t.n], [[1], []], [2], 4, seed=0)
     with pytest.raises(ValueError, match="options is empty"):
-        bridge.sequence_geometric_scores([t.n], [], [2], 4, seed=0)
+        sequence_geometric_scores(bridge, [t.n], [], [2], 4, seed=0)
     with pytest.raises(ValueError, match="end_token_ids contains 9"):
         Teachers(bridge.teachers, W3, vocab_size=t.n, end_token_ids=[9])
     with pytest.raises(ValueError, match="teacher names must differ"):
         Teachers([Teacher(TabularLM(t, 0), name="a"), Teacher(TabularLM(t, 1), name="a")], [0.5, 0.5], t.n)
+
+
+def test_token_ids_outside_the_vocabulary_name_the_first_bad_position():
+    t, bridge = tabular_teachers()
+    for bad, where in (([t.n, 99], r"prompt\[1\] = 99 is outside the vocabulary \[0, 7\)"),
+                       ([-1], r"prompt\[0\] = -1 is outside the vocabulary"),
+                       ([t.n, 1.5], r"prompt\[1\] = 1.5 is not an integer token id")):
+        with pytest.raises(ValueError, match=where):
+            bridge.teacher_log_probs(bad, [0])
+        with pytest.raises(ValueError, match=where):
+            estimate_log_partition(bridge, bad, [0], 2, 4, seed=0)
+    # the prompt may hold the machine's BOS (t.n), a scored prefix may not: it is not in the vocabulary
+    with pytest.raises(ValueError, match=r"prefix\[1\] = 6 is outside the vocabulary \[0, 6\)"):
+        estimate_log_partition(bridge, [t.n], [0, t.n], 2, 4, seed=0)
+    with pytest.raises(ValueError, match=r"options\[0\]\[0\] = 6 is outside"):
+        sequence_geometric_scores(bridge, [t.n], [[t.n], [1]], [1], 4, seed=0)
+    # TabularLM itself refuses ids that are not its tokens or BOS, as a real embedding lookup would
+    with pytest.raises(ValueError, match=r"input_ids\[0, 2\] = 99 is not a token of this machine"):
+        TabularLM(t, 0)(torch.tensor([[t.n, 0, 99]]))
+    with pytest.raises(ValueError, match=r"input_ids\[1, 0\] = 8 is not a token"):
+        TabularLM(t, 0, pad=3)(torch.tensor([[t.n], [t.n + 2]]))      # a padding row is not a token
+
+
+def test_tokenizers_differing_in_a_special_token_are_an_error():
+    """Two real (fast) tokenizers with the same vocabulary; one has 'Paris' as an additional special
+    token, so the same text encodes differently. SPEC 6: an error naming the first difference."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def make():
+        vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", "The", "capital", "is", "Paris", "Par", "is"])}
+        core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        core.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+    a, b = make(), make()
+    check_tokenizers([a, b])
+    b.add_special_tokens({"additional_special_tokens": ["Paris"]})
+    assert a.get_vocab() == b.get_vocab()                       # the vocabularies alone agree
+    with pytest.raises(ValueError, match=r"tokenizer 1 and tokenizer 0 differ in their special tokens: first "
+                                         r"difference Paris"):
+        check_tokenizers([a, b])

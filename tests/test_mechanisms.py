@@ -3,6 +3,7 @@ values against the exact targets, the random prefix-bias family, and the command
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,9 @@ import pytest
 
 import aggregation as ag
 from aggregation import examples
+from harness import cell_seeds, sizes
+from harness.storage import FLOAT_FORMAT
+from sims import analysis, labels, theory
 from sims import learners as L
 from sims import mechanisms as M
 
@@ -26,7 +30,7 @@ Z = 4.0          # tolerance in s.d. of the mean over seeds (the seeds are fixed
 @pytest.mark.parametrize("d, top_a, top_g", [
     (0.05, 0.6167, 0.6796), (1e-2, 0.6567, 0.8319), (1e-4, 0.6666, 0.9804), (1e-8, 0.6667, 0.9998)])
 def test_confident_expert_table(d, top_a, top_g):
-    a, g = M.confident_expert_pools(d)
+    a, g = theory.confident_expert_pools(d)
     assert a == pytest.approx(top_a, abs=1e-4)
     assert g == pytest.approx(top_g, abs=1e-4)
     # the uniform teacher cancels from G: G ∝ sqrt(expert)
@@ -36,7 +40,7 @@ def test_confident_expert_table(d, top_a, top_g):
 @pytest.mark.parametrize("K, top_g, top_a", [(2, 0.980, 0.667), (5, 0.759, 0.467), (10, 0.557, 0.400),
                                              (50, 0.375, 0.347)])
 def test_confident_expert_k_table(K, top_g, top_a):
-    a, g = M.confident_expert_pools(1e-4, K=K)
+    a, g = theory.confident_expert_pools(1e-4, K=K)
     assert g == pytest.approx(top_g, abs=5e-4)
     assert a == pytest.approx(top_a, abs=5e-4)
 
@@ -44,12 +48,12 @@ def test_confident_expert_k_table(K, top_g, top_a):
 def test_confident_expert_weights_and_vocabulary():
     # the expert's weight w: G(0) = (1-2d)^w / ((1-2d)^w + 2 d^w), A(0) = w (1-2d) + (1-w)/3
     for we in (0.1, 0.5, 0.9):
-        a, g = M.confident_expert_pools(1e-4, expert_weight=we)
+        a, g = theory.confident_expert_pools(1e-4, expert_weight=we)
         top = (1 - 2e-4) ** we
         assert g == pytest.approx(top / (top + 2 * 1e-4 ** we), rel=1e-12)
         assert a == pytest.approx(we * (1 - 2e-4) + (1 - we) / 3, rel=1e-12)
     # a uniform teacher over a large vocabulary: A -> 1/2 while G keeps the expert
-    a, g = M.confident_expert_pools(1e-8 / 9999, n=10_000)
+    a, g = theory.confident_expert_pools(1e-8 / 9999, n=10_000)
     assert a == pytest.approx((1 - 1e-8 + 1e-4) / 2, rel=1e-12)
     assert g == pytest.approx(1 / (1 + math.sqrt(9999 * 1e-8 / (1 - 1e-8))), rel=1e-10)
 
@@ -57,7 +61,7 @@ def test_confident_expert_weights_and_vocabulary():
 @pytest.mark.parametrize("e, g0, tol", [(0.1, 0.675, 5e-4), (0.02, 0.542, 5e-4), (0.01, 0.483, 5e-4),
                                         (1e-3, 0.302, 5e-4), (1e-6, 0.0415, 5e-5), (0.0, 0.0, 0.0)])
 def test_low_probability_table(e, g0, tol):
-    a, g = M.low_prob_pools(e)
+    a, g = theory.low_prob_pools(e)
     assert g == pytest.approx(g0, abs=tol)
     if e > 0:
         assert g == pytest.approx(1 / (1 + (0.01 * (1 - e) / (0.81 * e)) ** (1 / 3)), rel=1e-10)
@@ -65,17 +69,17 @@ def test_low_probability_table(e, g0, tol):
 
 
 def test_veto_threshold():
-    assert M.veto_threshold() == pytest.approx(1 / 82, rel=1e-12)
-    assert M.low_prob_pools(1 / 82)[1] == pytest.approx(0.5, abs=1e-12)
-    assert M.low_prob_pools(1 / 82 * 1.001)[1] > 0.5 > M.low_prob_pools(1 / 82 * 0.999)[1]
+    assert theory.veto_threshold() == pytest.approx(1 / 82, rel=1e-12)
+    assert theory.low_prob_pools(1 / 82)[1] == pytest.approx(0.5, abs=1e-12)
+    assert theory.low_prob_pools(1 / 82 * 1.001)[1] > 0.5 > theory.low_prob_pools(1 / 82 * 0.999)[1]
     for m in (1, 3, 5):                                        # e* = 1/(1 + 9^m) at equal weights
-        e_star = M.veto_threshold(m)
+        e_star = theory.veto_threshold(m)
         assert e_star == pytest.approx(1 / (1 + 9.0 ** m), rel=1e-12)
-        assert M.low_prob_pools(e_star, m)[1] == pytest.approx(0.5, abs=1e-9)
+        assert theory.low_prob_pools(e_star, m)[1] == pytest.approx(0.5, abs=1e-9)
     for wv in (0.2, 1 / 3, 0.6):                               # against the vetoing teacher's weight
-        e_star = M.veto_threshold(2, wv)
-        assert M.low_prob_pools(e_star, 2, wv)[1] == pytest.approx(0.5, abs=1e-9)
-    assert M.veto_threshold(2, 1 / 3) == pytest.approx(1 / 82, rel=1e-12)
+        e_star = theory.veto_threshold(2, wv)
+        assert theory.low_prob_pools(e_star, 2, wv)[1] == pytest.approx(0.5, abs=1e-9)
+    assert theory.veto_threshold(2, 1 / 3) == pytest.approx(1 / 82, rel=1e-12)
 
 
 PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step before -> at that H
@@ -86,7 +90,7 @@ PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step befo
 @pytest.mark.parametrize("row, expected", list(zip(M.PB_ROWS, PREFIX_ROWS)))
 def test_prefix_bias_rows(row, expected):
     rho, h_star, flip, g_before, g_after = expected
-    ex = M.prefix_bias_exact(*row)
+    ex = theory.prefix_bias_exact(*row)
     assert ex["rho"] == pytest.approx(rho, abs=1e-4)
     assert ex["h_star"] == pytest.approx(h_star, rel=5e-4)    # SPEC prints 4 digits
     assert ex["first_flip"] == flip and flip - 1 < ex["h_star"] < flip
@@ -107,23 +111,23 @@ def test_prefix_bias_rows(row, expected):
 # ------------------------------------------------------------------------------------------------
 def test_random_family_teachers_all_prefer_the_correct_token():
     for seed in range(5):
-        t = M.random_prefix_teachers([0, seed], 2.0)
+        t = examples.random_prefix_teachers([0, seed], 2.0)
         p_c = np.exp(t.log_probs[:, 0, 0])
         assert np.all(p_c > 0.5)
-        g = M.first_token_g(t, np.full(3, 1 / 3), 0)
+        g = theory.first_token_g(t, np.full(3, 1 / 3), 0)
         assert g[0] > 0.5                                      # at H = 0 g is the local pool: never flipped
 
 
 def test_random_family_flip_fraction_zero_at_h0_and_rises_with_h():
     h = (0, 1, 2, 4, 8, 16, 32, 64, 256)
-    frac, limit, gap = M.flip_fractions(1.0, h, 100, seed=0)
+    frac, limit, gap = theory.flip_fractions(1.0, h, 100, seed=0)
     assert frac[0] == 0.0
     assert np.all(np.diff(frac) >= 0) and frac[-1] > 0.3 > frac[2]
     assert abs(frac[-1] - limit) < 0.1                         # H -> inf: growth rate after C below after I
     assert gap > 0
-    none, limit0, gap0 = M.flip_fractions(0.0, h, 30, seed=0)  # identical teachers: Z = 1, never a flip
+    none, limit0, gap0 = theory.flip_fractions(0.0, h, 30, seed=0)  # identical teachers: Z = 1, never a flip
     assert np.all(none == 0) and limit0 == 0 and gap0 == pytest.approx(0, abs=1e-12)
-    more = M.flip_fractions(4.0, h, 100, seed=0)[0]            # more disagreement, earlier flips
+    more = theory.flip_fractions(4.0, h, 100, seed=0)[0]            # more disagreement, earlier flips
     assert more[0] == 0 and np.all(more[1:6] > frac[1:6])
 
 
@@ -139,36 +143,36 @@ def _check(q_final, target, sd, bias=0.0):
 def test_confident_expert_learned_values():
     K, T = 5, 20_000
     probs, w = examples.confident_expert(M.CE_K_D, n_uniform=K - 1), np.full(K, 1 / K)
-    seeds = L.cell_seeds(0, "test confident expert", 4)
-    curves = M.learn_one_context(probs, w, T, seeds)
-    a, g = M.confident_expert_pools(M.CE_K_D, K=K)
-    _check(curves[M.KT][1][:, -1], a, M.learner_sd(probs, w, T, M.KT), bias=3 / (2 * T))
-    for name in (M.FTL, M.ROLLOUT):
-        _check(curves[name][1][:, -1], g, M.learner_sd(probs, w, T, name))
-    assert np.all(curves[M.FTL][1][:, -1] > a + 0.2)          # RKL keeps the expert, FKL does not
+    seeds = cell_seeds(0, "test confident expert", 4)
+    curves = L.learn_one_context(probs, w, T, seeds)
+    a, g = theory.confident_expert_pools(M.CE_K_D, K=K)
+    _check(curves[labels.KT][1][:, -1], a, theory.learner_sd(probs, w, T, labels.KT), bias=3 / (2 * T))
+    for name in (labels.FTL, labels.ROLLOUT):
+        _check(curves[name][1][:, -1], g, theory.learner_sd(probs, w, T, name))
+    assert np.all(curves[labels.FTL][1][:, -1] > a + 0.2)          # RKL keeps the expert, FKL does not
 
 
 def test_low_probability_learned_values_and_veto():
     e, T = 1e-3, 20_000
-    probs, w = M.low_prob_teachers(e), np.full(3, 1 / 3)
-    seeds = L.cell_seeds(0, "test low prob", 4)
-    curves = M.learn_one_context(probs, w, T, seeds)
-    a, g = M.low_prob_pools(e)
-    _check(curves[M.KT][1][:, -1], a, M.learner_sd(probs, w, T, M.KT), bias=1 / T)
-    for name in (M.FTL, M.ROLLOUT):
-        _check(curves[name][1][:, -1], g, M.learner_sd(probs, w, T, name))
+    probs, w = examples.low_probability_teachers(e), np.full(3, 1 / 3)
+    seeds = cell_seeds(0, "test low prob", 4)
+    curves = L.learn_one_context(probs, w, T, seeds)
+    a, g = theory.low_prob_pools(e)
+    _check(curves[labels.KT][1][:, -1], a, theory.learner_sd(probs, w, T, labels.KT), bias=1 / T)
+    for name in (labels.FTL, labels.ROLLOUT):
+        _check(curves[name][1][:, -1], g, theory.learner_sd(probs, w, T, name))
         assert np.all(curves[name][1][:, -1] < 0.5)            # the veto: the correct token below 1/2
-    assert np.all(curves[M.KT][1][:, -1] > 0.5)
+    assert np.all(curves[labels.KT][1][:, -1] > 0.5)
     # rounds to the veto: every round tracked; faster as e -> 0
     dense = np.arange(1, 3001)
-    slow = M.learn_one_context(M.low_prob_teachers(5e-3), w, 3000, seeds, learners=(M.FTL,), grid=dense)
-    fast = M.learn_one_context(M.low_prob_teachers(1e-9), w, 3000, seeds, learners=(M.FTL,), grid=dense)
-    r_slow = M.rounds_to_veto(slow[M.FTL][1], dense)
-    r_fast = M.rounds_to_veto(fast[M.FTL][1], dense)
+    slow = L.learn_one_context(examples.low_probability_teachers(5e-3), w, 3000, seeds, learners=(labels.FTL,), grid=dense)
+    fast = L.learn_one_context(examples.low_probability_teachers(1e-9), w, 3000, seeds, learners=(labels.FTL,), grid=dense)
+    r_slow = analysis.rounds_to_veto(slow[labels.FTL][1], dense)
+    r_fast = analysis.rounds_to_veto(fast[labels.FTL][1], dense)
     assert np.all(np.isfinite(r_fast)) and np.all(r_fast >= 2)       # q_1 = 1/2 exactly
     assert np.nanmedian(r_slow) > 3 * np.median(r_fast)
     q = np.array([[0.5, 0.4, 0.6, 0.3, 0.2], [0.5, 0.4, 0.3, 0.2, 0.6]])
-    np.testing.assert_array_equal(M.rounds_to_veto(q, np.arange(1, 6)), [4.0, np.nan])
+    np.testing.assert_array_equal(analysis.rounds_to_veto(q, np.arange(1, 6)), [4.0, np.nan])
 
 
 @pytest.mark.parametrize("row, H", [(0, 8), (2, 20)])
@@ -176,23 +180,23 @@ def test_prefix_bias_learned_values(row, H):
     """Sequence-level RKL -> g (below 1/2 since H > H*), per-token RKL -> l, per-state KT -> mixture."""
     T = 10_000
     pc, cont, w = M.PB_ROWS[row]
-    ex = M.prefix_bias_exact(pc, cont, w, h_max=max(H, M.PB_H_MAX))
+    ex = theory.prefix_bias_exact(pc, cont, w, h_max=max(H, M.PB_H_MAX))
     assert H > ex["h_star"]
-    curves = M.learn_prefix(ex["teachers"], np.array(w), H + 1, T, L.cell_seeds(0, f"test prefix {row}", 4))
-    targets = {M.SEQ_RKL: ex["g"][H], M.TOKEN_RKL: ex["local"], M.STATE_KT: ex["mixture"]}
+    curves = L.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, f"test prefix {row}", 4))
+    targets = {labels.SEQ_RKL: ex["g"][H], labels.TOKEN_RKL: ex["local"], labels.STATE_KT: ex["mixture"]}
     for name, target in targets.items():
-        sd = M.prefix_learner_sd(pc, cont, w, H, T, name)
-        _check(curves[name][1][:, -1], target, sd, bias=1 / T if name == M.STATE_KT else 1e-12)
-    assert np.all(curves[M.SEQ_RKL][1][:, -1] < 0.5)           # picks the incorrect prefix
-    assert np.all(curves[M.TOKEN_RKL][1][:, -1] > 0.5) and np.all(curves[M.STATE_KT][1][:, -1] > 0.5)
+        sd = theory.prefix_learner_sd(pc, cont, w, H, T, name)
+        _check(curves[name][1][:, -1], target, sd, bias=1 / T if name == labels.STATE_KT else 1e-12)
+    assert np.all(curves[labels.SEQ_RKL][1][:, -1] < 0.5)           # picks the incorrect prefix
+    assert np.all(curves[labels.TOKEN_RKL][1][:, -1] > 0.5) and np.all(curves[labels.STATE_KT][1][:, -1] > 0.5)
 
 
 def test_regret_constant_blows_up_for_alternating_teachers():
     slopes = []
     for e in (0.1, 1e-3):
         res = L.rkl_tabular(np.log([[1 - e, e], [e, 1 - e]]), [0.5, 0.5], "alternating", "1/t", 20_000, [0])
-        slopes.append(L.fit_slope(res["grid"], res["regret"])[0])
-        assert slopes[-1] == pytest.approx(L.alternating_constant(e), rel=0.02)
+        slopes.append(analysis.fit_slope(res["grid"], res["regret"])[0])
+        assert slopes[-1] == pytest.approx(theory.alternating_constant(e), rel=0.02)
     assert slopes[1] > 9 * slopes[0]
 
 
@@ -200,21 +204,20 @@ def test_regret_constant_blows_up_for_alternating_teachers():
 # the sim: cells, determinism, command line
 # ------------------------------------------------------------------------------------------------
 def test_same_seed_same_rows_other_seed_differs():
-    config = M.Config(quick=True)
-    cell = next(c for c in M.cells_for("prefix-bias", config) if c.part == "learned")
+    size = sizes(M.SIZES, quick=True)
+    cell = next(c for c in M.cells_for("prefix-bias", size) if c["part"] == "learned")
     a, b = M.run_cell(cell), M.run_cell(cell)
-    assert a.to_csv(float_format=M.FLOAT_FORMAT) == b.to_csv(float_format=M.FLOAT_FORMAT)
-    other = M.cells_for("prefix-bias", M.Config(quick=True, base_seed=1))
-    c = M.run_cell(next(x for x in other if x.part == "learned"))
+    assert a.to_csv(float_format=FLOAT_FORMAT) == b.to_csv(float_format=FLOAT_FORMAT)
+    other = M.cells_for("prefix-bias", size, base_seed=1)
+    c = M.run_cell(next(x for x in other if x["part"] == "learned"))
     assert not a.value.equals(c.value)
     assert list(a.columns) == M.COLUMNS
 
 
-def test_quick_run_end_to_end_and_resume(tmp_path):
+@pytest.mark.integration
+def test_quick_run_end_to_end_and_resume(quick_mechanisms, tmp_path):
     out = tmp_path / "m"
-    proc = subprocess.run([sys.executable, SCRIPT, "all", "--quick", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copytree(quick_mechanisms, out)
     for name in M.MECHANISMS:
         df = pd.read_csv(out / f"{name}.csv")
         assert list(df.columns) == M.COLUMNS
@@ -243,6 +246,7 @@ def test_bad_arguments_exit_2_with_one_line(bad, capsys):
     assert len(err) == 1 and "error" in err[0]
 
 
+@pytest.mark.integration
 def test_bad_out_folder_exits_2_from_the_command_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -6,6 +6,8 @@ import re
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.integration
+
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "sims", "regret.py")
 
@@ -27,9 +29,8 @@ def read(path):
         return f.read()
 
 
-def test_quick_run_end_to_end(tmp_path):
-    out = tmp_path / "q"
-    run("--quick", "--out", str(out), "--quiet")
+def test_quick_run_end_to_end(quick_regret):
+    out = quick_regret
     regret = pd.read_csv(out / "regret.csv")
     summary = pd.read_csv(out / "summary.csv")
     assert list(regret.columns[:7]) == ["experiment", "learner", "feedback", "n_actions", "seed", "t", "regret"]
@@ -39,7 +40,7 @@ def test_quick_run_end_to_end(tmp_path):
                                       "onpolicy-sequence", "function-approx"}
     assert np.isfinite(regret.regret).all()
     # KT on the constant sequence: the CSV holds R_KT(t) (10 significant digits)
-    from sims.learners import kt_worst_case
+    from sims.theory import kt_worst_case
     kt = regret[(regret.learner == "KT") & (regret.feedback == "constant") & (regret.n_actions == 3)]
     np.testing.assert_allclose(kt.regret, kt_worst_case(kt.t.to_numpy(), 3), rtol=1e-9)
     # alternating-teacher FTL slopes within 2% of (1/8) ln^2((1-e)/e)
@@ -101,9 +102,15 @@ def test_resume_after_a_killed_run(tmp_path):
 
 @pytest.mark.parametrize("bad", [["--T", "0"], ["--seeds", "-1"], ["--only", "nope"], ["--eps", "0.7"],
                                  ["--eps", "0"], ["--executor", "mpi"], ["--T", "abc"],
-                                 ["--scheduler", "tcp://127.0.0.1:1"]])
-def test_bad_arguments_exit_2_with_one_line(bad):
-    proc = run(*bad, check=False, timeout=60)
+                                 ["--scheduler", "tcp://127.0.0.1:1"],
+                                 ["--executor", "dask", "--scheduler", "tcp://127.0.0.1:1"],
+                                 ["--executor", "dask", "--scheduler", "not-an-address"],
+                                 ["--out", "{file}/sub"], ["--out", "{file}"], ["--figures", "{file}/sub"]])
+def test_bad_arguments_exit_2_with_one_line(bad, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = [b.replace("{file}", str(blocker)) for b in bad]
+    proc = run(*bad, "--quick", "--only", "offpolicy-tabular", check=False, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr, proc.stderr

@@ -10,6 +10,8 @@ import aggregation as ag
 from aggregation import examples
 from sims import _regret_kernels as K
 from sims import _regret_reference as R
+from harness import cell_seeds
+from sims import analysis, theory
 from sims import learners as L
 
 
@@ -18,22 +20,22 @@ from sims import learners as L
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n, T, value", [(2, 10, 1.7362), (2, 1000, 4.0264), (3, 1000, 7.6014), (4, 300, 9.1318)])
 def test_kt_worst_case_spec_values(n, T, value):
-    assert L.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
+    assert theory.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
 
 
 @pytest.mark.parametrize("n, T, value", [(2, 1000, 3.6964), (3, 1000, 6.9473)])
 def test_shtarkov_spec_values_and_kt_gap(n, T, value):
-    log_c = L.shtarkov_log_complexity(T, n)
+    log_c = theory.shtarkov_log_complexity(T, n)
     assert log_c == pytest.approx(value, abs=5e-5)
-    gap = L.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
+    gap = theory.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
     assert 0 < gap < (n - 1) / 2 * math.log(2)
 
 
 @pytest.mark.parametrize("e, c", [(0.1, 0.6035), (1e-2, 2.6394), (1e-3, 5.963), (1e-4, 10.604), (1e-6, 23.859)])
 def test_alternating_constant_spec_values(e, c):
-    assert L.alternating_constant(e) == pytest.approx(c, abs=6e-4)
+    assert theory.alternating_constant(e) == pytest.approx(c, abs=6e-4)
     lp = np.log([[1 - e, e], [e, 1 - e]])
-    assert L.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(L.alternating_constant(e), rel=1e-12)
+    assert theory.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(theory.alternating_constant(e), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -44,7 +46,7 @@ def test_kt_and_laplace_constant_sequence_equal_closed_forms(n):
     T = 100_000
     uniform = np.full((1, n), 1.0 / n)
     kt = L.add_beta_tabular(uniform, [1.0], 0.5, T, [0], sequence="constant")
-    np.testing.assert_allclose(kt["regret"][0], L.kt_worst_case(kt["grid"], n), rtol=1e-12, atol=1e-8)
+    np.testing.assert_allclose(kt["regret"][0], theory.kt_worst_case(kt["grid"], n), rtol=1e-12, atol=1e-8)
     lap = L.add_beta_tabular(uniform, [1.0], 1.0, T, [0], sequence="constant")
     t = lap["grid"].astype(float)
     ln_binom = gammaln(t + n) - gammaln(n) - gammaln(t + 1)        # ln binom(T+n-1, n-1)
@@ -57,10 +59,10 @@ def test_kt_and_laplace_constant_sequence_equal_closed_forms(n):
 def test_add_beta_round_robin_closed_form_and_slopes(beta):
     n, T = 3, 30_000
     res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="round-robin")
-    np.testing.assert_allclose(res["regret"][0], L.add_beta_round_robin(res["grid"], n, beta), atol=1e-8)
+    np.testing.assert_allclose(res["regret"][0], theory.add_beta_round_robin(res["grid"], n, beta), atol=1e-8)
     const = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="constant")
     # worst-case slope (n-1) max(beta, 1/2): the round-robin attains (n-1)/2, the constant (n-1) beta
-    worst = max(L.fit_slope(res["grid"], res["regret"])[0], L.fit_slope(const["grid"], const["regret"])[0])
+    worst = max(analysis.fit_slope(res["grid"], res["regret"])[0], analysis.fit_slope(const["grid"], const["regret"])[0])
     assert worst == pytest.approx((n - 1) * max(beta, 0.5), rel=0.02)
 
 
@@ -83,7 +85,7 @@ def test_add_beta_sample_feedback_slope_and_pseudo_regret():
     n = 4
     probs = np.random.default_rng(3).dirichlet(np.ones(n), size=3)
     res = L.add_beta_tabular(probs, [0.5, 0.3, 0.2], 0.5, 100_000, np.arange(8))
-    slope = L.fit_slope(res["grid"], res["regret"])[0]
+    slope = analysis.fit_slope(res["grid"], res["regret"])[0]
     assert slope == pytest.approx((n - 1) / 2, rel=0.01)          # realised regret: nearly deterministic
     assert np.all(np.diff(res["pseudo"], axis=1) >= 0)           # a sum of KLs
     assert res["pseudo"][:, -1].mean() == pytest.approx(1.5 * math.log(1e5), rel=0.35)
@@ -93,7 +95,7 @@ def test_add_beta_sequence_matches_per_state_theory():
     teachers = examples.prefix_tree(3, 3, 2, seed=9)
     res = L.add_beta_sequence(teachers, [0.5, 0.3, 0.2], 3, 0.5, 20_000, np.arange(4))
     assert res["visited"] == 7
-    slope, lo, hi = L.fit_slope(res["grid"], res["regret"])
+    slope, lo, hi = analysis.fit_slope(res["grid"], res["regret"])
     assert 0.8 * 3.5 < slope < 1.1 * 3.5                          # sum over 7 states of (n-1)/2
     assert np.all(np.diff(res["pseudo"], axis=1) >= -1e-9)
 
@@ -129,8 +131,8 @@ def test_ftl_per_round_regret_equals_the_exact_identity():
 def test_alternating_teachers_slope_within_two_percent(e):
     lp = np.log([[1 - e, e], [e, 1 - e]])
     res = L.rkl_tabular(lp, [0.5, 0.5], "alternating", "1/t", 100_000, [0])
-    slope = L.fit_slope(res["grid"], res["regret"])[0]
-    assert slope == pytest.approx(L.alternating_constant(e), rel=0.02)
+    slope = analysis.fit_slope(res["grid"], res["regret"])[0]
+    assert slope == pytest.approx(theory.alternating_constant(e), rel=0.02)
 
 
 def test_ftl_full_feedback_has_constant_regret_and_constant_step_is_linear():
@@ -150,10 +152,9 @@ def test_ftl_full_feedback_has_constant_regret_and_constant_step_is_linear():
 # on-policy, sequence level: which target the learner reaches
 # ------------------------------------------------------------------------------------------------
 def test_per_token_learner_is_linear_against_g_and_sequence_learner_is_not():
-    from sims.regret import sequence_kl_local_to_geometric
     teachers = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
     w, H, T = [0.5, 0.5], 5, 4000
-    gap = sequence_kl_local_to_geometric(teachers, w, H)
+    gap = ag.sequence_kl(teachers, w, H, ag.local_geometric_conditionals(teachers, w))
     assert gap > 0.05
     tok = L.rkl_sequence(teachers, w, H, "token", T, np.arange(4))
     seq = L.rkl_sequence(teachers, w, H, "sequence", T, np.arange(4))
@@ -175,7 +176,7 @@ def test_loglinear_ogd_regret_below_hak_bound_and_comparator_is_optimal():
     phi = rng.normal(size=(4, 3, 3))
     probs = rng.dirichlet(np.ones(3), size=(2, 4))
     res = L.loglinear(phi, probs, [0.5, 0.5], "OGD", 0.5, 2000, [0, 1])
-    assert np.all(res["regret"][:, -1] <= L.hak_bound(2000, res["G"], 0.5))
+    assert np.all(res["regret"][:, -1] <= theory.hak_bound(2000, res["G"], 0.5))
     assert np.all(res["regret"][:, -1] > 0)
     counts = rng.integers(0, 50, size=(4, 3))
     t = int(counts.sum())
@@ -189,27 +190,27 @@ def test_loglinear_ogd_regret_below_hak_bound_and_comparator_is_optimal():
 # slope fit
 # ------------------------------------------------------------------------------------------------
 def test_fit_slope_on_synthetic_data():
-    t = L.log_grid(10**6)
+    t = analysis.log_grid(10**6)
     exact = 3.0 + 1.25 * np.log(t)
-    s, lo, hi = L.fit_slope(t, exact)
+    s, lo, hi = analysis.fit_slope(t, exact)
     assert s == pytest.approx(1.25, abs=1e-12) and lo == hi == s
     rng = np.random.default_rng(0)
     slopes = 1.25 + 0.1 * rng.normal(size=30)
     noisy = 2.0 + slopes[:, None] * np.log(t)[None] + 0.01 * rng.normal(size=(30, t.size))
-    s, lo, hi = L.fit_slope(t, noisy)
+    s, lo, hi = analysis.fit_slope(t, noisy)
     assert lo < 1.25 < hi and hi - lo < 0.2
     # only the last two decades count: a kink before 1e4 does not move the fit
     kinked = np.where(t < 1e4, 10 * np.log(t), 10 * np.log(1e4) + 0.5 * (np.log(t) - np.log(1e4)))
-    assert L.fit_slope(t, kinked)[0] == pytest.approx(0.5, abs=1e-12)
+    assert analysis.fit_slope(t, kinked)[0] == pytest.approx(0.5, abs=1e-12)
 
 
 def test_log_grid_and_cell_seeds():
-    g = L.log_grid(1000)
+    g = analysis.log_grid(1000)
     assert g[0] == 1 and g[-1] == 1000 and np.all(np.diff(g) > 0)
-    assert L.log_grid(1234)[-1] == 1234
-    a, b = L.cell_seeds(0, "x", 3), L.cell_seeds(0, "x", 5)
+    assert analysis.log_grid(1234)[-1] == 1234
+    a, b = cell_seeds(0, "x", 3), cell_seeds(0, "x", 5)
     assert np.array_equal(a, b[:3]) and len(set(b.tolist())) == 5
-    assert not np.array_equal(L.cell_seeds(0, "y", 3), a)
+    assert not np.array_equal(cell_seeds(0, "y", 3), a)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def test_add_beta_kernel_matches_reference_tabular(forced):
     tokens = np.random.default_rng(3).integers(0, n, T) if forced else np.zeros(0, np.int64)
     args = (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), mix[None].copy(),
             float(mix @ np.log(mix)))
-    seeds, grid = L._seeds([1, 2]), L.log_grid(T)
+    seeds, grid = L._seeds([1, 2]), analysis.log_grid(T)
     out = np.zeros((2, 2, grid.size))
     log_num, log_den = L._log_tables(0.5, n, T)
     K.add_beta_kernel(*args, log_num, log_den, tokens, seeds, grid, out[0], out[1])
@@ -245,7 +246,7 @@ def test_add_beta_kernel_matches_reference_sequence():
         neg = float(np.sum(np.where(joint > 0, joint * np.log(joint / mass), 0.0)))
     prob, index = L.alias_tables(np.exp(teachers.log_probs))
     args = (teachers.next_state, 0, 3, prob, index, np.cumsum(w), joint, neg)
-    seeds, grid = L._seeds([5, 6]), L.log_grid(150)
+    seeds, grid = L._seeds([5, 6]), analysis.log_grid(150)
     out = np.zeros((2, 2, grid.size))
     log_num, log_den = L._log_tables(1.0, 3, 150 * 3)
     K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, out[0], out[1])
@@ -269,7 +270,7 @@ def test_rkl_tabular_kernel_matches_reference(feedback, schedule):
     w = np.array([0.5, 0.3, 0.2])
     pooled = w @ lp
     log_target = pooled - logsumexp(pooled)
-    seeds, grid = L._seeds([3, 4]), L.log_grid(120)
+    seeds, grid = L._seeds([3, 4]), analysis.log_grid(120)
     out = np.zeros((2, 2, grid.size))
     K.rkl_tabular_kernel(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid, out[0], out[1])
     ref = R.rkl_tabular(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
@@ -283,7 +284,7 @@ def test_rkl_sequence_kernel_matches_reference(mode):
     w, H = np.array([0.5, 0.5]), 4
     log_g = ag.sequence_geometric_conditionals(teachers, w, H)
     log_l = ag.local_geometric_conditionals(teachers, w)
-    seeds, grid = L._seeds([1, 9]), L.log_grid(40)
+    seeds, grid = L._seeds([1, 9]), analysis.log_grid(40)
     out = np.zeros((3, 2, grid.size))
     args = (teachers.next_state, 0, H, np.ascontiguousarray(teachers.log_probs), np.cumsum(w), log_g, log_l, mode)
     K.rkl_sequence_kernel(*args, seeds, grid, out[0], out[1], out[2])
@@ -299,7 +300,7 @@ def test_loglinear_kernel_matches_reference(method):
     lp = np.log(rng.dirichlet(np.ones(3), size=(2, 3)))
     w = np.array([0.5, 0.5])
     pooled = np.tensordot(w, lp, axes=1)
-    seeds, grid = L._seeds([2, 3]), L.log_grid(60)
+    seeds, grid = L._seeds([2, 3]), analysis.log_grid(60)
     loss = np.zeros((2, grid.size))
     counts = np.zeros((2, grid.size, 3, 3), np.int64)
     args = (phi, lp, np.cumsum(w), pooled, method, 0.5, 3.0, 1.0, 0.5)
@@ -319,7 +320,7 @@ def test_add_beta_kernel_tracking_matches_reference_and_changes_nothing_else():
     joint = L.mixture_joint(teachers, w, H)
     prob, index = L.alias_tables(np.exp(teachers.log_probs))
     log_num, log_den = L._log_tables(beta, 2, 40 * H)
-    seeds, grid, track = L._seeds([1, 9]), L.log_grid(40), np.array([0, 1])
+    seeds, grid, track = L._seeds([1, 9]), analysis.log_grid(40), np.array([0, 1])
     args = (teachers.next_state, 0, H, prob, index, np.cumsum(w), joint, -0.3)
     plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
     track_out = np.zeros((2, grid.size, 2))
@@ -341,7 +342,7 @@ def test_rkl_tabular_kernel_tracking_matches_reference(feedback, schedule):
     w = np.array([0.5, 0.3, 0.2])
     pooled = w @ lp
     log_target = pooled - logsumexp(pooled)
-    seeds, grid, track = L._seeds([3, 4]), L.log_grid(120), np.array([4, 0])
+    seeds, grid, track = L._seeds([3, 4]), analysis.log_grid(120), np.array([4, 0])
     plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
     track_out = np.zeros((2, grid.size, 2))
     args = (lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
@@ -361,7 +362,7 @@ def test_rkl_sequence_kernel_tracking_matches_reference(mode):
     w, H = np.array([0.5, 0.5]), 4
     log_g = ag.sequence_geometric_conditionals(teachers, w, H)
     log_l = ag.local_geometric_conditionals(teachers, w)
-    seeds, grid, track = L._seeds([1, 9]), L.log_grid(40), np.array([0])
+    seeds, grid, track = L._seeds([1, 9]), analysis.log_grid(40), np.array([0])
     args = (teachers.next_state, 0, H, np.ascontiguousarray(teachers.log_probs), np.cumsum(w), log_g, log_l, mode,
             seeds, grid)
     plain, tracked = np.zeros((3, 2, grid.size)), np.zeros((3, 2, grid.size))
@@ -409,7 +410,7 @@ def test_public_tracking_closed_forms_and_unchanged_results():
     (lambda: L.rkl_tabular(np.log([[0.5, 0.5]]), [1.0], "full", "1/t^2", 10, [0]), "schedule"),
     (lambda: L.rkl_tabular(np.array([[0.0, -np.inf]]), [1.0], "full", "1/t", 10, [0]), "log_probs"),
     (lambda: L.rkl_sequence("x", [1.0], 3, "sequence", 10, [0]), "teachers"),
-    (lambda: L.fit_slope([1, 2], [[0.0, 1.0]], decades=0.01), "two grid points"),
+    (lambda: analysis.fit_slope([1, 2], [[0.0, 1.0]], decades=0.01), "two grid points"),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):

@@ -1,9 +1,16 @@
-"""Atomic writes for long runs (SPEC 7): an interrupted run leaves either the old file or the new one."""
+"""Results that an interrupted run cannot corrupt (SPEC 7): atomic writes, per-cell files, CSVs.
+
+An interrupted run leaves either the old file or the new one, never half of one; a rerun finds the
+finished cells and skips them.
+"""
 
 import os
 import tempfile
 
+import pandas as pd
+
 TEMP_PREFIX = ".tmp-"
+FLOAT_FORMAT = "%.10g"           # every CSV of the project: 10 significant digits
 
 
 def atomic_write(path, write):
@@ -29,7 +36,6 @@ def atomic_write(path, write):
         raise
 
 
-
 def remove_stale_temps(folder):
     """Delete the temporary files of ``atomic_write`` that a killed run left in ``folder``; returns
     how many. Call it at the start of a run that owns the folder (two runs must not share one)."""
@@ -39,3 +45,29 @@ def remove_stale_temps(folder):
     for name in stale:
         os.remove(os.path.join(folder, name))
     return len(stale)
+
+
+def write_csv(path, df):
+    """Write ``df`` to ``path`` atomically, without the index, floats to 10 significant digits."""
+    atomic_write(path, lambda tmp: df.to_csv(tmp, index=False, float_format=FLOAT_FORMAT))
+
+
+def cell_path(out_dir, cell):
+    return os.path.join(out_dir, "cells", cell.key + ".pkl")
+
+
+def save_cell(out_dir, cell, result):
+    """Pickle one finished cell's result to OUT/cells/<key>.pkl, atomically."""
+    atomic_write(cell_path(out_dir, cell), lambda tmp: pd.to_pickle(result, tmp))
+
+
+def load_cell(out_dir, cell):
+    """The saved result of ``cell``, or None when it is missing or unreadable (then it is recomputed)."""
+    path = cell_path(out_dir, cell)
+    if not os.path.exists(path):
+        return None
+    try:
+        return pd.read_pickle(path)
+    except Exception:
+        return None
+
