@@ -55,7 +55,8 @@ GALLERY_DIR = os.path.join("docs", "figures")
 GALLERY = {
     "regret": ("regret_offpolicy-tabular", "regret_offpolicy-sequence", "regret_onpolicy-tabular",
                "regret_onpolicy-sequence", "regret_function-approx"),
-    "mechanisms": ("mechanism_confident-expert", "mechanism_low-prob", "mechanism_prefix-bias"),
+    "mechanisms": ("mechanism_confident-expert", "mechanism_confident-expert_learned", "mechanism_low-prob",
+                   "mechanism_low-prob_learned", "mechanism_prefix-bias", "mechanism_prefix-bias_learned"),
 }
 DPI = 200
 

@@ -364,20 +364,54 @@ def _cholesky_solve(a, b, chol, out):
 
 
 # ----------------------------------------------------------------------------------------------
-# Function approximation: log-linear student, OGD / ONS off-policy, OGD on RKL on-policy
+# Function approximation: log-linear student, off-policy log loss or on-policy RKL, five update rules
 # ----------------------------------------------------------------------------------------------
+@njit(cache=True)
+def project_a_norm(a_mat, y, radius, out):
+    """out = argmin_{|x| <= radius} (x - y)^T A (x - y), the generalised projection of online Newton
+    step (Hazan, Agarwal and Kale 2007). Inside the ball x = y; outside, x = (A + mu I)^{-1} A y with
+    the mu > 0 at which |x| = radius, found by bisection on ln mu in the eigenbasis of A."""
+    d = y.shape[0]
+    norm = 0.0
+    for j in range(d):
+        norm += y[j] * y[j]
+    if norm <= radius * radius:
+        out[:] = y
+        return
+    lam, vec = np.linalg.eigh(a_mat)
+    z = vec.T @ y
+    lo, hi = -60.0, 60.0                                 # ln mu: |x(mu)| falls from |y| to 0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        mu = math.exp(mid)
+        acc = 0.0
+        for j in range(d):
+            c = lam[j] * z[j] / (lam[j] + mu)
+            acc += c * c
+        if acc > radius * radius:
+            lo = mid
+        else:
+            hi = mid
+    mu = math.exp(hi)
+    for j in range(d):
+        z[j] = lam[j] * z[j] / (lam[j] + mu)
+    out[:] = vec @ z
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
-def loglinear_kernel(features, log_probs, teacher_cdf, pooled, method, lam, radius, gamma, eps, seeds, grid,
-                     loss_out, counts_out):
+def loglinear_kernel(features, log_probs, teacher_cdf, pooled, on_policy, update, lam, eta0, radius, gamma, eps,
+                     seeds, grid, loss_out, counts_out, theta_out):
     """Log-linear student q_theta(a|x) ∝ exp(theta . phi(x, a)), contexts x ~ uniform (SPEC 3).
 
-    method 0: OGD on the regularised log loss f_t = -ln q(y_t|x_t) + lam/2 |theta|^2, y_t ~ p_{k_t},
-    eta_t = 1/(lam t); 1: online Newton step on the same loss, A_t = eps I + sum_{s<=t} (g_s g_s^T + lam I),
-    theta <- theta - A_t^{-1} g_t / gamma (Cholesky solve); 2: OGD with eta_t = 1/(lam t) on the
-    on-policy loss f_t = sum_k w_k KL(q(.|x_t) || p_k(.|x_t)) + lam/2 |theta|^2, gradient
-    E_q[(ln q - r)(phi - E_q phi)] + lam theta, r = pooled. Iterates are projected on |theta| <= radius.
-    features (X, n, d); log_probs (K, X, n); pooled (X, n). Outputs: loss_out (R, G) cumulative loss,
-    counts_out (R, G, X, n) counts of (x_t, y_t) (method 2: y_t = 0) for the comparator.
+    Loss f_t (+ lam/2 |theta|^2 in both): on_policy 0, the log loss -ln q(y_t|x_t) on y_t ~ p_{k_t};
+    1, sum_k w_k KL(q(.|x_t) || p_k(.|x_t)) with gradient E_q[(ln q - r)(phi - E_q phi)], r = pooled.
+    update 0: OGD, eta_t = 1/(lam t); 1: online Newton step (HAK 2007), A_t = eps I + sum_{s<=t} g_s g_s^T,
+    theta <- Pi^{A_t}(theta - A_t^{-1} g_t / gamma) with the generalised projection; 2: Newton-style
+    variant, A_t = lam I + sum_{s<=t} (g_s g_s^T + lam I), theta <- theta - A_t^{-1} g_t / gamma, Euclidean
+    projection; 3: frozen at theta = 0; 4: OGD with the constant step eta0. OGD iterates are projected
+    on |theta| <= radius. features (X, n, d); log_probs (K, X, n); pooled (X, n).
+    Outputs at the grid rounds: loss_out (R, G) cumulative loss; counts_out (R, G, X, n) counts of
+    (x_t, y_t) (on-policy: y_t = 0) for the comparator; theta_out (R, G, d) the iterate after round t.
     """
     X, n, d = features.shape
     n_rounds = grid[-1]
@@ -386,11 +420,11 @@ def loglinear_kernel(features, log_probs, teacher_cdf, pooled, method, lam, radi
         theta = np.zeros(d)
         grad = np.zeros(d)
         mean_phi = np.zeros(d)
-        ag = np.zeros(d)
+        step = np.zeros(d)
         a_mat = np.zeros((d, d))
         chol = np.zeros((d, d))
         for j in range(d):
-            a_mat[j, j] = eps
+            a_mat[j, j] = eps if update == 1 else lam
         logits = np.empty(n)
         counts = np.zeros((X, n), np.int64)
         loss = 0.0
@@ -412,7 +446,7 @@ def loglinear_kernel(features, log_probs, teacher_cdf, pooled, method, lam, radi
                 qa = math.exp(logits[a] - z)
                 for j in range(d):
                     mean_phi[j] += qa * features[ctx, a, j]
-            if method == 2:
+            if on_policy:
                 f = 0.0
                 for j in range(d):
                     grad[j] = lam * theta[j]
@@ -440,27 +474,33 @@ def loglinear_kernel(features, log_probs, teacher_cdf, pooled, method, lam, radi
                     grad[j] = mean_phi[j] - features[ctx, y, j] + lam * theta[j]
             loss += f + 0.5 * lam * sq
             counts[ctx, y] += 1
-            if method == 1:
-                # A_t = A_{t-1} + g g^T + lam I, the running Hessian proxy of sum_s f_s
+            if update == 1 or update == 2:
                 for j in range(d):
                     for l in range(d):
                         a_mat[j, l] += grad[j] * grad[l]
-                    a_mat[j, j] += lam
-                _cholesky_solve(a_mat, grad, chol, ag)
+                    if update == 2:
+                        a_mat[j, j] += lam
+                _cholesky_solve(a_mat, grad, chol, step)
                 for j in range(d):
-                    theta[j] -= ag[j] / gamma
-            else:
-                eta = 1.0 / (lam * t)
+                    step[j] = theta[j] - step[j] / gamma
+                if update == 1:
+                    project_a_norm(a_mat, step, radius, theta)
+                else:
+                    theta[:] = step
+            elif update != 3:
+                eta = 1.0 / (lam * t) if update == 0 else eta0
                 for j in range(d):
                     theta[j] -= eta * grad[j]
-            norm = 0.0
-            for j in range(d):
-                norm += theta[j] * theta[j]
-            norm = math.sqrt(norm)
-            if norm > radius:
+            if update != 1:
+                norm = 0.0
                 for j in range(d):
-                    theta[j] *= radius / norm
+                    norm += theta[j] * theta[j]
+                norm = math.sqrt(norm)
+                if norm > radius:
+                    for j in range(d):
+                        theta[j] *= radius / norm
             if t == grid[g]:
                 loss_out[i, g] = loss
                 counts_out[i, g] = counts
+                theta_out[i, g] = theta
                 g += 1

@@ -177,15 +177,29 @@ def rkl_sequence(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_
     return (out[0], out[1], out[2]) if track is None else (out[0], out[1], out[2], tracked)
 
 
-def loglinear(features, log_probs, teacher_cdf, pooled, method, lam, radius, gamma, eps, seeds, grid):
-    """Log-linear student (OGD / ONS / on-policy OGD); returns (loss (R, G), counts (R, G, X, n))."""
+def project_a_norm(a_mat, y, radius):
+    """argmin_{|x| <= radius} (x - y)^T A (x - y): inside the ball y; outside (A + mu I)^{-1} A y with
+    |x| = radius, mu found by a root finder (brentq on ln mu)."""
+    from scipy.optimize import brentq
+    if np.linalg.norm(y) <= radius:
+        return y.copy()
+    def excess(log_mu):
+        return np.linalg.norm(np.linalg.solve(a_mat + math.exp(log_mu) * np.eye(len(y)), a_mat @ y)) - radius
+    log_mu = brentq(excess, -60.0, 60.0, xtol=1e-14, rtol=1e-15)
+    return np.linalg.solve(a_mat + math.exp(log_mu) * np.eye(len(y)), a_mat @ y)
+
+
+def loglinear(features, log_probs, teacher_cdf, pooled, on_policy, update, lam, eta0, radius, gamma, eps, seeds,
+              grid):
+    """Log-linear student, the five update rules; returns (loss (R, G), counts (R, G, X, n), theta (R, G, d))."""
     X, n, d = features.shape
     loss_out = np.zeros((len(seeds), len(grid)))
     counts_out = np.zeros((len(seeds), len(grid), X, n), np.int64)
+    theta_out = np.zeros((len(seeds), len(grid), d))
     for i, seed in enumerate(seeds):
         rng = Stream(seed)
         theta = np.zeros(d)
-        a_mat = eps * np.eye(d)
+        a_mat = (eps if update == 1 else lam) * np.eye(d)
         counts = np.zeros((X, n), np.int64)
         loss = 0.0
         for t in range(1, grid[-1] + 1):
@@ -194,7 +208,7 @@ def loglinear(features, log_probs, teacher_cdf, pooled, method, lam, radius, gam
             log_q = logits - logsumexp(logits)
             q = np.exp(log_q)
             phi_bar = q @ features[ctx]
-            if method == 2:
+            if on_policy:
                 diff = log_q - pooled[ctx]
                 f = q @ diff
                 grad = (q * diff) @ (features[ctx] - phi_bar) + lam * theta
@@ -206,16 +220,18 @@ def loglinear(features, log_probs, teacher_cdf, pooled, method, lam, radius, gam
                 grad = phi_bar - features[ctx, y] + lam * theta
             loss += f + 0.5 * lam * theta @ theta
             counts[ctx, y] += 1
-            if method == 1:
-                a_mat += np.outer(grad, grad) + lam * np.eye(d)
+            if update in (1, 2):
+                a_mat += np.outer(grad, grad) + (lam * np.eye(d) if update == 2 else 0.0)
                 theta = theta - np.linalg.solve(a_mat, grad) / gamma
-            else:
-                theta = theta - grad / (lam * t)
-            norm = np.linalg.norm(theta)
-            if norm > radius:
-                theta *= radius / norm
+                if update == 1:
+                    theta = project_a_norm(a_mat, theta, radius)
+            elif update in (0, 4):
+                theta = theta - grad * (1.0 / (lam * t) if update == 0 else eta0)
+            if update != 1 and np.linalg.norm(theta) > radius:
+                theta *= radius / np.linalg.norm(theta)
             if t in grid:
                 g = list(grid).index(t)
                 loss_out[i, g] = loss
                 counts_out[i, g] = counts
-    return loss_out, counts_out
+                theta_out[i, g] = theta
+    return loss_out, counts_out, theta_out

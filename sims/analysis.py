@@ -19,25 +19,101 @@ def log_grid(n_rounds, per_decade=10):
     return pts
 
 
-def fit_slope(t, regret, decades=2.0, level=0.95):
-    """Least-squares slope of regret against ln t over t in [t_max / 10^decades, t_max], per seed.
+def _window(t, decades, window):
+    t = np.asarray(t, dtype=float)
+    lo, hi = window if window is not None else (t.max() / 10.0 ** decades, t.max())
+    keep = (t >= lo * (1 - 1e-12)) & (t <= hi * (1 + 1e-12))
+    if keep.sum() < 2:
+        raise ValueError(f"need at least two grid points in the fitted range [{lo:g}, {hi:g}]")
+    return keep
+
+
+def _t_interval(values, level):
+    mean = float(np.mean(values))
+    if values.size < 2:
+        return mean, mean, mean
+    half = stats.t.ppf(0.5 + level / 2, values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
+    return mean, mean - float(half), mean + float(half)
+
+
+def fit_slope(t, regret, decades=2.0, level=0.95, window=None):
+    """Least-squares slope of regret against ln t, per seed, over t in [t_max / 10^decades, t_max] (or
+    over ``window = (t_lo, t_hi)``): the constant c of R_T ≈ c ln T + b for logarithmic regret.
 
     Returns (mean slope, lower, upper): a Student-t interval over seeds (lower = upper = the slope
     with one seed). regret: (R, G) or (G,).
     """
+    keep = _window(t, decades, window)
+    x = np.log(np.asarray(t, dtype=float)[keep])
+    r = np.atleast_2d(np.asarray(regret, dtype=float))[:, keep]
+    xc = x - x.mean()
+    return _t_interval((r - r.mean(axis=1, keepdims=True)) @ xc / (xc @ xc), level)
+
+
+def fit_exponent(t, regret, decades=2.0, level=0.95, window=None):
+    """Least-squares slope of ln R_T against ln T, per seed (the exponent p of R_T ∝ T^p: 1 for linear
+    regret, 1/2 for sqrt T), with a Student-t interval over seeds; NaN when some R_T <= 0 in the window."""
+    keep = _window(t, decades, window)
+    r = np.atleast_2d(np.asarray(regret, dtype=float))[:, keep]
+    if np.any(r <= 0):
+        return math.nan, math.nan, math.nan
+    x = np.log(np.asarray(t, dtype=float)[keep])
+    xc = x - x.mean()
+    y = np.log(r)
+    return _t_interval((y - y.mean(axis=1, keepdims=True)) @ xc / (xc @ xc), level)
+
+
+POWER_EXPONENT = 0.3      # a lower 95% bound above this: the regret grows like a power of T
+
+
+def growth(t, regret, decades=2.0):
+    """How the regret grows over the last ``decades`` of t, from the data.
+
+    ``bounded``: the mean regret moves by less than 1e-6 (1 + |R_T|) over the window, or it converges
+    (the slope on the last decade is under a quarter of the slope on the one before, and the exponent
+    of R_T against T is below 0.05: increments that shrink like 1/t); a slope on ln t is then noise,
+    not a constant. ``power``: the lower 95% bound of the exponent exceeds POWER_EXPONENT (logarithmic
+    regret R = c ln T + b has a local exponent c / R, 0.1-0.3 here). ``logarithmic`` otherwise.
+    Returns (label, slope triple, exponent triple).
+    """
     t = np.asarray(t, dtype=float)
     r = np.atleast_2d(np.asarray(regret, dtype=float))
-    keep = t >= t.max() / 10.0 ** decades - 1e-9
-    if keep.sum() < 2:
-        raise ValueError("fit_slope needs at least two grid points in the fitted range")
-    x = np.log(t[keep])
-    xc = x - x.mean()
-    slopes = (r[:, keep] - r[:, keep].mean(axis=1, keepdims=True)) @ xc / (xc @ xc)
-    mean = float(slopes.mean())
-    if slopes.size < 2:
+    keep = _window(t, decades, None)
+    mean = r[:, keep].mean(axis=0)
+    slope = fit_slope(t, r, decades)
+    exponent = fit_exponent(t, r, decades)
+    t_max = t.max()
+    full_mean = r.mean(axis=0)
+    early = fit_slope(t, full_mean, window=(t_max / 10.0 ** decades, t_max / 10.0))[0]
+    late = fit_slope(t, full_mean, window=(t_max / 10.0, t_max))[0]
+    converging = early > 0 and late < 0.25 * early and np.isfinite(exponent[2]) and exponent[2] < 0.05
+    if abs(mean[-1] - mean[0]) <= 1e-6 * (1 + abs(mean[-1])) or converging:
+        return "bounded", slope, exponent
+    if np.isfinite(exponent[1]) and exponent[1] > POWER_EXPONENT:
+        return "power", slope, exponent
+    return "logarithmic", slope, exponent
+
+
+def decade_slopes(t, regret, level=0.95):
+    """fit_slope on each full decade [10^j, 10^(j+1)] inside the grid: {(lo, hi): (mean, lower, upper)}.
+    Logarithmic regret has the same slope on every decade (within the intervals); a power law's grows."""
+    t = np.asarray(t, dtype=float)
+    out = {}
+    for j in range(int(math.floor(math.log10(t.max()) + 1e-9))):
+        lo, hi = 10.0 ** j, 10.0 ** (j + 1)
+        if t.min() <= lo * (1 + 1e-12):
+            out[(lo, hi)] = fit_slope(t, regret, level=level, window=(lo, hi))
+    return out
+
+
+def mean_interval(values, level=0.95):
+    """Mean over seeds (axis 0) and its Student-t interval, each (G,): the bands of the figures."""
+    v = np.atleast_2d(np.asarray(values, dtype=float))
+    mean = v.mean(axis=0)
+    if v.shape[0] < 2:
         return mean, mean, mean
-    half = stats.t.ppf(0.5 + level / 2, slopes.size - 1) * slopes.std(ddof=1) / math.sqrt(slopes.size)
-    return mean, mean - float(half), mean + float(half)
+    half = stats.t.ppf(0.5 + level / 2, v.shape[0] - 1) * v.std(axis=0, ddof=1) / math.sqrt(v.shape[0])
+    return mean, mean - half, mean + half
 
 
 def rounds_to_veto(q, grid):

@@ -4,13 +4,13 @@ One table, used by the sims (to label rows) and by ``figures/`` (to draw them), 
 written once. Colours are matplotlib colour names; nothing here imports matplotlib.
 """
 
-# the mechanism sims' learners (SPEC 2-3): what each is fed and which target it reaches
-KT = "KT on teacher samples (FKL)"
-FTL = "FTL, sampled teacher scores q (RKL)"
-ROLLOUT = "FTL on own rollouts (RKL)"
-SEQ_RKL = "sequence-level RKL, reward-to-go"
-TOKEN_RKL = "per-token RKL, discount 0"
-STATE_KT = "per-state KT on teacher samples (FKL)"
+# the mechanism sims' learners (SPEC 2-3), each named with the feedback it gets per round
+KT = "KT, one token from a sampled teacher (FKL)"
+FTL = "FTL, a sampled teacher's full row (RKL)"
+ROLLOUT = "own rollout, one token scored by a sampled teacher (RKL)"
+SEQ_RKL = "plug-in soft-Bellman, sequence-level RKL"   # not a policy gradient: it re-solves the soft
+TOKEN_RKL = "plug-in per-token RKL (discount 0)"         # Bellman equation on its estimated rewards
+STATE_KT = "per-state KT, responses of a sampled teacher (FKL)"
 
 LEARNER_COLOURS = {
     KT: "tab:blue",
@@ -30,3 +30,14 @@ TARGET_STYLES = {A: ("--", "A (FKL target)"), G: (":", "G (RKL target)"),
                  G_SEQ: (":", "g, sequence-level geometric"), L_LOCAL: ("-.", "l, local geometric"),
                  MIXTURE: ("--", "mixture marginal")}
 POOL_COLOURS = {A: "tab:blue", G: "tab:orange", G_SEQ: "tab:red", L_LOCAL: "tab:purple", MIXTURE: "tab:blue"}
+
+# the function-approximation learners of the regret sims
+LOGLINEAR = {                                                      # sims.learners.loglinear method -> label
+    "OGD": "OGD, step 1/(lambda t)",
+    "ONS": "ONS, HAK constants",
+    "Newton-style": "Newton-style, gamma = 1 (no guarantee)",
+    "constant step": "OGD, constant step 0.1 (badly tuned)",
+    "frozen": "frozen at theta = 0",
+    "OGD-RKL": "OGD on RKL, step 1/(lambda t)",
+    "frozen-RKL": "frozen at theta = 0 (RKL)",
+}

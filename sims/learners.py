@@ -11,6 +11,8 @@ Learned curves                   learn_one_context, learn_prefix: q_t of the mec
 The closed forms they are compared with are in ``sims.theory``; grids and slopes in ``sims.analysis``.
 """
 
+import math
+
 import numpy as np
 from scipy import optimize
 from scipy.special import logsumexp
@@ -281,11 +283,13 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
 
 
 def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, track=None):
-    """On-policy learner on finite-state teachers with sample feedback on its own rollouts (SPEC 2, 3).
+    """Plug-in on-policy learner on finite-state teachers, sample feedback on its own rollouts (SPEC 2, 3).
 
-    mode 'sequence': q_t is the soft-optimal policy of the running-mean rewards rhat (each token
-    credited with the reward-to-go; converges to g, the conditionals of G_seq); mode 'token':
-    q_t(a|s) ∝ exp rhat(s, a) (per-token RKL, discount 0; converges to the local geometric l).
+    It keeps rhat(s, a), the running mean of the teacher scores ln p_k(a|s) revealed on its rollouts,
+    and re-solves for its policy every round; it is not a policy-gradient learner. mode 'sequence':
+    q_t is the soft-optimal (soft-Bellman) policy of rhat over the remaining horizon, the exact
+    minimiser of sequence-level RKL to the estimated teachers; converges to g, the conditionals of
+    G_seq. mode 'token': q_t(a|s) ∝ exp rhat(s, a) (per-token RKL, discount 0); converges to l.
 
     Returns dict ``regret`` (realised, against the best fixed policy in hindsight on the realised
     teacher draws), ``pseudo`` = sum_t KL_seq(q_t || G_seq), ``token`` = sum_t sum_{h,s} occ_{q_t}(h, s)
@@ -324,7 +328,9 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, t
 # ------------------------------------------------------------------------------------------------
 # function approximation
 # ------------------------------------------------------------------------------------------------
-METHODS = {"OGD": 0, "ONS": 1, "OGD-RKL": 2}
+# name -> (on-policy loss, update rule of loglinear_kernel)
+METHODS = {"OGD": (0, 0), "ONS": (0, 1), "Newton-style": (0, 2), "frozen": (0, 3), "constant step": (0, 4),
+           "OGD-RKL": (1, 0), "frozen-RKL": (1, 3)}
 
 
 def _loglinear_objective(theta, features, stats_xy, lam, t, pooled, on_policy):
@@ -345,28 +351,60 @@ def _loglinear_objective(theta, features, stats_xy, lam, t, pooled, on_policy):
     return value + 0.5 * lam * t * theta @ theta, grad + lam * t * theta
 
 
-def loglinear_comparator(features, counts, lam, t, pooled=None):
-    """min_theta sum_t f_t(theta) from the counts of (x_t, y_t) (scipy L-BFGS from theta = 0)."""
+def loglinear_comparator(features, counts, lam, t, pooled=None, starts=()):
+    """(min_theta sum_t f_t(theta), its argmin) from the counts of (x_t, y_t): scipy L-BFGS from
+    theta = 0 and from each of ``starts``, keeping the best. The off-policy objective is strongly
+    convex (one start suffices); the on-policy RKL objective is not convex in theta, so callers pass
+    several starts."""
     on_policy = pooled is not None
-    res = optimize.minimize(_loglinear_objective, np.zeros(features.shape[2]), jac=True, method="L-BFGS-B",
-                            args=(features, counts.astype(float), lam, t, pooled, on_policy),
-                            options={"gtol": 1e-10, "ftol": 1e-15, "maxiter": 500})
-    return float(res.fun)
+    best = (math.inf, None)
+    for x0 in [np.zeros(features.shape[2]), *starts]:
+        res = optimize.minimize(_loglinear_objective, np.asarray(x0, dtype=float), jac=True, method="L-BFGS-B",
+                                args=(features, counts.astype(float), lam, t, pooled, on_policy),
+                                options={"gtol": 1e-10, "ftol": 1e-15, "maxiter": 1000})
+        if res.fun < best[0]:
+            best = (float(res.fun), res.x)
+    return best
 
 
-def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None):
+def hak_constants(phi_max, lam, d):
+    """The constants of online Newton step (Hazan, Agarwal and Kale 2007) for this student.
+
+    Iterates live in the ball |theta| <= R = 2 Phi / lam (it holds the regularised minimiser), so the
+    gradients are bounded by G = 4 Phi; a lam-strongly convex loss with gradients bounded by G is
+    alpha = lam / G^2 exp-concave; with the diameter D = 2R, gamma = min(1 / (4 G D), alpha) / 2 and
+    eps = 1 / (gamma^2 D^2), and ONS has regret <= 5 (1/alpha + G D) d ln T. OGD with eta_t = 1/(lam t)
+    has regret <= G^2 / (2 lam) (1 + ln T). Both bounds are far above what the learners reach here
+    (they hold for every sequence), so they are reported, not drawn as a theory line.
+    """
+    R = 2 * phi_max / lam
+    G = 4 * phi_max
+    alpha = lam / G ** 2
+    D = 2 * R
+    gamma = 0.5 * min(1.0 / (4 * G * D), alpha)
+    return {"R": R, "G": G, "alpha": alpha, "gamma": gamma, "eps": 1.0 / (gamma * D) ** 2,
+            "ons_bound_slope": 5 * (1 / alpha + G * D) * d, "ogd_bound_slope": G ** 2 / (2 * lam)}
+
+
+def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None, eta0=0.1, gamma=None,
+              restarts=3):
     """Log-linear student with d shared features, q(a|x) ∝ exp(theta . phi(x, a)), x ~ uniform (SPEC 3).
 
-    method 'OGD' / 'ONS': off-policy log loss on y_t ~ p_{k_t}(.|x_t) plus lam/2 |theta|^2;
-    'OGD-RKL': on-policy loss sum_k w_k KL(q(.|x_t) || p_k(.|x_t)) plus lam/2 |theta|^2.
-    OGD uses eta_t = 1/(lam t); iterates stay in the ball |theta| <= D = 2 Phi / lam (Phi = max |phi|),
-    which holds the regularised minimiser, so the gradients are bounded by G = 4 Phi and
-    Hazan-Agarwal-Kale gives regret <= G^2/(2 lam)(1 + ln T) for OGD (the log loss is convex in theta).
-    ONS: theta <- theta - A_t^{-1} g_t with A_t = lam I + sum_{s<=t} (g_s g_s^T + lam I), the running
-    Gauss-Newton proxy of the Hessian of sum_s f_s (gamma = 1; O(d ln T) regret for exp-concave losses).
-    Returns dict ``regret`` (R, G) against the best fixed theta in hindsight (scipy), ``grid``,
-    ``G``, ``D``, ``bound_slope`` (G^2/(2 lam) for the off-policy methods, NaN on-policy, whose RKL
-    loss is not convex in theta).
+    Loss: off-policy log loss on y_t ~ p_{k_t}(.|x_t), or (methods ending in '-RKL') the on-policy
+    loss sum_k w_k KL(q(.|x_t) || p_k(.|x_t)); both plus lam/2 |theta|^2. Methods:
+      'OGD', 'OGD-RKL'  online gradient descent, eta_t = 1/(lam t), Euclidean projection on |theta| <= R;
+      'ONS'             online Newton step as in Hazan-Agarwal-Kale (2007): A_t = eps I + sum g g^T,
+                        theta <- Pi^{A_t}(theta - A_t^{-1} g_t / gamma), generalised projection; gamma
+                        and eps from the exp-concavity and gradient bounds (:func:`hak_constants`)
+                        unless ``gamma`` is given;
+      'Newton-style'    A_t = lam I + sum (g g^T + lam I), theta <- theta - A_t^{-1} g_t / gamma with
+                        gamma = 1 (or ``gamma``) and a Euclidean projection: fast here, but outside the
+                        ONS analysis (no guarantee is claimed);
+      'constant step'   OGD with the constant step ``eta0`` (badly tuned: linear regret);
+      'frozen', 'frozen-RKL'  theta = 0 throughout (the reference every learner must beat).
+    Regret is against the best fixed theta in hindsight (:func:`loglinear_comparator`, started from 0,
+    from the learner's own theta at that round and, on-policy, from ``restarts`` random points).
+    Returns dict ``regret`` (R, G), ``theta`` (R, G, d), ``grid`` and the constants of :func:`hak_constants`.
     """
     phi = np.ascontiguousarray(features, dtype=np.float64)
     if phi.ndim != 3:
@@ -382,26 +420,33 @@ def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None)
         raise ValueError(f"method = {method!r} must be one of {sorted(METHODS)}")
     if not (np.isfinite(lam) and lam > 0):
         raise ValueError(f"lam = {lam!r} must be positive")
+    if not (np.isfinite(eta0) and eta0 > 0):
+        raise ValueError(f"eta0 = {eta0!r} must be positive")
     n_rounds = check_int(n_rounds, "n_rounds", 1)
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     lp = np.ascontiguousarray(np.log(p))
     pooled = np.ascontiguousarray(np.tensordot(w, lp, axes=1))
-    phi_max = float(np.sqrt((phi ** 2).sum(axis=2)).max())
-    radius = 2 * phi_max / lam
-    G = 4 * phi_max
-    gamma, eps = 1.0, float(lam)
+    const = hak_constants(float(np.sqrt((phi ** 2).sum(axis=2)).max()), float(lam), phi.shape[2])
+    on_policy, update = METHODS[method]
+    if gamma is None:
+        gamma = const["gamma"] if update == 1 else 1.0
+    eps = 1.0 / (gamma * 2 * const["R"]) ** 2
     loss = np.zeros((seeds.size, grid.size))
     counts = np.zeros((seeds.size, grid.size) + phi.shape[:2], np.int64)
-    _k.loglinear_kernel(phi, lp, _teacher_cdf(w), pooled, METHODS[method], float(lam), radius, gamma, eps,
-                        seeds, grid, loss, counts)
-    on = method == "OGD-RKL"
+    theta = np.zeros((seeds.size, grid.size, phi.shape[2]))
+    _k.loglinear_kernel(phi, lp, _teacher_cdf(w), pooled, on_policy, update, float(lam), float(eta0), const["R"],
+                        float(gamma), eps, seeds, grid, loss, counts, theta)
+    rng = np.random.default_rng(12345)
     regret = np.empty_like(loss)
     for i in range(seeds.size):
         for g, t in enumerate(grid):
-            regret[i, g] = loss[i, g] - loglinear_comparator(phi, counts[i, g], lam, int(t), pooled if on else None)
-    return {"regret": regret, "grid": grid, "G": G, "D": radius,
-            "bound_slope": float("nan") if on else G ** 2 / (2 * lam)}
+            starts = [theta[i, g]]
+            if on_policy:
+                starts += list(rng.normal(scale=const["R"] / 4, size=(restarts, phi.shape[2])))
+            regret[i, g] = loss[i, g] - loglinear_comparator(phi, counts[i, g], lam, int(t),
+                                                             pooled if on_policy else None, starts)[0]
+    return {"regret": regret, "theta": theta, "grid": grid, **const, "gamma_used": float(gamma)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -443,7 +488,7 @@ def learn_one_context(probs, weights, n_rounds, seeds, learners=(KT, FTL, ROLLOU
 def learn_prefix(teachers, weights, horizon, n_rounds, seeds, token=0):
     """First-token probability q_t(C | start) of the three sequence learners (SPEC 2, "which target").
 
-    SEQ_RKL: rkl_sequence 'sequence' (soft-optimal for the running-mean rewards, reward-to-go) -> g;
+    SEQ_RKL: rkl_sequence 'sequence' (soft-Bellman on the running-mean rewards) -> g;
     TOKEN_RKL: rkl_sequence 'token' (discount 0) -> l; STATE_KT: add_beta_sequence (per-state KT on
     responses y ~ A_seq) -> the mixture's marginal sum_k w_k p_k(C). Returns dict learner -> (grid, (R, G)).
     """

@@ -2,7 +2,7 @@
 
 Regret (SPEC 3)        add_beta_constant_sequence, kt_worst_case, laplace_worst_case,
                        add_beta_round_robin, shtarkov_log_complexity, alternating_constant,
-                       ftl_constant, hak_bound
+                       ftl_constant, full_feedback_regret
 Mechanisms (SPEC 1-2)  confident_expert_pools, low_prob_weights, low_prob_pools, veto_threshold,
                        first_token_g, prefix_bias_exact, flip_fractions
 Rates (SPEC 3)         learner_sd, prefix_learner_sd: the asymptotic s.d. of a learned q_T over seeds
@@ -88,10 +88,24 @@ def ftl_constant(log_probs, weights):
     return 0.5 * float(w @ var)
 
 
-def hak_bound(T, G, lam):
-    """Hazan-Agarwal-Kale (2007): OGD with eta_t = 1/(lam t) on lam-strongly convex losses with
-    gradients bounded by G has regret <= G^2 / (2 lam) (1 + ln T)."""
-    return G ** 2 / (2 * lam) * (1 + np.log(np.asarray(T, dtype=float)))
+def full_feedback_regret(log_probs, weights, schedule, n_rounds, eta0=1.0):
+    """Exact regret of exponentiated gradient on RKL with full feedback, for t = 1..n_rounds (SPEC 3).
+
+    Every round reveals f(q) = sum_k w_k KL(q || p_k) = KL(q || G) - ln Z, so the best fixed q is G
+    and R_T = sum_{t<=T} KL(q_t || G). theta_{t+1} = (1 - eta_t) theta_t + eta_t r with r = sum_k
+    w_k ln p_k and theta_1 = 0 gives theta_t = a_t r, 1 - a_t = prod_{s<t} (1 - eta_s), and
+    KL(q_t || G) = (a_t - 1) E_{q_t}[r] - lse(a_t r) + lse(r). FTL (eta_1 = 1) reaches G after one
+    round: R_T = KL(uniform || G) for every T. Returns (n_rounds,).
+    """
+    r = np.asarray(weights, dtype=float) @ np.asarray(log_probs, dtype=float)
+    t = np.arange(1, n_rounds + 1, dtype=float)
+    eta = {"1/t": 1 / t, "1/(t+1)": 1 / (t + 1), "1/sqrt(t)": eta0 / np.sqrt(t),
+           "constant": np.full(t.size, float(eta0))}[schedule]
+    a = 1 - np.concatenate([[1.0], np.cumprod(1 - eta[:-1])])
+    logits = a[:, None] * r[None]
+    lse = logsumexp(logits, axis=1)
+    q = np.exp(logits - lse[:, None])
+    return np.cumsum((a - 1) * (q @ r) - lse + logsumexp(r))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,27 +233,36 @@ def learner_sd(probs, weights, n_rounds, learner, token=0):
 def prefix_learner_sd(p_correct, continuation, weights, horizon_after, n_rounds, learner):
     """Asymptotic s.d. of q_T(C | start) of the sequence learners on the prefix-bias machine (SPEC 2, 3).
 
-    SEQ_RKL: logit g(C) = rhat(0,C) - rhat(0,I) + ln Zhat(C), ln Zhat(C) = H ln sum_a exp rhat(1,a); the
-    running means see N ≈ T g, T (1-g) and g H T l_c(a) teacher scores (k ~ w), so
-    Var(logit) = [V(C)/g + V(I)/(1-g) + H sum_a l_c(a) V_c(a) / g] / T with V = Var_w(ln p_k) and l_c the
-    continuation's local pool (the I branch is shared by all teachers: no noise). TOKEN_RKL: the same
-    without the continuation term, with l in place of g. STATE_KT: sqrt(m (1 - m) / T), m = sum_k w_k p_k.
+    SEQ_RKL: logit q(C) = rhat(0,C) - rhat(0,I) + H ln sum_a exp rhat(1,a) (the I branch is shared by all
+    teachers: no noise). A round that starts with C reveals ln p_k(C) and then H continuation scores,
+    all from the *same* sampled teacher k ~ w. With D_k(x) = ln p_k(x) - sum_j w_j ln p_j(x),
+    m_k = sum_a l_c(a) D_k(a) (l_c the continuation's local pool) and n ~ Multinomial(H, l_c) the
+    round's continuation tokens, the round's contribution X = D_k(C) + sum_a n_a D_k(a) has
+    E X^2 = V(C) + H sum_a l_c(a) V_c(a) + (H^2 - H) E_w[m_k^2] + 2 H Cov_w(D_k(C), m_k),
+    V = Var_w(ln p_k), and the delta method over N_C ≈ T g and N_I ≈ T (1 - g) rounds gives
+    Var(logit) = [E X^2 / g + V(I) / (1 - g)] / T. The last two terms vanish when the teachers'
+    continuations are symmetric under l_c (SPEC 2 rows 1-3), not in general (row 4).
+    TOKEN_RKL: Var(logit) = [V(C)/l + V(I)/(1 - l)] / T. STATE_KT: sqrt(m (1 - m) / T), m = sum_k w_k p_k.
     """
     w = np.asarray(weights, dtype=float)
     p = np.asarray(p_correct, dtype=float)
     if learner == STATE_KT:
         m = float(w @ p)
         return math.sqrt(m * (1 - m) / n_rounds)
-    var = lambda lp: float(w @ lp ** 2 - (w @ lp) ** 2)                  # noqa: E731
-    lc = np.log(np.asarray(continuation, dtype=float))
+    lc = np.log(np.asarray(continuation, dtype=float))               # (K, m)
+    dev_c = np.log(p) - w @ np.log(p)                                 # D_k(C), (K,)
+    dev_i = np.log1p(-p) - w @ np.log1p(-p)                           # D_k(I)
+    dev = lc - w @ lc                                                 # D_k(a) after C, (K, m)
     local_c = ag.geometric_pool(np.exp(lc), w)
     ex = prefix_bias_exact(p_correct, continuation, weights, h_max=horizon_after)
     if learner == SEQ_RKL:
-        q = float(ex["g"][horizon_after])
-        extra = horizon_after * sum(local_c[a] * var(lc[:, a]) for a in range(lc.shape[1])) / q
+        q, H = float(ex["g"][horizon_after]), horizon_after
+        m_k = dev @ local_c
+        second = (w @ dev_c ** 2 + H * float(local_c @ (w @ dev ** 2)) + (H * H - H) * float(w @ m_k ** 2)
+                  + 2 * H * float(w @ (dev_c * m_k)))
     elif learner == TOKEN_RKL:
-        q, extra = ex["local"], 0.0
+        q, second = ex["local"], float(w @ dev_c ** 2)
     else:
         raise ValueError(f"unknown learner {learner!r}")
-    logit_var = (var(np.log(p)) / q + var(np.log1p(-p)) / (1 - q) + extra) / n_rounds
+    logit_var = (second / q + float(w @ dev_i ** 2) / (1 - q)) / n_rounds
     return q * (1 - q) * math.sqrt(logit_var)

@@ -357,3 +357,34 @@ def test_occupancy_vs_enumeration(twd):
                 lp += t.log_probs[0, s, tokens[h]]
                 s = t.next_state[s, tokens[h]]
     np.testing.assert_allclose(occ, expected, atol=1e-12)
+
+
+@given(teachers(max_k=6, max_n=16), st.integers(0, 2**31))
+def test_partition_is_one_iff_the_teachers_agree(tw, seed):
+    """SPEC 1: Z = 1 iff every positive-weight teacher is the same distribution. Agreeing teachers give
+    ln Z = 0 to rounding; teachers that differ by a finite amount give Z bounded away from 1, and for
+    nearly equal teachers 1 - Z = w1 w2 chi^2(p1, p2) / 2 + O(delta^3), so strictness is asserted only
+    where that second-order gap exceeds the arithmetic's resolution."""
+    lp, w = tw
+    same = np.broadcast_to(lp[-1:], lp.shape)
+    np.testing.assert_allclose(ag.log_partition(same, w), 0.0, atol=1e-12)
+    keep = np.flatnonzero(w > 0)
+    if keep.size >= 2 and w[keep].min() > 0.05:
+        # two teachers 0.05 apart on a token: 1 - Z >= about w1 w2 0.05^2 / 2 > 3e-6
+        differ = np.any(np.abs(np.exp(lp[keep]) - np.exp(lp[keep[:1]])) > 0.05, axis=(0, 2))
+        lz = ag.log_partition(lp, w)
+        assert np.all(lz[differ] < -1e-7)
+
+
+def test_one_minus_partition_for_nearly_equal_teachers():
+    """1 - Z = (w1 w2 / 2) chi^2(p1, p2) + O(delta^3) for two teachers p1 and p2 = p1 (1 + delta h)."""
+    rng = np.random.default_rng(7)
+    p1 = rng.dirichlet(np.ones(6))
+    h = rng.normal(size=6)
+    h -= p1 @ h                                             # so that p2 sums to 1
+    w = np.array([0.3, 0.7])
+    for delta in (1e-2, 1e-3):
+        p2 = p1 * (1 + delta * h)
+        chi2 = np.sum((p2 - p1) ** 2 / p1)
+        one_minus_z = -np.expm1(ag.log_partition(np.log(np.stack([p1, p2])), w))
+        assert one_minus_z == pytest.approx(w[0] * w[1] * chi2 / 2, rel=20 * delta)

