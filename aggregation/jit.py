@@ -14,6 +14,10 @@ Soft backward recursion
 ``soft_value`` is one state of ``ln Z_h(s) = logsumexp_a (r[s, a] + ln Z_{h+1}(next(s, a)))`` (SPEC 2):
 the sequence-level partition of aggregation and the soft-optimal policy of the on-policy learners
 are the same recursion, written once here.
+
+numba caches each kernel by its own source file only: after editing this module, delete the
+``__pycache__/*.nbi`` files of the modules whose kernels call it (or set NUMBA_CACHE_DIR), or they
+keep the old code.
 """
 
 import math

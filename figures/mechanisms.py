@@ -83,13 +83,13 @@ def confident_expert_figure(df):
     _pool_lines(a, df, "d", "K=2, w=1/2")
     log_axes(a)
     a.set_xlabel("expert's probability d of each other token")
-    a.set_title("one expert (1-2d, d, d) and a uniform teacher, w = 1/2")
+    a.set_title("expert (1-2d, d, d) and a uniform teacher, w = 1/2")
     _pool_lines(b, df, "K", "d=0.0001, equal w")
     log_axes(b)
     b.set_xticks([2, 5, 10, 20, 50], labels=["2", "5", "10", "20", "50"])
     b.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     b.set_xlabel("number of teachers K (one expert, K - 1 uniform)")
-    b.set_title("d = 1e-4, equal weights: uniform teachers dilute A, not G")
+    b.set_title("d = 1e-4, equal weights")
     viridis = matplotlib.colormaps["viridis"]
     for i, setting in enumerate(dict.fromkeys(_sel(df, part="exact", x_name="expert weight").setting)):
         for lab in (G, A):
