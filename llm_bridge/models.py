@@ -101,6 +101,21 @@ def load_model(spec, device="cpu", dtype="auto"):
     return model, tok
 
 
+def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, max_positions=128):
+    """A small randomly initialised Llama or Qwen2 causal LM built from a config (no download): the
+    students of the tests, examples and sims. Returned in train mode on the CPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    kinds = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in kinds:
+        raise ValueError(f"arch = {arch!r} must be one of {sorted(kinds)}")
+    config_cls, model_cls = kinds[arch]
+    torch.manual_seed(seed)
+    cfg = config_cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                     num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=max_positions)
+    return model_cls(cfg)
+
+
 def read_teachers_file(path):
     """Validated content of a teachers file: (format, list of persona dicts, weights)."""
     try:

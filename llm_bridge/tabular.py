@@ -10,10 +10,13 @@ cache it is returned (as ``cache`` and ``past_key_values``) when ``use_cache=Tru
 by passing it back with the new tokens only.
 """
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+
+import aggregation as ag
 
 _NEG = -1e30   # finite stand-in for -inf, so that logits stay finite as real models' do
 
@@ -72,3 +75,99 @@ class TabularLM(torch.nn.Module):
             states[:, t] = state
         state = state if use_cache else None
         return SimpleNamespace(logits=self.table[states], cache=state, past_key_values=state)
+
+
+# ------------------------------------------------------------------------------------------------
+# a student trained on TabularLM teachers, measured exactly on the machine
+# ------------------------------------------------------------------------------------------------
+TARGETS = ("arithmetic", "local", "geometric")
+
+
+def tree_responses(teachers, horizon):
+    """Every response of ``horizon`` tokens of a prefix-tree machine (no end tokens before the last), as
+    model inputs ``(N, horizon)`` = BOS followed by the first horizon - 1 tokens, the tokens ``(N, horizon)``
+    and the state before each token ``(N, horizon)``."""
+    n, paths = teachers.n, [[]]
+    for _ in range(horizon):
+        paths = [p + [a] for p in paths for a in range(n)]
+    tokens = np.array(paths, dtype=np.int64)
+    states = np.zeros_like(tokens)
+    for i, p in enumerate(paths):
+        s = teachers.start
+        for h, a in enumerate(p):
+            if s < 0:
+                raise ValueError(f"the machine ends a response before {horizon} tokens: use a prefix tree")
+            states[i, h] = s
+            s = teachers.next_state[s, a]
+    inputs = np.concatenate([np.full((len(paths), 1), n), tokens[:, :-1]], axis=1)
+    return torch.from_numpy(inputs), torch.from_numpy(tokens), torch.from_numpy(states)
+
+
+def target_log_probs(teachers, weights, horizon, target):
+    """The target conditionals a loss names, ``(horizon, S, n)``: ``"arithmetic"`` sum_k w_k p_k (the
+    forward loss's, prior weights at every position), ``"local"`` l (per-token reverse KL), ``"geometric"``
+    g of G_seq (sequence-level RKL: the gamma = 1 policy gradient)."""
+    w = np.asarray(weights, dtype=float)
+    if target == "arithmetic":
+        table = ag.log_arithmetic_pool(teachers.log_probs, w)
+    elif target == "local":
+        table = ag.local_geometric_conditionals(teachers, w)
+    elif target == "geometric":
+        return ag.sequence_geometric_conditionals(teachers, w, horizon)
+    else:
+        raise ValueError(f"target = {target!r} must be one of {TARGETS}")
+    return np.broadcast_to(table, (horizon,) + table.shape)
+
+
+@torch.no_grad()
+def student_kl(model, teachers, weights, horizon, target, direction="forward", vocab_size=None):
+    """Exact KL between a causal-LM student (reading BOS + prefix) and a target, on a prefix-tree machine.
+
+    ``direction="forward"``: the mean over the machine's prefixes (each once) of KL(target || q), what a
+    forward loss trained on every prefix minimises; ``"reverse"``: the same mean of KL(q || target);
+    ``"sequence"``: sum over prefixes of q(prefix) KL(q(.|prefix) || target(.|prefix)), the sequence-
+    level KL_seq(q || P) over whole responses (for the geometric target, KL_seq(q || G_seq): what the
+    on-policy gamma = 1 policy gradient minimises; it weighs the prefixes the student visits).
+    Nats per position (forward, reverse) or per response (sequence).
+    """
+    if direction not in ("forward", "reverse", "sequence"):
+        raise ValueError(f"direction = {direction!r} must be 'forward', 'reverse' or 'sequence'")
+    inputs, tokens, states = tree_responses(teachers, horizon)
+    n = teachers.n
+    log_q = torch.log_softmax(model(input_ids=inputs).logits[..., :vocab_size or n].double(), -1).numpy()[..., :n]
+    log_t = target_log_probs(teachers, weights, horizon, target)
+    seen, total = set(), 0.0
+    for i in range(inputs.shape[0]):
+        prefix_log_q = 0.0
+        for h in range(horizon):
+            key = tuple(tokens[i, :h].tolist())
+            if key not in seen:
+                seen.add(key)
+                lt, lq = log_t[h, states[i, h]], log_q[i, h]
+                a, b = (lt, lq) if direction == "forward" else (lq, lt)
+                kl = float(np.sum(np.exp(a) * (a - b)))
+                total += kl * math.exp(prefix_log_q) if direction == "sequence" else kl
+            prefix_log_q += log_q[i, h, tokens[i, h]]
+    return total if direction == "sequence" else total / len(seen)
+
+
+def toy_problem(seed=0, horizon=3, n=3, arch="qwen2"):
+    """The distillation problem of the examples and tests: two random teachers on a prefix tree of
+    depth ``horizon`` over ``n`` tokens (their pools A, l and g all differ), served as TabularLM, and
+    a tiny randomly initialised student over the n tokens plus BOS. Returns (machine, teachers, student)."""
+    from aggregation import examples
+    from .models import tiny_model
+    machine = examples.prefix_tree(2, horizon, n, seed=26, concentration=0.3)
+    teachers = [TabularLM(machine, k) for k in range(machine.K)]
+    return machine, teachers, tiny_model(arch, vocab_size=n + 1, seed=seed)
+
+
+@torch.no_grad()
+def sample_student(student, n, horizon, batch, generator):
+    """``batch`` responses of ``horizon`` tokens from the student over the first n tokens (BOS = n):
+    (inputs (batch, horizon) = BOS + all but the last token, tokens (batch, horizon))."""
+    ids = torch.full((batch, 1), n, dtype=torch.long)
+    for _ in range(horizon):
+        probs = torch.softmax(student(input_ids=ids).logits[:, -1, :n].float(), -1)
+        ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    return ids[:, :-1], ids[:, 1:]
