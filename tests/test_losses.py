@@ -238,6 +238,16 @@ def test_audit_matches_spec4_closed_forms():
     assert df.loc[("k3", "loss", "student", "routed"), "equals"] == "FKL to A"
     assert df.loc[("k3", "loss", "student", "pooled"), "equals"].startswith("FKL to l x")
     assert df.loc[("k2", "loss", "student", "pooled"), "equals"] == "RKL to l"
+    # a configuration no reference matches, against its own closed form: k3 as a loss on teacher samples,
+    # E_p[-(p/q - 1) (e_x - q)] = p (1 - p/q) - q sum_x p (1 - p/q)
+    lq, lp = torch.log_softmax(s, -1), torch.log_softmax(t[0], -1)
+    q, p = lq.exp(), lp.exp()
+    phi = p * (1 - p / q)
+    want = phi - q * phi.sum(-1, keepdim=True)
+    assert df.loc[("k3", "loss", "teacher", "one"), "equals"] == "none"
+    fkl = (q - p).norm()
+    assert df.loc[("k3", "loss", "teacher", "one"), "err FKL to A"] == pytest.approx(float((want - (q - p)).norm() / fkl),
+                                                                                    rel=1e-10)
     # the numbers behind the labels: the closed forms to 1e-8
     assert df.loc[("k3", "loss", "student", "one"), "err FKL to A"] < 1e-12
     assert df.loc[("k2", "loss", "student", "pooled"), "err RKL to l"] < 1e-12
@@ -255,14 +265,15 @@ def test_monte_carlo_gradients_of_the_sampled_losses_land_on_the_audit(estimator
     t = torch.randn(2, V, dtype=torch.float64, generator=gen)
     w = [0.7, 0.3]
     lp_full = torch.log_softmax(t, -1)
-    grads = []
+    grads, values = [], []
     for _ in range(40):
         zz = z.clone().requires_grad_()
         logits = zz.expand(1, 2000, V)
         tokens = torch.multinomial(torch.softmax(z, -1), 2000, replacement=True, generator=gen)[None]
         lp = lp_full[:, tokens[0]][:, None, :]                          # (K, 1, 2000)
-        loss, _ = kl_estimator_loss(logits, tokens, lp, w, estimator=estimator, mode=mode, pool=pool)
+        loss, met = kl_estimator_loss(logits, tokens, lp, w, estimator=estimator, mode=mode, pool=pool)
         grads.append(torch.autograd.grad(loss, zz)[0])
+        values.append(met["estimate"])
     grads = torch.stack(grads)
     mean, se = grads.mean(0), grads.std(0) / math.sqrt(len(grads))
     df = audit_estimators(z[None], t[:, None], w)
@@ -281,6 +292,14 @@ def test_monte_carlo_gradients_of_the_sampled_losses_land_on_the_audit(estimator
     e = expect[(estimator, pool)]
     assert row["equals"].iloc[0] != "none"
     assert torch.all((mean - e).abs() <= 4 * se + 1e-12), (mean, e, se)
+    # the estimates themselves (SPEC 4: E_q k1 = E_q k3 = KL for one log-ratio): sum_k w_k KL(q || p_k) =
+    # KL(q || l) - ln z, and for k3 on the pooled log-ratio z - 1 + KL(q || l) - ln z (sum_x z l(x) = z)
+    rkl = float((q * (lq - pooled)).sum())
+    log_z = float(torch.logsumexp(pooled, -1))
+    value = {"k1": rkl, "k3": rkl if pool == "after" else math.expm1(log_z) + rkl}.get(estimator)
+    if value is not None:
+        v = np.array(values)
+        assert abs(v.mean() - value) <= 4 * v.std(ddof=1) / math.sqrt(v.size), (v.mean(), value)
 
 
 def test_rkl_policy_gradient_expected_gradient_by_enumeration():
