@@ -43,6 +43,8 @@ figures: .venv/.installed
 gallery: .venv/.installed-test
 	$(PY) sims/regret.py
 	$(PY) sims/mechanisms.py all
+	$(PY) sims/rollout_spectrum.py
+	$(PY) sims/estimators.py
 	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
 	$(PY) -m figures --gallery
 
@@ -50,6 +52,7 @@ bench: .venv/.installed-test
 	$(PY) benchmarks/bench_aggregation.py
 	$(PY) benchmarks/bench_regret.py
 	$(PY) benchmarks/bench_losses.py
+	$(PY) benchmarks/bench_spectrum.py
 
 clean:
 	rm -rf .venv results .hypothesis .pytest_cache

@@ -14,7 +14,8 @@ Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
     mixture_conditionals            ln A(a | u) along a path (posterior weights)
     sequence_log_prob               ln p_k(y) of a path
     sample_paths, state_occupancy   sampling and forward occupancies under g, l, A or a teacher
-    sequence_kl                     KL_seq(q || G_seq, l or a teacher) of a state-conditional policy
+    sequence_kl, policy_occupancy   KL_seq(q || G_seq, l, a teacher or any policy) and the occupancy of
+                                    a state-conditional policy q
     growth_rate                     lim_H Z_H(s)^{1/H}, which decides the prefix bias as H -> inf
 
 Submodules: ``examples`` (SPEC worked examples, random teachers), ``validate`` (the argument checks
@@ -27,6 +28,7 @@ from .sequence import (
     FiniteStateTeachers,
     NumericalFallbackWarning,
     growth_rate,
+    policy_occupancy,
     local_geometric_conditionals,
     mixture_conditionals,
     sample_paths,
@@ -54,4 +56,5 @@ __all__ = [
     "state_occupancy",
     "sequence_kl",
     "growth_rate",
+    "policy_occupancy",
 ]

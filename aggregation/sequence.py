@@ -303,13 +303,35 @@ def state_occupancy(teachers, weights, horizon, target="geometric"):
     return run(probs, step)
 
 
+def policy_occupancy(teachers, horizon, log_policy):
+    """Forward occupancy of a state-conditional policy q on the machine: occ[h, s] = P_q(in s, not ended,
+    before token h); occ[0] = one-hot(start). log_policy: (S, n) or (horizon, S, n). Returns (horizon + 1, S)."""
+    _check_teachers(teachers)
+    horizon = check_horizon(horizon)
+    lq = _check_policy(teachers, horizon, log_policy)
+    step = 1 if lq.ndim == 3 else 0
+    q = np.exp(lq) if step else np.exp(lq)[None]
+    occ = np.zeros((horizon + 1, teachers.S))
+    _kernels.state_occupancy_kernel(teachers.next_state, np.ascontiguousarray(q), step, teachers.start, horizon, occ)
+    return occ
+
+
+def _check_policy(teachers, horizon, log_policy, name="log_policy"):
+    lq = check_log_probs(log_policy, name, normalised=True)
+    if lq.shape[-2:] != (teachers.S, teachers.n) or lq.ndim not in (2, 3) or (lq.ndim == 3 and lq.shape[0] != horizon):
+        raise ValueError(f"{name} must have shape (S, n) = ({teachers.S}, {teachers.n}) or "
+                         f"(horizon, S, n) = ({horizon}, {teachers.S}, {teachers.n}), got {lq.shape}")
+    return lq
+
+
 def sequence_kl(teachers, weights, horizon, log_policy, target="geometric"):
     """KL_seq(q || P) over responses of at most ``horizon`` tokens, for a state-conditional policy q.
 
     KL_seq(q || P) = sum_h sum_s occ_q(h, s) KL(q(.|h, s) || P(.|h, s))   (SPEC 2-3: the KL over
     responses splits by the chain rule into per-state KLs weighted by q's occupancy), where P is
-    G_seq (``"geometric"``, conditionals g), the local pool l at every step (``"local"``) or teacher
-    k (an index). Tokens with q = 0 contribute 0.
+    G_seq (``"geometric"``, conditionals g), the local pool l at every step (``"local"``), teacher
+    k (an index), or any state-conditional policy given as log-probs (S, n) or (horizon, S, n).
+    Tokens with q = 0 contribute 0.
 
     log_policy : (S, n) (the same policy at every step) or (horizon, S, n) log-probabilities.
     Returns a float (nats per response). Example: the per-round sequence-level regret of an on-policy
@@ -317,20 +339,20 @@ def sequence_kl(teachers, weights, horizon, log_policy, target="geometric"):
     """
     _check_teachers(teachers)
     horizon = check_horizon(horizon)
-    lq = check_log_probs(log_policy, "log_policy", normalised=True)
-    if lq.shape[-2:] != (teachers.S, teachers.n) or lq.ndim not in (2, 3) or (lq.ndim == 3 and lq.shape[0] != horizon):
-        raise ValueError(f"log_policy must have shape (S, n) = ({teachers.S}, {teachers.n}) or "
-                         f"(horizon, S, n) = ({horizon}, {teachers.S}, {teachers.n}), got {lq.shape}")
+    lq = _check_policy(teachers, horizon, log_policy)
     if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
         if not 0 <= target < teachers.K:
             raise ValueError(f"target = {target} is not a teacher index in [0, {teachers.K})")
         log_t = teachers.log_probs[target][None]
-    elif target == "geometric":
+    elif isinstance(target, str) and target == "geometric":
         log_t = sequence_geometric_conditionals(teachers, weights, horizon)
-    elif target == "local":
+    elif isinstance(target, str) and target == "local":
         log_t = local_geometric_conditionals(teachers, weights)[None]
+    elif not isinstance(target, str):
+        log_t = _check_policy(teachers, horizon, target, "target")
+        log_t = log_t if log_t.ndim == 3 else log_t[None]
     else:
-        raise ValueError(f"target = {target!r} must be 'geometric', 'local' or a teacher index")
+        raise ValueError(f"target = {target!r} must be 'geometric', 'local', a teacher index or a policy array")
     step = 1 if lq.ndim == 3 else 0
     q = np.exp(lq) if step else np.exp(lq)[None]
     occ = np.zeros((horizon + 1, teachers.S))

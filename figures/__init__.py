@@ -50,11 +50,23 @@ def _build_topk(folder):
     return topk.figures_from(folder)
 
 
+def _build_spectrum(folder):
+    from . import spectrum
+    return spectrum.figures_from(folder)
+
+
+def _build_estimators(folder):
+    from . import estimators
+    return estimators.figures_from(folder)
+
+
 KINDS = (
     Kind("regret", _exists("regret.csv"), _build_regret),
     Kind("mechanisms", _exists("confident-expert.csv", "low-prob.csv", "prefix-bias.csv"), _build_mechanisms),
     Kind("probe", _exists("margins.csv"), _build_probe),
     Kind("topk", _exists("topk_bias.csv"), _build_topk),
+    Kind("spectrum", _exists("spectrum.csv"), _build_spectrum),
+    Kind("estimators", _exists("gradients.csv"), _build_estimators),
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.
@@ -65,6 +77,8 @@ GALLERY = {
     "mechanisms": ("mechanism_confident-expert", "mechanism_confident-expert_learned", "mechanism_low-prob",
                    "mechanism_low-prob_learned", "mechanism_prefix-bias", "mechanism_prefix-bias_learned"),
     "topk_bias": ("topk_bias",),
+    "rollout_spectrum": ("spectrum", "spectrum_neural"),
+    "estimators": ("estimators",),
 }
 DPI = 200
 

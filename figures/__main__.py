@@ -13,7 +13,7 @@ def main(argv=None):
     ap.add_argument("--results", default="results",
                     help="a results folder, or a folder of them (default results/)")
     ap.add_argument("--gallery", action="store_true",
-                    help=f"then copy the headline figures of RESULTS/regret and RESULTS/mechanisms to {GALLERY_DIR}/")
+                    help=f"then copy the headline figures of RESULTS/<experiment> (figures.GALLERY) to {GALLERY_DIR}/")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.results):

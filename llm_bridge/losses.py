@@ -556,7 +556,7 @@ def _reduce_tokens(per_token, m, reduction):
 
 
 def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask=None, *, gamma=1.0,
-                        baseline="leave-one-out", importance_weights=None, teacher_logits=None,
+                        baseline="leave-one-out", groups=None, importance_weights=None, teacher_logits=None,
                         student_temperature=1.0, teacher_temperature=1.0, vocab_size=None, reduction="mean",
                         chunk_size=None):
     """On-policy reverse-KL policy gradient from sampled tokens (SPEC 2 "which target", SPEC 3).
@@ -568,8 +568,10 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
     of the per-token RKL for gamma = 0 (the target: the local geometric l).
 
     baseline: 'leave-one-out' (the mean G_t of the other sequences at the same position; unbiased) or
-    None. importance_weights rho (B, T): per-token weights for tokens drawn from another policy
-    (q / mu; for the sequence-level estimate pass the product of the ratios up to t). teacher_logits
+    None; ``groups`` (B,) integer ids restrict it to the sequences of the same group (several prompts,
+    or independent runs, in one batch: the group-relative baseline). importance_weights rho (B, T):
+    per-token weights for tokens drawn from another policy (q / mu; for the sequence-level estimate
+    pass the product of the ratios up to t). teacher_logits
     (K, B, T, V), optional: the lower-variance single-step decomposition, exact per-token RKL
     (:func:`reverse_kl`, differentiated exactly) plus the score-function term of the discounted future
     reward gamma G_{t+1} only. Returns (loss, metrics); metrics['sequence_rkl'] is the Monte-Carlo
@@ -591,11 +593,19 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
         to_go[:, t] = running
     future = torch.cat([to_go[:, 1:], torch.zeros_like(to_go[:, :1])], dim=1) * m
 
+    if groups is None:
+        group = torch.zeros(B, dtype=torch.long, device=lq.device)
+    else:
+        group = torch.as_tensor(groups, device=lq.device).long()
+        if group.shape != (B,) or bool((group < 0).any()):
+            raise ValueError(f"groups must be (B,) = ({B},) non-negative integer ids")
+
     def centred(g):
         if baseline is None or B < 2:
             return g
-        n = m.sum(0, keepdim=True)
-        total = (g * m).sum(0, keepdim=True)
+        G = int(group.max()) + 1
+        n = torch.zeros(G, T, dtype=g.dtype, device=g.device).index_add_(0, group, m.to(g.dtype))[group]
+        total = torch.zeros(G, T, dtype=g.dtype, device=g.device).index_add_(0, group, g * m)[group]
         return torch.where(n > 1, g - (total - g) / (n - 1).clamp(min=1), g)
     if teacher_logits is None:
         per_token = -rho * centred(to_go) * lq

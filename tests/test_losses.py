@@ -443,3 +443,24 @@ def test_losses_on_cuda_in_bf16_match_float32_on_the_cpu():
         (g_gpu,) = torch.autograd.grad(gpu, s_gpu)
         assert float(gpu) == pytest.approx(float(cpu), rel=1e-2)
         assert float((g_gpu.float().cpu() - g_cpu).norm() / g_cpu.norm()) < 2e-2
+
+
+def test_rkl_policy_gradient_groups_keep_the_baseline_within_each_group():
+    """Two groups in one batch give the per-token losses of the two halves run separately; a bad id fails."""
+    g = torch.Generator().manual_seed(3)
+    B, T, V, K = 6, 4, 5, 2
+    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    t_lp = torch.log_softmax(torch.randn(K, B, T, V, generator=g, dtype=torch.float64), -1).gather(
+        -1, tokens[None, ..., None].expand(K, -1, -1, 1))[..., 0]
+    w = torch.tensor([0.7, 0.3], dtype=torch.float64)
+    groups = torch.tensor([1, 0, 1, 0, 0, 1])
+    together, _ = rkl_policy_gradient(logits, tokens, t_lp, w, groups=groups, reduction="none")
+    for gid in (0, 1):
+        sel = groups == gid
+        alone, _ = rkl_policy_gradient(logits[sel], tokens[sel], t_lp[:, sel], w, reduction="none")
+        torch.testing.assert_close(together[sel], alone, rtol=0, atol=1e-12)
+    pooled, _ = rkl_policy_gradient(logits, tokens, t_lp, w, reduction="none")
+    assert not torch.allclose(pooled, together)                 # the groups change the baseline
+    with pytest.raises(ValueError, match="groups"):
+        rkl_policy_gradient(logits, tokens, t_lp, w, groups=torch.tensor([0, 1]))

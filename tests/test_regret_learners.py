@@ -573,6 +573,25 @@ def test_sequence_kl_of_l_to_g_on_the_prefix_bias_machine_by_enumeration():
     assert ag.sequence_kl(teachers, w, H, ag.local_geometric_conditionals(teachers, w)) == pytest.approx(brute, rel=1e-12)
 
 
+def test_sequence_kl_to_a_policy_array_and_policy_occupancy_by_enumeration():
+    """KL_seq(q || P) with P given as a step-dependent table, and q's occupancy, summed over every response."""
+    teachers = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
+    H, rng = 4, np.random.default_rng(0)
+    log_q = np.log(rng.dirichlet(np.ones(teachers.n), size=(H, teachers.S)))
+    log_p = np.log(rng.dirichlet(np.ones(teachers.n), size=(H, teachers.S)))
+    brute, occ = 0.0, np.zeros((H + 1, teachers.S))
+    for y, st in _responses(teachers, H):
+        lq = sum(log_q[h, s, a] for h, (a, s) in enumerate(zip(y, st)))
+        lp = sum(log_p[h, s, a] for h, (a, s) in enumerate(zip(y, st)))
+        brute += np.exp(lq) * (lq - lp)
+        for h, s in enumerate(st):
+            occ[h, s] += np.exp(lq)
+    assert ag.sequence_kl(teachers, None, H, log_q, target=log_p) == pytest.approx(brute, rel=1e-12)
+    np.testing.assert_allclose(ag.policy_occupancy(teachers, H, log_q)[:H], occ[:H], atol=1e-14)
+    with pytest.raises(ValueError, match="target must have shape"):
+        ag.sequence_kl(teachers, None, H, log_q, target=log_p[:, :1])
+
+
 @pytest.mark.parametrize("mode", ["sequence", "token"])
 def test_rkl_sequence_against_enumeration(mode):
     """Each round's policy from its definition over whole responses (sequence mode: q(y) ∝ exp sum_h

@@ -1,0 +1,110 @@
+"""The rollout spectrum (E1, E2, E5): pure functions of the CSVs of sims/rollout_spectrum.py."""
+
+import os
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from .style import TWO_COLUMNS, figure, legend_below, paper
+
+LABELS = {"fkl": "FKL, full conditionals -> A", "sft": "SFT, sampled token -> SFT(alpha)",
+          "rkl": "RKL, full conditionals -> l", "k1": "k1 loss (largest logit)", "k2": "k2 loss -> l",
+          "k3": "k3 loss, pooled -> l", "k3-teacher": "k3 loss, one teacher -> A",
+          "pg0": "policy gradient g=0 -> l", "pg1": "policy gradient g=1 -> g"}
+PANELS = (("exact conditionals", ("fkl", "rkl", "sft")), ("sampled-token estimators", ("k2", "k3", "k3-teacher")),
+          ("policy gradients and k1", ("pg0", "pg1", "k1")))
+
+
+def _final(df):
+    last = df[df.step == df.step.max()]
+    return last.assign(kl_per_position=last.kl_named / last.horizon)
+
+
+def _colour(obj):
+    return matplotlib.colormaps["tab10"](list(LABELS).index(obj) % 10)
+
+
+@paper
+def spectrum_figure(tab, theory):
+    """Final KL_seq(q || named target) per position against alpha (tabular students, K = 2, clipping
+    off), importance weights dashed, the distance to the derived fixed point dotted (sampled-token
+    losses); the switch-point variant at the right; the SFT fixed point's distance to A and to the
+    mixture against alpha."""
+    tab = tab[(tab.K == tab.K.max()) & (~tab["clip"].astype(bool))]
+    f = _final(tab)
+    fig = figure(TWO_COLUMNS, 4.6)
+    axes = fig.subplots(2, 2).ravel()
+    for ax, (title, objectives) in zip(axes, PANELS):
+        for obj in objectives:
+            for imp, ls in ((False, "-"), (True, "--")):
+                s = f[(f.objective == obj) & (f.importance == imp) & ~f.switch.astype(bool)]
+                if s.empty:
+                    continue
+                m = s.groupby("alpha").kl_per_position.mean()
+                y = m.to_numpy() if obj != "k1" else s.groupby("alpha").max_logit.mean().to_numpy()
+                ax.plot(m.index, np.maximum(y, 1e-6), ls=ls, marker="o", ms=2.5, color=_colour(obj))
+                if not imp and obj in ("k2", "k3", "k3-teacher"):
+                    fp = (s.kl_fixed_point / s.horizon).groupby(s.alpha).mean()
+                    ax.plot(fp.index, np.maximum(fp.to_numpy(), 1e-6), ls=":", lw=1.0, color=_colour(obj))
+                sw = f[(f.objective == obj) & (f.importance == imp) & f.switch.astype(bool)]
+                if len(sw) and obj != "k1":
+                    ax.plot([1.12], [max(sw.kl_per_position.mean(), 1e-6)], marker="s", ms=4, mfc="white",
+                            color=_colour(obj))
+        ax.set_yscale("log")
+        ax.set_xlabel("alpha (share of student rollouts)")
+        ax.set_ylabel("KL to target (nats/position)" if "k1" not in objectives else
+                      "KL to target; k1: largest logit")
+        ax.set_title(title)
+        ax.grid(True)
+    ax = axes[3]
+    for ref, colour in (("arithmetic", "tab:blue"), ("mixture", "tab:green")):
+        s = theory[theory.reference == ref].sort_values("alpha")
+        ax.plot(s.alpha, s.kl, color=colour, label=f"KL_seq(SFT fixed point || {ref})")
+    ax.set_xlabel("alpha")
+    ax.set_ylabel("nats per response")
+    ax.set_title("SFT's fixed point moves with alpha (exact)")
+    ax.legend(loc="upper center")
+    ax.grid(True)
+    handles = [Line2D([], [], color=_colour(o), marker="o", ms=2.5) for o in LABELS]
+    handles += [Line2D([], [], color="grey", ls="--"), Line2D([], [], color="grey", ls="-"),
+                Line2D([], [], color="grey", ls=":"), Line2D([], [], color="grey", ls="", marker="s", mfc="white")]
+    legend_below(fig, handles, list(LABELS.values()) + ["importance-weighted teacher samples", "unweighted",
+                                                         "unweighted: KL to the derived fixed point",
+                                                         "switch-point variant (at 1.12)"], ncol=3)
+    fig.suptitle("Tabular students, K = 2 exact finite-state teachers: distance to each objective's own target",
+                 fontsize=8)
+    return fig
+
+
+@paper
+def neural_figure(neural, tab):
+    """The shared-parameter student against the tabular one: final KL to the named target against alpha."""
+    f, t = _final(neural), _final(tab[(tab.K == 2) & (~tab["clip"].astype(bool)) & ~tab.importance.astype(bool)
+                                      & ~tab.switch.astype(bool)])
+    fig = figure(TWO_COLUMNS, 2.8)
+    ax = fig.subplots()
+    for obj in dict.fromkeys(f.objective):
+        s = f[f.objective == obj].groupby("alpha").kl_per_position.mean()
+        ax.plot(s.index, np.maximum(s.to_numpy(), 1e-6), marker="o", color=_colour(obj),
+                label=f"{LABELS[obj]} (tiny Qwen2)")
+        s2 = t[t.objective == obj].groupby("alpha").kl_per_position.mean()
+        ax.plot(s2.index, np.maximum(s2.to_numpy(), 1e-6), ls=":", color=_colour(obj))
+    ax.set_yscale("log")
+    ax.set_xlabel("alpha: share of student rollouts")
+    ax.set_ylabel("KL to its target (nats / position)")
+    ax.set_title("shared parameters and a finite budget (solid: tiny Qwen2; dotted: tabular student)")
+    ax.grid(True)
+    legend_below(fig, *ax.get_legend_handles_labels(), ncol=2)
+    return fig
+
+
+def figures_from(folder):
+    out = {}
+    tab = pd.read_csv(os.path.join(folder, "spectrum.csv"))
+    if os.path.exists(os.path.join(folder, "sft_theory.csv")):
+        out["spectrum"] = spectrum_figure(tab, pd.read_csv(os.path.join(folder, "sft_theory.csv")))
+    if os.path.exists(os.path.join(folder, "neural.csv")):
+        out["spectrum_neural"] = neural_figure(pd.read_csv(os.path.join(folder, "neural.csv")), tab)
+    return out

@@ -1,0 +1,189 @@
+"""Monte-Carlo KL estimators k1, k2, k3: bias and variance of values and gradients, importance weights over
+long responses, top-k samplers (SPEC 4; claims E2, E5). Exact where a sum over the vocabulary or a
+recursion over the machine gives it (sims.estimation), Monte Carlo beside it as a check.
+
+    python sims/estimators.py            # about 10 s on 2 cores
+    python sims/estimators.py --quick
+
+Writes to ``--out`` (default results/estimators):
+  values.csv      per random pair (q, p) of n = 50 tokens and spread tau: KL(q || p), and for each
+                  estimator the exact mean (exact_mean), bias and s.d. under x ~ q, and a Monte-Carlo mean with its
+                  standard error (whole responses on finite-state teachers too: kind 'sequence')
+  gradients.csv   per pair and configuration (estimator x loss / reward x student / teacher samples x
+                  importance weights): relative bias of the expected gradient against the RKL and FKL
+                  gradients, the per-sample covariance trace, and the samples needed for a 10% error
+  is_horizon.csv  ln E_p[w^2] of the sequence-level importance weight against the horizon H (exact up
+                  to 256, Monte Carlo for H <= 16)
+  topk.csv        E_q[k3] for a student sampling its top k only, against KL - p(V \\ S)
+  figures/estimators.png
+"""
+
+import os
+import sys
+
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy.special import logsumexp  # noqa: E402
+
+import aggregation as ag  # noqa: E402
+from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from sims import estimation as E  # noqa: E402
+
+EXPERIMENTS = ("values", "gradients", "is-horizon", "topk")
+DEFAULT_OUT = os.path.join("results", "estimators")
+SIZES = {"pairs": (20, 4), "mc_samples": (4000, 500), "mc_seeds": (400, 50)}
+N_TOKENS = 50
+SPREADS = (0.5, 1.0, 2.0)                     # the logits' standard deviation: how far apart q and p are
+HORIZONS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOPK_V, TOPK_KS = 1000, (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def random_pair(rng, n, spread):
+    """(ln q, ln p): two softmaxes of N(0, spread^2) logits."""
+    zq, zp = rng.normal(0, spread, n), rng.normal(0, spread, n)
+    return zq - logsumexp(zq), zp - logsumexp(zp)
+
+
+def cells_for(size, only, base_seed=0):
+    out = []
+    for exp in only:
+        for tau in SPREADS if exp in ("values", "gradients", "topk") else (None,):
+            settings = {"spread": tau, "pairs": size["pairs"], "mc_samples": size["mc_samples"],
+                        "mc_seeds": size["mc_seeds"]}
+            out.append(Cell(exp, exp, settings, base_seed=base_seed, stream=(exp, tau)))
+    return out
+
+
+def run_values(cell):
+    rng = np.random.default_rng(cell.seed_array()[0])
+    rows = []
+    for i in range(cell["pairs"]):
+        lq, lp = random_pair(rng, N_TOKENS, cell["spread"])
+        kl = float(np.exp(lq) @ (lq - lp))
+        x = rng.choice(N_TOKENS, size=cell["mc_samples"], p=np.exp(lq))
+        r = lp[x] - lq[x]
+        mc = E.estimator_values(r)
+        for est, (mean, var) in E.value_moments(lq, lp).items():
+            rows.append(dict(kind="token", spread=cell["spread"], pair=i, estimator=est, kl=kl, exact_mean=mean,
+                             bias=mean - kl, sd=np.sqrt(var), mc_mean=float(mc[est].mean()),
+                             mc_se=float(mc[est].std(ddof=1) / np.sqrt(x.size))))
+    # whole responses: a student policy against the teachers' pool on a finite-state machine
+    t = ag.FiniteStateTeachers(*_loop_machine(rng))
+    H = 8
+    log_q = np.log(rng.dirichlet(np.ones(t.n), size=t.S))
+    log_l = ag.local_geometric_conditionals(t, [0.5, 0.5])
+    kl_seq = ag.sequence_kl(t, [0.5, 0.5], H, log_q, target=log_l)
+    sums = {e: [] for e in E.ESTIMATORS}
+    for _ in range(cell["mc_seeds"]):
+        s, acc = t.start, {e: 0.0 for e in E.ESTIMATORS}
+        for _h in range(H):
+            a = rng.choice(t.n, p=np.exp(log_q[s]))
+            for e, v in E.estimator_values(log_l[s, a] - log_q[s, a]).items():
+                acc[e] += v
+            s = t.next_state[s, a]
+        for e in E.ESTIMATORS:
+            sums[e].append(acc[e])
+    for e, v in sums.items():
+        v = np.array(v)
+        rows.append(dict(kind="sequence", spread=cell["spread"], pair=0, estimator=e, kl=kl_seq,
+                         exact_mean=float("nan"), bias=float("nan"), sd=float(v.std(ddof=1)), mc_mean=float(v.mean()),
+                         mc_se=float(v.std(ddof=1) / np.sqrt(v.size))))
+    return pd.DataFrame(rows)
+
+
+def _loop_machine(rng, S=4, n=3):
+    """A looping machine of S states over n tokens and two Dirichlet(1) teachers: (next_state, log_probs)."""
+    return rng.integers(0, S, size=(S, n)), np.log(rng.dirichlet(np.ones(n), size=(2, S)))
+
+
+def run_gradients(cell):
+    rng = np.random.default_rng(cell.seed_array()[0])
+    rows = []
+    for i in range(cell["pairs"]):
+        lq, lp = random_pair(rng, N_TOKENS, cell["spread"])
+        q, p = np.exp(lq), np.exp(lp)
+        rkl = q * ((lq - lp) - q @ (lq - lp))                 # grad KL(q || p)
+        fkl = q - p                                           # grad KL(p || q)
+        for est in E.ESTIMATORS:
+            for mode in ("loss", "reward"):
+                for source, imp in (("student", False), ("teacher", False), ("teacher", True)):
+                    mean, trace = E.gradient_moments(lq, lp, est, mode, source, imp)
+                    rel = {name: float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
+                           for name, ref in (("rkl", rkl), ("fkl", fkl))}
+                    target = "rkl" if rel["rkl"] <= rel["fkl"] else "fkl"
+                    ref = rkl if target == "rkl" else fkl
+                    rows.append(dict(spread=cell["spread"], pair=i, estimator=est, mode=mode, source=source,
+                                     importance=imp, bias_vs_rkl=rel["rkl"], bias_vs_fkl=rel["fkl"], nearest=target,
+                                     cov_trace=trace, samples_for_10pct=E.samples_needed(mean, trace, ref)))
+    return pd.DataFrame(rows)
+
+
+def run_is_horizon(cell):
+    rng = np.random.default_rng(cell.seed_array()[0])
+    next_state, log_probs = _loop_machine(rng)
+    log_q = np.log(rng.dirichlet(np.ones(3), size=4))             # a student
+    rows = []
+    for k in range(2):
+        exact = E.sequence_is_second_moment(next_state, 0, max(HORIZONS), log_q, log_probs[k])
+        for H in HORIZONS:
+            mc = mc_se = float("nan")
+            if H <= 16:
+                w2 = []
+                for _ in range(cell["mc_seeds"] * 10):
+                    s, lw = 0, 0.0
+                    for _h in range(H):
+                        a = rng.choice(3, p=np.exp(log_probs[k, s]))
+                        lw += log_q[s, a] - log_probs[k, s, a]
+                        s = next_state[s, a]
+                    w2.append(np.exp(2 * lw))
+                w2 = np.array(w2)
+                mc, mc_se = float(np.log(w2.mean())), float(w2.std(ddof=1) / np.sqrt(w2.size) / w2.mean())
+            rows.append(dict(teacher=k, H=H, log_second_moment=float(exact[H]), mc_log_second_moment=mc,
+                             mc_rel_se=mc_se, per_step=float(exact[H] / H)))
+    return pd.DataFrame(rows)
+
+
+def run_topk(cell):
+    rng = np.random.default_rng(cell.seed_array()[0])
+    rows = []
+    for i in range(max(cell["pairs"] // 4, 1)):
+        lq, lp = random_pair(rng, TOPK_V, cell["spread"])
+        for k in TOPK_KS:
+            e_k3, kl, tail = E.topk_k3_bias(lq, lp, k)
+            rows.append(dict(spread=cell["spread"], pair=i, k=k, e_k3=e_k3, kl=kl, teacher_tail=tail,
+                             identity_error=e_k3 - (kl - tail)))
+    return pd.DataFrame(rows)
+
+
+RUNNERS = {"values": run_values, "gradients": run_gradients, "is-horizon": run_is_horizon, "topk": run_topk}
+
+
+def run_cell(cell):
+    return RUNNERS[cell.kind](cell)
+
+
+def main(argv=None):
+    ap = experiment_parser("estimators.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    size = sizes(SIZES, args.quick, seeds=args.seeds)
+    only = args.only or EXPERIMENTS
+    cells = cells_for(size, only, args.base_seed)
+    results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
+                        scheduler=args.scheduler, progress=not args.quiet, desc="estimators")
+    for exp, name in (("values", "values.csv"), ("gradients", "gradients.csv"), ("is-horizon", "is_horizon.csv"),
+                      ("topk", "topk.csv")):
+        parts = [r for c, r in zip(cells, results) if c.experiment == exp]
+        if parts:
+            write_csv(os.path.join(args.out, name), pd.concat(parts, ignore_index=True))
+    if not args.no_figures:
+        import figures
+        figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    return 0
+
+
+if __name__ == "__main__":
+    from sims.estimators import main as _main
+    sys.exit(_main())
