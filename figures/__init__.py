@@ -6,11 +6,13 @@
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
 ``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes), ``topk_bias.csv``
-(``python -m llm_bridge.topk_bias``). Its figures go
-to ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
+(``python -m llm_bridge.topk_bias``), ``spectrum.csv`` (``sims/rollout_spectrum.py``), ``gradients.csv``
+(``sims/estimators.py``), ``loglinear.csv`` (``sims/forgetting.py``), ``curves.csv`` (``sims/rlvr.py``). Its figures go to
+``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
 no backend switch): building a figure changes no global state.
 """
 
+import importlib
 import os
 import shutil
 import sys
@@ -30,43 +32,20 @@ def _exists(*names):
     return lambda folder: any(os.path.exists(os.path.join(folder, n)) for n in names)
 
 
-def _build_regret(folder):
-    from . import regret
-    return regret.figures_from(folder)
-
-
-def _build_mechanisms(folder):
-    from . import mechanisms
-    return mechanisms.figures_from(folder)
-
-
-def _build_probe(folder):
-    from . import probe
-    return probe.figures_from(folder)
-
-
-def _build_topk(folder):
-    from . import topk
-    return topk.figures_from(folder)
-
-
-def _build_spectrum(folder):
-    from . import spectrum
-    return spectrum.figures_from(folder)
-
-
-def _build_estimators(folder):
-    from . import estimators
-    return estimators.figures_from(folder)
+def _module(name):
+    """build(folder) of the figure module ``figures.<name>`` (imported when first used)."""
+    return lambda folder: importlib.import_module(f"{__name__}.{name}").figures_from(folder)
 
 
 KINDS = (
-    Kind("regret", _exists("regret.csv"), _build_regret),
-    Kind("mechanisms", _exists("confident-expert.csv", "low-prob.csv", "prefix-bias.csv"), _build_mechanisms),
-    Kind("probe", _exists("margins.csv"), _build_probe),
-    Kind("topk", _exists("topk_bias.csv"), _build_topk),
-    Kind("spectrum", _exists("spectrum.csv"), _build_spectrum),
-    Kind("estimators", _exists("gradients.csv"), _build_estimators),
+    Kind("regret", _exists("regret.csv"), _module("regret")),
+    Kind("mechanisms", _exists("confident-expert.csv", "low-prob.csv", "prefix-bias.csv"), _module("mechanisms")),
+    Kind("probe", _exists("margins.csv"), _module("probe")),
+    Kind("topk", _exists("topk_bias.csv"), _module("topk")),
+    Kind("spectrum", _exists("spectrum.csv"), _module("spectrum")),
+    Kind("estimators", _exists("gradients.csv"), _module("estimators")),
+    Kind("forgetting", _exists("loglinear.csv"), _module("forgetting")),
+    Kind("rlvr", _exists("curves.csv"), _module("rlvr")),
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.

@@ -56,13 +56,15 @@ class Cell:
         return hash(self.key)
 
 
-def sizes(table, quick, **overrides):
-    """The size of each knob of ``table`` (name -> (full, quick)) for this mode.
+def sizes(table, quick, full=False, **overrides):
+    """The size of each knob of ``table`` (name -> (default, quick) or (default, quick, full)) for this
+    mode: ``quick``, ``full`` (a cluster-sized run; a knob without a third entry keeps its default) or
+    the default.
 
     An override ``rounds=10**6`` replaces every knob whose name has the word ``rounds`` in it
     (``rounds``, ``veto_rounds``, ...); ``None`` leaves the table's value.
     """
-    out = {name: (q if quick else f) for name, (f, q) in table.items()}
+    out = {name: (v[1] if quick else v[2] if full and len(v) > 2 else v[0]) for name, v in table.items()}
     for word, value in overrides.items():
         if value is not None:
             out.update({name: value for name in out if word in name.split("_")})

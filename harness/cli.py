@@ -95,16 +95,20 @@ def _check_common(ns):
         check_scheduler(ns.scheduler)
 
 
-def experiment_parser(prog, description, default_out, experiments=None):
+def experiment_parser(prog, description, default_out, experiments=None, full=False):
     """A :class:`Parser` with the flags every experiment script shares.
 
     --quick, --out (default ``default_out``), --seeds, --only (a comma-separated subset of
     ``experiments``), --executor local|dask, --scheduler ADDRESS, --resume / --no-resume, --base-seed,
-    --figures DIR (default OUT/figures), --no-figures, --quiet. After parsing, the output folders are
-    created (or the run exits 2 naming the one that cannot be) and a given scheduler is reached once.
+    --figures DIR (default OUT/figures), --no-figures, --quiet; with ``full``, --full (cluster-sized,
+    exclusive with --quick). After parsing, the output folders are created (or the run exits 2 naming
+    the one that cannot be) and a given scheduler is reached once.
     """
     ap = Parser(prog=prog, description=description)
-    ap.add_argument("--quick", action="store_true", help="small sizes (seconds); the tests use it")
+    sizes = ap.add_mutually_exclusive_group()
+    sizes.add_argument("--quick", action="store_true", help="small sizes (seconds); the tests use it")
+    if full:
+        sizes.add_argument("--full", action="store_true", help="cluster-sized sweep (use with --executor dask)")
     ap.add_argument("--out", default=default_out, help=f"results folder (default {default_out})")
     ap.add_argument("--seeds", type=int_at_least(1, "--seeds"), default=None, help="seeds per stochastic cell")
     if experiments:

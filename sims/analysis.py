@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from aggregation.validate import check_int
@@ -140,3 +141,43 @@ def final_values(df):
         targets.setdefault(row.setting, []).append(f"{row.learner}={row.value:.4g}")
     summary["targets"] = summary.setting.map(lambda s: "; ".join(targets.get(s, [])))
     return summary
+
+
+def variance_shares(df, factors, outcome, seed="seed", level=0.95):
+    """Share of the variance of ``outcome`` over a balanced factorial design explained by each factor's
+    main effect and by each pair's interaction (an ANOVA decomposition), per seed, with a Student-t
+    interval over seeds.
+
+    For cell means y (one per combination of ``factors``, averaged within the cell) with grand mean m:
+    SS_F = sum_cells (m_F - m)^2, SS_FG = sum_cells (m_FG - m_F - m_G + m)^2 and the total
+    sum_cells (y - m)^2; the 'higher order' term is what the main effects and pairs leave. A balanced
+    design makes the terms orthogonal, so the shares sum to 1. Returns a DataFrame with term, share
+    (mean over seeds), lo, hi and the number of seeds; ValueError if a seed's design is not a full,
+    balanced factorial over ``factors``.
+    """
+    factors = list(factors)
+    terms = [(f,) for f in factors] + [(f, g) for i, f in enumerate(factors) for g in factors[i + 1:]]
+    per_seed = []
+    for s, grp in df.groupby(seed):
+        counts = grp.groupby(factors).size()
+        levels = [grp[f].nunique() for f in factors]
+        if counts.size != math.prod(levels) or counts.nunique() != 1:
+            raise ValueError(f"seed {s}: the design over {factors} is not a full balanced factorial "
+                             f"({counts.size} cells for {math.prod(levels)} combinations)")
+        y = grp.groupby(factors, as_index=False)[outcome].mean()
+        m = y[outcome].mean()
+        total = float(((y[outcome] - m) ** 2).sum())
+        shares = {}
+        for term in terms:
+            effect = y.groupby(list(term))[outcome].transform("mean") - m
+            for sub in [(t,) for t in term] if len(term) == 2 else []:
+                effect = effect - (y.groupby(list(sub))[outcome].transform("mean") - m)
+            shares[" x ".join(term)] = float((effect ** 2).sum()) / total if total > 0 else 0.0
+        shares["higher order"] = max(1.0 - sum(shares.values()), 0.0)
+        per_seed.append(shares)
+    rows = []
+    for term in per_seed[0]:
+        v = np.array([p[term] for p in per_seed])
+        mean, lo, hi = _t_interval(v, level)
+        rows.append(dict(term=term, share=mean, lo=max(lo, 0.0), hi=min(hi, 1.0), seeds=v.size))
+    return pd.DataFrame(rows)

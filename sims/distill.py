@@ -454,11 +454,14 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
 # ------------------------------------------------------------------------------------------------
 # the shared-parameter student: a tiny Qwen2 reading the token prefix
 # ------------------------------------------------------------------------------------------------
-def student_table(model, task):
+def student_table(model, task, bos=None):
     """The neural student's conditionals at every state of a prefix-tree task, as a tabular policy
-    (H, S, n) log-probs (each state is reached by one prefix)."""
+    (H, S, n) log-probs (each state is reached by one prefix); ``bos`` the first input token (default n,
+    a token after the task's vocabulary)."""
     t, H = task.teachers, task.horizon
     inputs, tokens, states = tree_responses(t, H)
+    if bos is not None:
+        inputs[:, 0] = bos
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=inputs).logits[..., :t.n].double(), -1).numpy()
     table = np.full((H, t.S, t.n), -math.log(t.n))          # (step, state) pairs no prefix reaches: uniform
@@ -468,18 +471,20 @@ def student_table(model, task):
     return table
 
 
-def neural_step(model, opt, task, config, batch, gen, clip_norm=1.0):
+def neural_step(model, opt, task, config, batch, gen, clip_norm=1.0, bos=None):
     """One update of a causal-LM student: rollouts over the spectrum (the student's tokens by its own
-    forward passes), the objective's loss by llm_bridge.losses, optional global-norm clipping, Adam."""
+    forward passes, after the first input token ``bos``, default n), the objective's loss by
+    llm_bridge.losses, optional global-norm clipping, the optimiser's step."""
     n = task.teachers.n
+    bos = n if bos is None else bos
 
     def student_logp(h, _states, tokens):
-        ids = torch.cat([torch.full((tokens.shape[0], 1), n, dtype=torch.long), tokens], dim=1)
+        ids = torch.cat([torch.full((tokens.shape[0], 1), bos, dtype=torch.long), tokens], dim=1)
         with torch.no_grad():
             return torch.log_softmax(model(input_ids=ids).logits[:, -1, :n].float(), -1)
     b = rollouts(task, student_logp, config.get("alpha", 0.0), bool(config.get("switch")), batch, gen,
                  labels=config["objective"] == "sft")
-    inputs = torch.cat([torch.full((batch, 1), n, dtype=torch.long), b.tokens[:, :-1]], dim=1)
+    inputs = torch.cat([torch.full((batch, 1), bos, dtype=torch.long), b.tokens[:, :-1]], dim=1)
     logits = model(input_ids=inputs).logits[..., :n]
     loss = position_losses(config["objective"], logits, b, task, bool(config.get("importance"))).sum(1).mean()
     opt.zero_grad()

@@ -1,0 +1,114 @@
+"""RL after distillation (E4) and the cost of distillation (E6): pure functions of the CSVs of sims/rlvr.py."""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from .style import BAND, TWO_COLUMNS, figure, legend_below, mean_band, paper
+
+METHOD_COLOURS = {"offline FKL": "tab:blue", "offline RKL": "tab:red", "on-policy FKL": "tab:cyan",
+                  "on-policy RKL": "tab:orange", "no distillation": "tab:grey",
+                  "offline FKL, 256 traces": "tab:purple", "offline FKL, 4096 traces": "tab:green"}
+MAIN = ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL", "no distillation")
+CONDITION_TITLES = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
+
+
+def _runs(df, x, y):
+    """(x values, values (runs, checkpoints)) of the runs of one method, on the checkpoints every run has."""
+    wide = df.pivot_table(index=["task", "seed"], columns=x, values=y)
+    wide = wide.dropna(axis=1)
+    return wide.columns.to_numpy(dtype=float), wide.to_numpy()
+
+
+@paper
+def rlvr_figure(curves, e4):
+    """(a, b) OOD accuracy through distillation and then RL, per condition (a line per method, the
+    band a 95% interval over (task, seed)); (c) the paired on-policy minus offline OOD accuracy after
+    each stage, with 95% intervals."""
+    conditions = [c for c in CONDITION_TITLES if c in set(curves.condition)]
+    fig = figure(TWO_COLUMNS, 2.7)
+    axes = fig.subplots(1, len(conditions) + 1, width_ratios=[1.3] * len(conditions) + [1.0])
+    handles = {}
+    for ax, condition in zip(axes, conditions):
+        c = curves[curves.condition == condition]
+        offset = c[c.stage == "distil"].step.max()
+        c = c.assign(t=np.where(c.stage == "rl", c.step + offset, c.step))
+        for method in MAIN:
+            m = c[(c.method == method) & ~((c.stage == "rl") & (c.step == 0))]
+            if len(m):
+                x, v = _runs(m, "t", "ood_accuracy")
+                handles[method] = mean_band(ax, x, v, METHOD_COLOURS[method], label=method)
+        ax.axvline(offset, color="k", lw=0.6, ls=":")
+        ax.text(offset, 1.0, " RL starts", fontsize=6, va="top")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("step: distillation, then RL")
+        ax.set_ylabel("OOD accuracy (exact)")
+        ax.set_title(CONDITION_TITLES[condition])
+        ax.grid(True)
+    ax = axes[-1]
+    diffs = e4[e4.comparison.str.contains(" - ")].reset_index(drop=True)
+    labels = []
+    for i, row in diffs.iterrows():
+        colour = METHOD_COLOURS["on-policy FKL" if "FKL" in row.comparison else "on-policy RKL"]
+        marker = "o" if row.stage == "distil" else "s"
+        ax.errorbar(row.ood_accuracy, i, xerr=[[row.ood_accuracy - row.lo], [row.hi - row.ood_accuracy]], fmt=marker,
+                    color=colour, ms=3.5, capsize=2, lw=0.8)
+        labels.append(f"{'FKL' if 'FKL' in row.comparison else 'RKL'}, {row.condition}, "
+                      f"{'after distil.' if row.stage == 'distil' else 'after RL'}")
+    ax.axvline(0, color="k", lw=0.6)
+    ax.set_yticks(range(len(labels)), labels, fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("on-policy - offline OOD accuracy")
+    ax.set_title("on-policy edge (paired, 95% CI)")
+    ax.grid(True, axis="x")
+    legend_below(fig, list(handles.values()), list(handles), ncol=5, title=BAND)
+    return fig
+
+
+@paper
+def cost_figure(curves):
+    """Distillation quality against its cost (teacher forward tokens + student generated tokens) in the
+    first condition: (a) KL to A for the FKL methods, (b) KL to l for the RKL methods, (c) ID accuracy.
+    An offline method pays for its pool of traces up front, so its points stand at one cost."""
+    condition = next(c for c in CONDITION_TITLES if c in set(curves.condition))
+    d = curves[(curves.condition == condition) & (curves.stage == "distil") & (curves.objective.fillna("") != "")]
+    d = d.assign(cost=d.teacher_tokens + d.student_tokens)
+    fig = figure(TWO_COLUMNS, 2.5)
+    axes = fig.subplots(1, 3)
+    handles = {}
+    panels = ((axes[0], "fkl", "kl_arithmetic", "KL(q || A) per position"),
+              (axes[1], "rkl", "kl_local", "KL(q || l) per position"),
+              (axes[2], None, "id_accuracy", "ID accuracy (exact)"))
+    for ax, objective, y, ylabel in panels:
+        for method, m in d.groupby("method", sort=False):
+            if objective and m.objective.iloc[0] != objective:
+                continue
+            means = m[m.step > 0].groupby("step")[["cost", y]].mean()
+            handles[method], = ax.plot(means.cost, means[y], marker=".", ms=3, lw=1.0, color=METHOD_COLOURS[method],
+                                       label=method)
+            ax.plot(means.cost.iloc[-1], means[y].iloc[-1], marker="*", ms=7, color=METHOD_COLOURS[method])
+        ax.set_xscale("log")
+        if objective:
+            ax.set_yscale("log")
+        ax.set_xlabel("teacher + student tokens")
+        ax.set_ylabel(ylabel)
+        ax.grid(True)
+    axes[0].set_title("FKL: offline vs on-policy")
+    axes[1].set_title("RKL: offline vs on-policy")
+    axes[2].set_title("ID accuracy (star: end)")
+    legend_below(fig, list(handles.values()), list(handles), ncol=4,
+                 title=f"{CONDITION_TITLES[condition]}; mean over (task, seed) at each step")
+    return fig
+
+
+def figures_from(folder):
+    path = os.path.join(folder, "curves.csv")
+    if not os.path.exists(path):
+        return {}
+    curves = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    out = {"rlvr_cost": cost_figure(curves)}
+    e4_path = os.path.join(folder, "e4.csv")
+    if os.path.exists(e4_path):
+        out["rlvr"] = rlvr_figure(curves, pd.read_csv(e4_path))
+    return out

@@ -1,0 +1,264 @@
+"""Continual distillation with a shared-parameter student (SPEC 5; claim E3): the student knows task A,
+then is distilled on task B; what it forgets of A, how well it learns B, and how sparse its update is,
+across learning rates, schedules, the rollout mix, objectives, clipping and parameter storage.
+
+Tasks: two prefix trees of the same shape (depth 3 over 3 tokens, 13 states) with different teachers:
+A has one teacher (the skill the student has), B has K = 2 (the distillation target). Students:
+
+    log-linear   logits(task, s) = W phi(task, s), phi = [shared features of the tree position (d_shared,
+                 the same for both tasks); a one-hot of (task, s)]: every run of a sweep in one tensor
+                 W (R, n, d), trained by an elementwise Adam with a per-run learning rate
+    neural       a tiny Qwen2 whose first input token names the task (n for A, n + 1 for B)
+
+Both are trained by the spectrum's sampler and losses (sims.distill), and measured exactly:
+
+    forgetting   KL_seq(P_A || q_A) after B minus before B: the increase of the student's loss on A's
+                 own responses (P_A the teacher of A; aggregation.sequence_kl)
+    quality      KL_seq(q_B || the objective's target on B) per position, on the student's rollouts
+    sparsity     the fraction of parameters with |theta_T - theta_0| > 1e-6 (1 + |theta_0|) (SPEC 5),
+                 and the fraction whose bfloat16 value changed
+
+Parameter storage 'bf16' keeps the parameters in bfloat16 (the update is computed in float32 and
+rounded back, so updates below half an ulp vanish); 'float32' keeps them in float32.
+"""
+
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+import aggregation as ag
+from sims import distill as D
+
+SCHEDULES = ("constant", "linear", "cosine")
+STORAGES = ("float32", "bf16")
+WARMUP = 0.1                    # the warm-up's share of the steps (a linear ramp from 0)
+BETAS, EPS = (0.9, 0.999), 1e-8
+
+
+def learning_rates(lr, schedule, warmup, steps):
+    """The learning rate at each of ``steps`` steps: a linear warm-up over the first 10% (``warmup``),
+    then constant, linear decay to 0 or cosine decay to 0 over the rest. Returns (steps,)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule = {schedule!r} must be one of {SCHEDULES}")
+    if not (lr >= 0 and math.isfinite(lr)):
+        raise ValueError(f"lr = {lr!r} must be a finite number >= 0")
+    w = int(round(WARMUP * steps)) if warmup else 0
+    k = np.arange(steps, dtype=float)
+    frac = np.clip((k - w) / max(steps - w, 1), 0.0, 1.0)
+    decay = {"constant": np.ones(steps), "linear": 1.0 - frac, "cosine": 0.5 * (1.0 + np.cos(math.pi * frac))}
+    ramp = np.where(k < w, (k + 1) / max(w, 1), 1.0)
+    return lr * ramp * decay[schedule]
+
+
+def round_bf16(x):
+    """x rounded to bfloat16 and back (round to nearest even)."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def update_sparsity(theta0, theta1):
+    """(fraction of entries with |theta1 - theta0| > 1e-6 (1 + |theta0|), fraction whose bfloat16 value
+    changed): over a 1-d parameter vector (floats), or per run over (R, ...) tensors ((R,) arrays)."""
+    t0, t1 = torch.as_tensor(theta0, dtype=torch.float32), torch.as_tensor(theta1, dtype=torch.float32)
+    if t0.shape != t1.shape:
+        raise ValueError(f"theta0 and theta1 must have the same shape, got {tuple(t0.shape)} and {tuple(t1.shape)}")
+    dims = tuple(range(1, t0.ndim)) if t0.ndim > 1 else (0,)
+    changed = ((t1 - t0).abs() > 1e-6 * (1 + t0.abs())).double().mean(dims)
+    changed_bf16 = (round_bf16(t1) != round_bf16(t0)).double().mean(dims)
+    return changed.numpy(), changed_bf16.numpy()
+
+
+@dataclass
+class Pair:
+    """Task A (one teacher), task B (K teachers) on trees of the same shape, and the log-linear
+    student's features (2, S, d): [shared features of the tree position; one-hot of (task, s)]."""
+    A: D.Task
+    B: D.Task
+    features: np.ndarray
+
+    @property
+    def tasks(self):
+        return (self.A, self.B)
+
+
+def make_pair(seed=0, K=2, d_shared=8):
+    A = D.make_task("tree", K=1, seed=2000 + seed)
+    B = D.make_task("tree", K=K, seed=3000 + seed)
+    if not np.array_equal(A.teachers.next_state, B.teachers.next_state):
+        raise ValueError("tasks A and B must share the tree's shape")
+    S = A.teachers.S
+    rng = np.random.default_rng(4000 + seed)
+    shared = rng.normal(size=(S, d_shared)) / math.sqrt(d_shared)
+    own = np.eye(2 * S).reshape(2, S, 2 * S)
+    return Pair(A, B, np.concatenate([np.broadcast_to(shared, (2, S, d_shared)), own], axis=-1))
+
+
+def forgetting_reference(task):
+    """P_A, the task's one teacher, as a tabular policy (S, n) log-probs: the responses the student's
+    forgetting is measured on are P_A's."""
+    return np.asarray(task.teachers.log_probs[0])
+
+
+def loss_on(task, log_q):
+    """KL_seq(P || q) of a student table (S, n) or (H, S, n) on the task's one teacher P: the excess
+    loss of the student on P's own responses."""
+    t = task.teachers
+    return ag.sequence_kl(t, None, task.horizon, forgetting_reference(task), target=log_q)
+
+
+# ------------------------------------------------------------------------------------------------
+# the log-linear student: every run of a sweep in one tensor
+# ------------------------------------------------------------------------------------------------
+def loglinear_tables(W, features):
+    """log-probs (R, S, n) of runs W (R, n, d) at the states of one task (features (S, d))."""
+    return torch.log_softmax(torch.einsum("rnd,sd->rsn", W, torch.as_tensor(features, dtype=W.dtype)), -1)
+
+
+def learn_a(pair, seeds, steps=400, lr=0.1):
+    """Phase 1: each seed's student learns task A by exact FKL (the loss summed over A's states with
+    their occupancy, no sampling), full-batch Adam from small random W. Returns {seed: W (n, d)}."""
+    A = pair.A
+    t = A.teachers
+    occ = torch.as_tensor(ag.state_occupancy(t, None, A.horizon, target=0).sum(0), dtype=torch.float32)
+    p = torch.as_tensor(np.exp(forgetting_reference(A)), dtype=torch.float32)
+    out = {}
+    for seed in seeds:
+        g = torch.Generator().manual_seed(5000 + seed)
+        W = (0.1 * torch.randn(t.n, pair.features.shape[-1], generator=g)).requires_grad_()
+        opt = torch.optim.Adam([W], lr=lr)
+        for _ in range(steps):
+            lq = loglinear_tables(W[None], pair.features[0])[0]
+            loss = (occ[:, None] * p * (torch.log(p) - lq)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        out[seed] = W.detach().clone()
+    return out
+
+
+def adam_step(W, grad, m, v, step, lr):
+    """One elementwise Adam step with a per-run learning rate lr (R,), in place on m, v; returns the
+    new W (float32)."""
+    m.mul_(BETAS[0]).add_(grad, alpha=1 - BETAS[0])
+    v.mul_(BETAS[1]).addcmul_(grad, grad, value=1 - BETAS[1])
+    mhat = m / (1 - BETAS[0] ** step)
+    vhat = v / (1 - BETAS[1] ** step)
+    return W - lr.view(-1, *[1] * (W.ndim - 1)) * mhat / (vhat.sqrt() + EPS)
+
+
+def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, seed=0):
+    """Phase 2 for every run at once: runs is a list of (config, seed); config has lr, schedule, warmup,
+    alpha, objective, clip, storage. W_start {seed: W (n, d)} from :func:`learn_a`. Returns one row per
+    run: the config, seed, forgetting, quality (KL per position to the objective's target on B),
+    kl_arithmetic_b, sparsity, sparsity_bf16, loss_a before and after."""
+    A, B = pair.A, pair.B
+    H, R = B.horizon, len(runs)
+    configs = [c for c, _ in runs]
+    bf16 = torch.tensor([c["storage"] == "bf16" for c in configs])
+    W0 = torch.stack([W_start[s] for _, s in runs])
+    W0 = torch.where(bf16[:, None, None], round_bf16(W0), W0)
+    W = W0.clone()
+    m, v = torch.zeros_like(W), torch.zeros_like(W)
+    lrs = torch.as_tensor(np.stack([learning_rates(c["lr"], c["schedule"], c["warmup"], steps) for c in configs]),
+                          dtype=torch.float32)                                          # (R, steps)
+    clip = torch.tensor([bool(c["clip"]) for c in configs])
+    row_run = torch.arange(R).repeat_interleave(batch)
+    alpha = torch.tensor([float(c["alpha"]) for c in configs])[row_run]
+    objective_of = np.array([c["objective"] for c in configs])[row_run.numpy()]
+    rows_of = {o: torch.as_tensor(np.nonzero(objective_of == o)[0]) for o in sorted(set(objective_of))}
+    feats_b = pair.features[1]
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        Wg = W.clone().requires_grad_()
+        table = loglinear_tables(Wg, feats_b)                                           # (R, S, n)
+        b = D.rollouts(B, lambda h, s, _tok: table.detach()[row_run, s], alpha, False, R * batch, gen,
+                       labels="sft" in rows_of)
+        logits = table[row_run[:, None], b.states]                                      # (N, H, n) log-probs
+        per_run = torch.zeros(R)
+        for objective, idx in rows_of.items():
+            sub = D.Batch(**{k: getattr(b, k)[idx] for k in D.Batch.__dataclass_fields__})
+            pos = D.position_losses(objective, logits[idx], sub, B, False, groups=row_run[idx])
+            per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
+        (grad,) = torch.autograd.grad(per_run.sum(), Wg)
+        grad = grad.nan_to_num(0.0, 0.0, 0.0)
+        norms = grad.flatten(1).norm(dim=1)
+        scale = torch.where(clip, (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0), torch.ones_like(norms))
+        grad = grad * scale[:, None, None]
+        W = adam_step(W, grad, m, v, step + 1, lrs[:, step])
+        W = torch.where(bf16[:, None, None], round_bf16(W), W)
+    return _outcomes(pair, runs, W0, W)
+
+
+def _outcomes(pair, runs, W0, W):
+    A, B = pair.A, pair.B
+    with torch.no_grad():
+        qa0, qa = (loglinear_tables(x.double(), pair.features[0]).numpy() for x in (W0, W))
+        qb = loglinear_tables(W.double(), pair.features[1]).numpy()
+    sparsity, sparsity_bf16 = update_sparsity(W0, W)
+    evaluate = D.Evaluator(B, fixed_points=False)
+    rows = []
+    for r, (c, s) in enumerate(runs):
+        before, after = loss_on(A, qa0[r]), loss_on(A, qa[r])
+        out = evaluate(np.broadcast_to(qb[r], (B.horizon,) + qb[r].shape), c)
+        rows.append(dict(c, seed=s, loss_a_before=before, loss_a_after=after, forgetting=after - before,
+                         quality=out[f"kl_{D.TARGET_OF[c['objective']]}"] / B.horizon,
+                         kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
+                         sparsity=float(sparsity[r]), sparsity_bf16=float(sparsity_bf16[r])))
+    return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# the neural student: a tiny Qwen2 that reads which task it is on from its first input token
+# ------------------------------------------------------------------------------------------------
+def neural_student(pair, seed, steps=300, batch=64, lr=3e-3):
+    """Phase 1 for the tiny Qwen2: FKL with the full conditionals on A's teacher rollouts (first token
+    n). Returns the trained model."""
+    from llm_bridge.models import tiny_model
+    n = pair.A.teachers.n
+    model = tiny_model("qwen2", vocab_size=n + 2, seed=seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(6000 + seed)
+    config = dict(objective="fkl", alpha=0.0, switch=False, importance=False, clip=True)
+    for _ in range(steps):
+        D.neural_step(model, opt, pair.A, config, batch, gen, bos=n)
+    return model
+
+
+def distil_neural(pair, config, seed, start, steps=150, batch=32):
+    """Phase 2 for one neural run from the phase-1 model ``start`` (copied): the config's learning-rate
+    schedule, objective, alpha, clipping and storage on task B (first token n + 1). Returns the outcome
+    row as :func:`distil_loglinear` does."""
+    A, B = pair.A, pair.B
+    n = A.teachers.n
+    model = copy.deepcopy(start)
+    bf16 = config["storage"] == "bf16"
+    params = list(model.parameters())
+    with torch.no_grad():
+        if bf16:
+            for p in params:
+                p.copy_(round_bf16(p))
+    theta0 = torch.cat([p.detach().flatten() for p in params]).clone()
+    table_a0 = D.student_table(model, A, bos=n)
+    opt = torch.optim.Adam(params, lr=config["lr"], betas=BETAS, eps=EPS)
+    gen = torch.Generator().manual_seed(7000 + seed)
+    spectrum = dict(objective=config["objective"], alpha=config["alpha"], switch=False, importance=False,
+                    clip=config["clip"])
+    for step, lr in enumerate(learning_rates(config["lr"], config["schedule"], config["warmup"], steps)):
+        for group in opt.param_groups:
+            group["lr"] = float(lr)
+        D.neural_step(model, opt, B, spectrum, batch, gen, bos=n + 1)
+        if bf16:
+            with torch.no_grad():
+                for p in params:
+                    p.copy_(round_bf16(p))
+    theta1 = torch.cat([p.detach().flatten() for p in params])
+    sparsity, sparsity_bf16 = update_sparsity(theta0, theta1)
+    before, after = loss_on(A, table_a0), loss_on(A, D.student_table(model, A, bos=n))
+    out = D.Evaluator(B, fixed_points=False)(D.student_table(model, B, bos=n + 1), spectrum)
+    return dict(config, seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
+                quality=out[f"kl_{D.TARGET_OF[config['objective']]}"] / B.horizon,
+                kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
+                sparsity=float(sparsity), sparsity_bf16=float(sparsity_bf16))

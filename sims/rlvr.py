@@ -1,0 +1,224 @@
+"""RL from a verifiable reward after distillation, and what each distillation costs (claims E4, E6).
+
+    python sims/rlvr.py            # about 5 min on 2 cores
+    python sims/rlvr.py --quick    # seconds (the tests run this)
+    python sims/rlvr.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
+
+On goal-reaching tasks with a checker (sims.verifier), a log-linear student with shared features is
+distilled from two teachers on in-distribution contexts, to an equal budget (the same steps and batch):
+offline (FKL or RKL with the full conditionals on minibatches from a pool of teacher traces drawn once:
+256, 1024 or 4096 traces for FKL) or on-policy (the same losses on the student's own responses); a
+control is not distilled. Then every student runs the same policy-gradient RL with the 0/1 reward of
+the checker on in-distribution contexts (REINFORCE with a group-relative baseline). Two conditions: the
+student's features carry a shared skill (what it learns on one state transfers to others) or do not.
+
+Writes to ``--out`` (default results/rlvr):
+  curves.csv     every run at log-spaced checkpoints of both stages: condition, task, method, seed, stage,
+                 step, teacher_tokens, student_tokens, id_accuracy, ood_accuracy, kl_arithmetic, kl_local
+  teachers.csv   the exact outcomes of each teacher and of the targets A and l, per task
+  e4.csv         OOD accuracy after distillation and after RL per method, and the paired on-policy minus
+                 offline difference per objective, with 95% intervals over (task, seed) and a verdict
+  e6.csv         per method: the cost of the run, the KL to its objective's target and the ID accuracy at
+                 the end of distillation, the KL at the offline method's cost, and the cost to reach the
+                 offline method's final KL
+  figures/       rlvr.png (E4), rlvr_cost.png (E6)
+"""
+
+import os
+import sys
+
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from sims import analysis  # noqa: E402
+from sims import verifier as V  # noqa: E402
+
+EXPERIMENTS = ("shared", "unshared")
+DEFAULT_OUT = os.path.join("results", "rlvr")
+
+# ------------------------------------------------------------------------------------------------
+# the settings (data, not code)
+# ------------------------------------------------------------------------------------------------
+SIZES = {                                    # default / --quick / --full
+    "tasks": (8, 2, 16),
+    "seeds": (8, 2, 16),                      # student seeds per task
+    "distil_steps": (300, 30, 600),
+    "rl_steps": (500, 30, 1000),
+}
+CONDITIONS = {"shared": dict(signal=1.0), "unshared": dict(signal=0.0)}
+CONDITION_LABELS = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
+METHODS = (
+    dict(method="offline FKL", objective="fkl", rollouts="offline", pool=1024),
+    dict(method="offline FKL, 256 traces", objective="fkl", rollouts="offline", pool=256),
+    dict(method="offline FKL, 4096 traces", objective="fkl", rollouts="offline", pool=4096),
+    dict(method="offline RKL", objective="rkl", rollouts="offline", pool=1024),
+    dict(method="on-policy FKL", objective="fkl", rollouts="on-policy", pool=0),
+    dict(method="on-policy RKL", objective="rkl", rollouts="on-policy", pool=0),
+    dict(method="no distillation", objective="", rollouts="", pool=0),
+)
+PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
+TARGET_OF = {"fkl": "kl_arithmetic", "rkl": "kl_local"}
+TRAINING = dict(batch=32, lr=0.03, contexts=8, group=8)
+
+
+def cells_for(size, only, base_seed=0):
+    return [Cell(condition, "study", {"condition": condition, "task": task, "seeds": size["seeds"],
+                                      "distil_steps": size["distil_steps"], "rl_steps": size["rl_steps"]},
+                 seeds=2, base_seed=base_seed, stream=(condition, task))
+            for condition in only for task in range(size["tasks"])]
+
+
+# ------------------------------------------------------------------------------------------------
+# one function per kind of cell
+# ------------------------------------------------------------------------------------------------
+def run_study(cell):
+    """Both stages for every method and student seed on one task."""
+    task_id = cell.base_seed * 1000 + cell["task"]
+    task = V.make_goal_task(task_id, **CONDITIONS[cell["condition"]])
+    runs = [(m, s) for m in METHODS for s in range(cell["seeds"])]
+    W0 = V.init_students(task, [task_id * 100 + s for _, s in runs])
+    stream = cell.seed_array()
+    W, rows, costs = V.distil(task, runs, W0, steps=cell["distil_steps"], batch=TRAINING["batch"], lr=TRAINING["lr"],
+                              seed=int(stream[0]))
+    _, rl_rows = V.reinforce(task, runs, W, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
+                             group=TRAINING["group"], lr=TRAINING["lr"], seed=int(stream[1]))
+    curves = pd.DataFrame(rows + rl_rows).assign(condition=cell["condition"], task=cell["task"])
+    teachers = V.teacher_rows(task).assign(condition=cell["condition"], task=cell["task"])
+    return {"curves": curves, "teachers": teachers}
+
+
+RUNNERS = {"study": run_study}
+
+
+def run_cell(cell):
+    return RUNNERS[cell.kind](cell)
+
+
+# ------------------------------------------------------------------------------------------------
+# outputs
+# ------------------------------------------------------------------------------------------------
+def stage_ends(curves):
+    """One row per run: OOD and ID accuracy after distillation ('_distil') and after RL ('_rl')."""
+    keys = ["condition", "task", "method", "seed"]
+    ends = []
+    for stage in ("distil", "rl"):
+        part = curves[curves.stage == stage]
+        last = part[part.step == part.groupby(keys).step.transform("max")]
+        ends.append(last.set_index(keys)[["ood_accuracy", "id_accuracy"]].add_suffix(f"_{stage}"))
+    return pd.concat(ends, axis=1).reset_index()
+
+
+def _interval(values):
+    mean, lo, hi = analysis.mean_interval(np.asarray(values, dtype=float)[:, None])
+    return float(mean[0]), float(lo[0]), float(hi[0])
+
+
+def e4_table(curves):
+    """OOD accuracy per method after each stage, and the paired on-policy minus offline differences
+    with a verdict: an edge exists where the interval after distillation lies above 0; it survives where
+    the interval after RL does too."""
+    ends = stage_ends(curves)
+    rows = []
+    for (condition, method), g in ends.groupby(["condition", "method"], sort=False):
+        for stage in ("distil", "rl"):
+            mean, lo, hi = _interval(g[f"ood_accuracy_{stage}"])
+            rows.append(dict(condition=condition, comparison=method, stage=stage, ood_accuracy=mean, lo=lo, hi=hi,
+                             runs=len(g)))
+    for condition, g in ends.groupby("condition", sort=False):
+        wide = g.set_index(["task", "seed", "method"]).unstack("method")
+        for objective, (on, off) in PAIRS.items():
+            verdict = {}
+            for stage in ("distil", "rl"):
+                diff = wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
+                mean, lo, hi = _interval(diff)
+                verdict[stage] = "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
+                rows.append(dict(condition=condition, comparison=f"{on} - {off}", stage=stage, ood_accuracy=mean,
+                                 lo=lo, hi=hi, runs=len(diff)))
+            edge = verdict["distil"] == "above 0"
+            rows[-1]["verdict"] = rows[-2]["verdict"] = (
+                ("edge survives RL" if verdict["rl"] == "above 0" else f"edge does not survive RL (after RL: "
+                 f"{verdict['rl']})") if edge else f"no edge after distillation ({verdict['distil']})")
+    return pd.DataFrame(rows)
+
+
+def _first_at_most(cost, value, threshold):
+    """The cost at the first checkpoint where value <= threshold (NaN if never)."""
+    hit = np.nonzero(np.asarray(value) <= threshold)[0]
+    return float(np.asarray(cost)[hit[0]]) if hit.size else float("nan")
+
+
+def _last_at_most(value, cost, budget):
+    """The value at the last checkpoint whose cost is <= budget (NaN if even the first costs more)."""
+    within = np.asarray(value)[np.asarray(cost) <= budget]
+    return float(within[-1]) if within.size else float("nan")
+
+
+def e6_table(curves):
+    """Per run of a distilled method (then means and intervals over (task, seed)): cost = teacher forward
+    tokens + student generated tokens at the end of distillation, the KL (per position, on the student's
+    ID rollouts) to its objective's target, the ID accuracy; for the on-policy methods, their KL at the
+    offline method's cost (the offline pool of 1024 traces, same objective) and the cost to reach the
+    offline method's final KL."""
+    d = curves[(curves.stage == "distil") & (curves.objective != "")].copy()
+    d["cost"] = d.teacher_tokens + d.student_tokens
+    d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
+    keys = ["condition", "task", "seed"]
+    per_run = []
+    for (condition, task, seed), g in d.groupby(keys, sort=False):
+        offline = {obj: g[g.method == off] for obj, (_, off) in PAIRS.items()}
+        for method, run in g.groupby("method", sort=False):
+            run = run.sort_values("step")
+            end = run.iloc[-1]
+            ref = offline[end.objective]
+            ref_cost, ref_kl = float(ref.cost.iloc[-1]), float(ref.sort_values("step").kl_target.iloc[-1])
+            row = dict(condition=condition, task=task, seed=seed, method=method, objective=end.objective,
+                       cost=end.cost, teacher_tokens=end.teacher_tokens, student_tokens=end.student_tokens,
+                       kl_target=end.kl_target, id_accuracy=end.id_accuracy,
+                       kl_at_offline_cost=_last_at_most(run.kl_target, run.cost, ref_cost),
+                       cost_to_offline_kl=_first_at_most(run.cost, run.kl_target, ref_kl))
+            per_run.append(row)
+    per_run = pd.DataFrame(per_run)
+    rows = []
+    for (condition, method), g in per_run.groupby(["condition", "method"], sort=False):
+        row = dict(condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))
+        for col in ("cost", "teacher_tokens", "student_tokens", "kl_target", "id_accuracy", "kl_at_offline_cost",
+                    "cost_to_offline_kl"):
+            values = g[col].dropna()
+            row[col], row[f"{col}_lo"], row[f"{col}_hi"] = _interval(values) if len(values) else (np.nan,) * 3
+            if col == "cost_to_offline_kl":
+                row["reached_offline_kl"] = f"{len(values)}/{len(g)}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def main(argv=None):
+    ap = experiment_parser("rlvr.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    size = sizes(SIZES, args.quick, args.full, seeds=args.seeds)
+    cells = cells_for(size, args.only or EXPERIMENTS, args.base_seed)
+    results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
+                        scheduler=args.scheduler, progress=not args.quiet, desc="rlvr")
+    curves = pd.concat([r["curves"] for r in results], ignore_index=True)
+    write_csv(os.path.join(args.out, "curves.csv"), curves)
+    write_csv(os.path.join(args.out, "teachers.csv"), pd.concat([r["teachers"] for r in results], ignore_index=True))
+    e4, e6 = e4_table(curves), e6_table(curves)
+    write_csv(os.path.join(args.out, "e4.csv"), e4)
+    write_csv(os.path.join(args.out, "e6.csv"), e6)
+    if not args.quiet:
+        print(e4[e4.comparison.str.contains(" - ")].to_string(index=False, float_format=lambda v: f"{v:.3f}"),
+              file=sys.stderr)
+        print(e6[["condition", "method", "cost", "kl_target", "kl_at_offline_cost", "cost_to_offline_kl",
+                  "reached_offline_kl"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"), file=sys.stderr)
+    if not args.no_figures:
+        import figures
+        figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    return 0
+
+
+if __name__ == "__main__":
+    from sims.rlvr import main as _main
+    sys.exit(_main())

@@ -1,0 +1,272 @@
+"""Forgetting and update sparsity (SPEC 5; claim E3): the sparsity metric on hand-made parameter changes (the
+float32 threshold, and bfloat16 rounding against a bit-level reference), the learning-rate schedules against
+their closed forms, forgetting exactly zero at learning rate 0 and equal to its closed form on a student that
+cannot tell the tasks apart, the variance decomposition on synthetic designs with known shares, and
+sims/forgetting.py end to end.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import run_script
+
+from aggregation import examples
+from sims import analysis
+from sims import continual as C
+from sims import distill as D
+
+
+# ------------------------------------------------------------------------------------------------
+# update sparsity
+# ------------------------------------------------------------------------------------------------
+def test_update_sparsity_float32_threshold_on_hand_made_changes():
+    theta0 = np.array([0.0, 1.0, 100.0, -3.0, 5.0, 2.0])
+    delta = np.array([2e-6, 3e-6, 5e-5, 0.0, -1e-5, 2e-6])
+    # thresholds 1e-6 (1 + |theta0|): 1e-6, 2e-6, 1.01e-4, 4e-6, 6e-6, 3e-6 -> changed: yes yes no no yes no
+    frac, _ = C.update_sparsity(theta0, theta0 + delta)
+    assert frac == pytest.approx(0.5, abs=0)
+    frac, frac_bf16 = C.update_sparsity(theta0, theta0)
+    assert frac == 0.0 and frac_bf16 == 0.0
+
+
+def test_update_sparsity_bf16_rounding_swallows_updates_below_half_an_ulp():
+    # bfloat16 keeps 8 significant bits: the ulp is 2^-7 at 1, 2^-8 at 0.5, 2 at 256
+    theta0 = np.array([1.0, 1.0, 256.0, 0.5])
+    theta1 = np.array([1.0 + 0.003, 1.0 + 0.0079, 256.0 + 1.5, 0.5 + 0.001])
+    frac, frac_bf16 = C.update_sparsity(theta0, theta1)
+    assert frac == 1.0                                  # every float32 change is above the threshold
+    assert frac_bf16 == pytest.approx(0.5, abs=0)       # only 1 + 0.0079 and 256 + 1.5 move a bf16 value
+
+
+def _bf16_reference(x):
+    """Round float32 to bfloat16 (nearest, ties to even) on the bits: add 0x7FFF plus the lowest kept bit,
+    drop the low 16 bits."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return rounded.view(np.float32)
+
+
+def test_round_bf16_equals_a_bit_level_reference():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-6, 6, size=5000),
+                        [1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 256.0 + 1.0, 256.0 + 3.0]]).astype(np.float32)
+    ours = C.round_bf16(torch.as_tensor(x)).numpy()
+    np.testing.assert_array_equal(ours, _bf16_reference(x))
+    assert ours[-4:].tolist() == [1.0, 1.0 + 2 * 2.0 ** -7, 256.0, 260.0]          # ties go to the even neighbour
+
+
+def test_update_sparsity_per_run_and_bad_shapes():
+    theta0 = torch.zeros(3, 2, 5)
+    theta1 = theta0.clone()
+    theta1[1, 0, :2] = 1.0
+    theta1[2] = 1.0
+    frac, frac_bf16 = C.update_sparsity(theta0, theta1)
+    np.testing.assert_array_equal(frac, [0.0, 0.2, 1.0])
+    np.testing.assert_array_equal(frac_bf16, [0.0, 0.2, 1.0])
+    with pytest.raises(ValueError, match="same shape"):
+        C.update_sparsity(np.zeros(3), np.zeros(4))
+
+
+# ------------------------------------------------------------------------------------------------
+# learning-rate schedules
+# ------------------------------------------------------------------------------------------------
+def test_learning_rate_schedules_against_their_closed_forms():
+    steps, lr = 100, 0.3
+    k = np.arange(steps)
+    np.testing.assert_allclose(C.learning_rates(lr, "constant", False, steps), lr)
+    np.testing.assert_allclose(C.learning_rates(lr, "linear", False, steps), lr * (1 - k / steps), rtol=1e-15)
+    np.testing.assert_allclose(C.learning_rates(lr, "cosine", False, steps), lr * 0.5 * (1 + np.cos(np.pi * k / steps)),
+                               rtol=1e-12)
+    w = 10                                                  # the warm-up: 10% of the steps, a ramp (k + 1) / w
+    for schedule in C.SCHEDULES:
+        rates = C.learning_rates(lr, schedule, True, steps)
+        np.testing.assert_allclose(rates[:w], lr * (k[:w] + 1) / w, rtol=1e-15)
+        assert rates[w] == pytest.approx(lr)                # the peak, then the decay over the other 90 steps
+    np.testing.assert_allclose(C.learning_rates(lr, "linear", True, steps)[w:], lr * (1 - (k[w:] - w) / (steps - w)))
+    assert np.all(C.learning_rates(0.0, "cosine", True, steps) == 0.0)
+    with pytest.raises(ValueError, match="schedule"):
+        C.learning_rates(lr, "step", False, steps)
+    with pytest.raises(ValueError, match="lr"):
+        C.learning_rates(-1.0, "constant", False, steps)
+
+
+# ------------------------------------------------------------------------------------------------
+# forgetting
+# ------------------------------------------------------------------------------------------------
+def _enumerated_loss(task, log_q):
+    """KL_seq(P || q) by enumerating every response of the tree (P the task's one teacher)."""
+    t = task.teachers
+    total = 0.0
+    for response in itertools.product(range(t.n), repeat=task.horizon):
+        s, lp, lq = t.start, 0.0, 0.0
+        for h, a in enumerate(response):
+            lp += t.log_probs[0, s, a]
+            lq += log_q[h, s, a] if log_q.ndim == 3 else log_q[s, a]
+            s = t.next_state[s, a]
+        total += math.exp(lp) * (lp - lq)
+    return total
+
+
+def test_loss_on_a_equals_the_enumerated_sequence_kl():
+    pair = C.make_pair(0)
+    rng = np.random.default_rng(3)
+    t = pair.A.teachers
+    log_q = np.log(rng.dirichlet(np.ones(t.n), size=t.S))
+    assert C.loss_on(pair.A, log_q) == pytest.approx(_enumerated_loss(pair.A, log_q), rel=1e-10)
+    assert C.loss_on(pair.A, np.asarray(t.log_probs[0])) == pytest.approx(0.0, abs=1e-12)
+
+
+def _config(**kw):
+    return dict(dict(lr=0.1, schedule="constant", warmup=False, alpha=0.0, objective="fkl", clip=True,
+                     storage="float32"), **kw)
+
+
+def test_forgetting_is_exactly_zero_at_learning_rate_zero_beside_runs_that_forget():
+    pair = C.make_pair(1)
+    start = C.learn_a(pair, [0], steps=60)
+    runs = [(_config(lr=0.0, storage=st, objective=obj), 0) for st in C.STORAGES for obj in ("fkl", "pg1")]
+    runs += [(_config(lr=0.1, storage=st), 0) for st in C.STORAGES]
+    out = C.distil_loglinear(pair, runs, start, steps=30, batch=16)
+    frozen, moving = out[out.lr == 0.0], out[out.lr > 0]
+    assert (frozen.forgetting == 0.0).all() and (frozen.sparsity == 0.0).all() and (frozen.sparsity_bf16 == 0.0).all()
+    assert (moving.forgetting > 1e-3).all() and (moving.sparsity > 0.3).all()
+
+
+def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_closed_form():
+    """With features one-hot in the state only (the same for A and B), FKL on B drives the student to B's
+    arithmetic pool at every state, so forgetting -> KL_seq(P_A || A_B) - KL_seq(P_A || q_before)."""
+    pair = C.make_pair(2)
+    S = pair.A.teachers.S
+    blind = C.Pair(pair.A, pair.B, np.broadcast_to(np.eye(S), (2, S, S)).copy())
+    start = C.learn_a(blind, [0], steps=300)
+    out = C.distil_loglinear(blind, [(_config(lr=0.05), 0)], start, steps=400, batch=64).iloc[0]
+    A_B = D.target_table(pair.B, "arithmetic")
+    expected = _enumerated_loss(pair.A, A_B) - out.loss_a_before
+    assert expected > 0.1
+    assert out.forgetting == pytest.approx(expected, rel=0.02)
+    assert out.quality < 1e-3
+
+
+def test_neural_forgetting_is_exactly_zero_at_learning_rate_zero():
+    pair = C.make_pair(0)
+    start = C.neural_student(pair, 0, steps=5)
+    row = C.distil_neural(pair, _config(lr=0.0, storage="float32"), 0, start, steps=4, batch=8)
+    assert row["forgetting"] == 0.0 and row["sparsity"] == 0.0
+    row = C.distil_neural(pair, _config(lr=3e-3), 0, start, steps=20, batch=16)
+    assert row["forgetting"] > 1e-3 and row["sparsity"] > 0.5
+
+
+# ------------------------------------------------------------------------------------------------
+# the variance decomposition
+# ------------------------------------------------------------------------------------------------
+def _design(noise=0.0, seeds=3):
+    """y = alpha_a + beta_b + 0.5 alpha_a beta_b + 0.25 alpha_a beta_b gamma_c over a 3 x 2 x 2 design; the
+    effects are centred, so the terms are orthogonal: SS_a = 8, SS_b = 12, SS_ab = 2, SS_abc = 0.5 (sums over
+    the 12 cells) and the factor c alone explains nothing."""
+    alpha, beta, gamma = {0: -1.0, 1: 0.0, 2: 1.0}, {0: -1.0, 1: 1.0}, {0: -1.0, 1: 1.0}
+    rng = np.random.default_rng(0)
+    rows = []
+    for seed in range(seeds):
+        for a, b, c in itertools.product(alpha, beta, gamma):
+            y = alpha[a] + beta[b] + 0.5 * alpha[a] * beta[b] + 0.25 * alpha[a] * beta[b] * gamma[c]
+            for _ in range(2):                                  # two replicates per cell
+                rows.append(dict(seed=seed, a=a, b=b, c=c, y=y + noise * rng.normal()))
+    return pd.DataFrame(rows)
+
+
+def test_variance_shares_recover_known_shares():
+    table = analysis.variance_shares(_design(), ["a", "b", "c"], "y").set_index("term")
+    total = 8 + 12 + 2 + 0.5
+    expected = {"a": 8 / total, "b": 12 / total, "a x b": 2 / total, "c": 0.0, "a x c": 0.0, "b x c": 0.0,
+                "higher order": 0.5 / total}
+    for term, share in expected.items():
+        assert table.loc[term, "share"] == pytest.approx(share, abs=1e-12), term
+        assert table.loc[term, "lo"] == pytest.approx(share, abs=1e-12)
+    assert table.share.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_variance_shares_intervals_cover_the_truth_under_noise_and_reject_unbalanced_designs():
+    table = analysis.variance_shares(_design(noise=0.05, seeds=8), ["a", "b", "c"], "y").set_index("term")
+    assert table.loc["b", "lo"] < 12 / 22.5 < table.loc["b", "hi"] + 0.01
+    assert table.loc["b", "hi"] - table.loc["b", "lo"] < 0.05
+    df = _design()
+    with pytest.raises(ValueError, match="balanced"):
+        analysis.variance_shares(df.drop(index=[0, 1]), ["a", "b", "c"], "y")
+
+
+# ------------------------------------------------------------------------------------------------
+# sims/forgetting.py end to end
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick_forgetting(tmp_path_factory):
+    out = tmp_path_factory.mktemp("forgetting-quick")
+    run_script("sims/forgetting.py", "--quick", "--out", out, "--quiet")
+    return out
+
+
+@pytest.mark.integration
+def test_forgetting_quick_end_to_end(quick_forgetting):
+    from sims import forgetting as F
+    out = quick_forgetting
+    for name in ("loglinear.csv", "neural.csv", "shares.csv", "figures/forgetting.png", "figures/forgetting_shares.png"):
+        assert (out / name).exists(), name
+    ll = pd.read_csv(out / "loglinear.csv")
+    assert len(ll) == len(F.grid(F.QUICK)) * F.SIZES["loglinear_seeds"][1]
+    by_lr = ll.groupby("lr").forgetting.mean()
+    assert by_lr.iloc[-1] > 10 * by_lr.iloc[0] > 0                  # a larger learning rate forgets more
+    bf16 = ll[ll.storage == "bf16"]
+    assert (bf16.sparsity_bf16 <= bf16.sparsity + 1e-12).all()
+    shares = pd.read_csv(out / "shares.csv")
+    sums = shares.groupby(["student", "outcome"]).share.sum()
+    assert np.allclose(sums, 1.0, atol=1e-9)
+    top = shares[shares.term != "higher order"].sort_values("share").groupby(["student", "outcome"]).tail(1)
+    assert (top[top.outcome == "forgetting"].term == "lr").all()
+
+
+@pytest.mark.integration
+def test_forgetting_is_deterministic_and_resumes(quick_forgetting, tmp_path):
+    run_script("sims/forgetting.py", "--quick", "--only", "loglinear", "--out", tmp_path, "--quiet", "--no-figures")
+    assert (tmp_path / "loglinear.csv").read_bytes() == (quick_forgetting / "loglinear.csv").read_bytes()
+    proc = run_script("sims/forgetting.py", "--quick", "--out", quick_forgetting, "--resume", "--no-figures")
+    assert "resumed)" in proc.stderr and "(0 resumed)" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_forgetting_figures_read_the_csvs(quick_forgetting):
+    from figures import forgetting as ff
+    figs = ff.figures_from(str(quick_forgetting))
+    assert set(figs) == {"forgetting", "forgetting_shares"}
+    a = figs["forgetting"].axes[0]
+    ll = pd.read_csv(quick_forgetting / "loglinear.csv")
+    x, y = a.get_lines()[0].get_data()
+    expected = ll[ll.alpha == ll.alpha.min()].groupby("lr").forgetting.mean()
+    np.testing.assert_allclose(x, expected.index)
+    np.testing.assert_allclose(y, np.maximum(expected.to_numpy(), 1e-6))
+    panels = figs["forgetting_shares"].axes[:4]
+    assert [ax.get_title() for ax in panels] == list(ff.OUTCOME_LABELS.values())
+
+
+@pytest.mark.parametrize("bad", [["--seeds", "0"], ["--only", "nope"], ["--full"], ["--executor", "mpi"]])
+def test_forgetting_bad_arguments_exit_2_with_one_line(bad, tmp_path):
+    proc = run_script("sims/forgetting.py", *bad, "--quick", "--out", tmp_path, check=False, timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_make_pair_rejects_trees_of_different_shapes(monkeypatch):
+    real = D.make_task
+
+    def other_shape(kind, K, seed):
+        task = real(kind, K=K, seed=seed)
+        if K == 2:
+            base = examples.prefix_tree(K, 2, 3, seed=seed, concentration=0.5)
+            return D.Task(base, task.weights, 2)
+        return task
+    monkeypatch.setattr(D, "make_task", other_shape)
+    with pytest.raises(ValueError, match="shape"):
+        C.make_pair(0)
