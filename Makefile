@@ -45,6 +45,8 @@ gallery: .venv/.installed-test
 	$(PY) sims/mechanisms.py all
 	$(PY) sims/rollout_spectrum.py
 	$(PY) sims/estimators.py
+	$(PY) sims/forgetting.py
+	$(PY) sims/rlvr.py
 	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
 	$(PY) -m figures --gallery
 

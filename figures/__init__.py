@@ -58,6 +58,8 @@ GALLERY = {
     "topk_bias": ("topk_bias",),
     "rollout_spectrum": ("spectrum", "spectrum_neural"),
     "estimators": ("estimators",),
+    "forgetting": ("forgetting_shares", "forgetting"),
+    "rlvr": ("rlvr", "rlvr_cost"),
 }
 DPI = 200
 

@@ -59,8 +59,8 @@ def rlvr_figure(curves, e4):
     ax.axvline(0, color="k", lw=0.6)
     ax.set_yticks(range(len(labels)), labels, fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("on-policy - offline OOD accuracy")
-    ax.set_title("on-policy edge (paired, 95% CI)")
+    ax.set_xlabel("on-policy - offline (OOD acc.)")
+    ax.set_title("on-policy edge, paired")
     ax.grid(True, axis="x")
     legend_below(fig, list(handles.values()), list(handles), ncol=5, title=BAND)
     return fig

@@ -109,6 +109,8 @@ def experiment_parser(prog, description, default_out, experiments=None, full=Fal
     sizes.add_argument("--quick", action="store_true", help="small sizes (seconds); the tests use it")
     if full:
         sizes.add_argument("--full", action="store_true", help="cluster-sized sweep (use with --executor dask)")
+    else:
+        ap.set_defaults(full=False)
     ap.add_argument("--out", default=default_out, help=f"results folder (default {default_out})")
     ap.add_argument("--seeds", type=int_at_least(1, "--seeds"), default=None, help="seeds per stochastic cell")
     if experiments:
