@@ -12,6 +12,7 @@ METHOD_COLOURS = {"offline FKL": "tab:blue", "offline RKL": "tab:red", "on-polic
                   "offline FKL, 256 traces": "tab:purple", "offline FKL, 4096 traces": "tab:green"}
 MAIN = ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL", "no distillation")
 CONDITION_TITLES = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
+STUDENT_NAMES = {"loglinear": "log-linear", "neural": "tiny Qwen2"}
 
 
 def _runs(df, x, y):
@@ -23,56 +24,60 @@ def _runs(df, x, y):
 
 @paper
 def rlvr_figure(curves, e4):
-    """(a, b) OOD accuracy through distillation and then RL, per condition (a line per method, the
-    band a 95% interval over (task, seed)); (c) the paired on-policy minus offline OOD accuracy after
-    each stage, with 95% intervals."""
+    """A row per student: OOD accuracy through distillation and then RL, per condition (a line per method,
+    the band a 95% interval over (task, seed)), and the paired on-policy minus offline OOD accuracy after
+    each stage with 95% intervals."""
     conditions = [c for c in CONDITION_TITLES if c in set(curves.condition)]
-    fig = figure(TWO_COLUMNS, 2.7)
-    axes = fig.subplots(1, len(conditions) + 1, width_ratios=[1.3] * len(conditions) + [1.0])
+    students = [s for s in STUDENT_NAMES if s in set(curves.student)]
+    fig = figure(TWO_COLUMNS, 2.5 * len(students) + 0.5)
+    grid = np.atleast_2d(fig.subplots(len(students), len(conditions) + 1,
+                                      width_ratios=[1.2] * len(conditions) + [1.1], squeeze=False))
     handles = {}
-    for ax, condition in zip(axes, conditions):
-        c = curves[curves.condition == condition]
-        offset = c[c.stage == "distil"].step.max()
-        c = c.assign(t=np.where(c.stage == "rl", c.step + offset, c.step))
-        for method in MAIN:
-            m = c[(c.method == method) & ~((c.stage == "rl") & (c.step == 0))]
-            if len(m):
-                x, v = _runs(m, "t", "ood_accuracy")
-                handles[method] = mean_band(ax, x, v, METHOD_COLOURS[method], label=method)
-        ax.axvline(offset, color="k", lw=0.6, ls=":")
-        ax.text(offset, 1.0, " RL starts", fontsize=6, va="top")
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("step: distillation, then RL")
-        ax.set_ylabel("OOD accuracy (exact)")
-        ax.set_title(CONDITION_TITLES[condition])
-        ax.grid(True)
-    ax = axes[-1]
-    diffs = e4[e4.comparison.str.contains(" - ")].reset_index(drop=True)
-    labels = []
-    for i, row in diffs.iterrows():
-        colour = METHOD_COLOURS["on-policy FKL" if "FKL" in row.comparison else "on-policy RKL"]
-        marker = "o" if row.stage == "distil" else "s"
-        ax.errorbar(row.ood_accuracy, i, xerr=[[row.ood_accuracy - row.lo], [row.hi - row.ood_accuracy]], fmt=marker,
-                    color=colour, ms=3.5, capsize=2, lw=0.8)
-        labels.append(f"{'FKL' if 'FKL' in row.comparison else 'RKL'}, {row.condition}, "
-                      f"{'after distil.' if row.stage == 'distil' else 'after RL'}")
-    ax.axvline(0, color="k", lw=0.6)
-    ax.set_yticks(range(len(labels)), labels, fontsize=6)
-    ax.invert_yaxis()
-    ax.set_xlabel("on-policy - offline (OOD acc.)")
-    ax.set_title("on-policy edge, paired")
-    ax.grid(True, axis="x")
+    for row, student in zip(grid, students):
+        for ax, condition in zip(row, conditions):
+            c = curves[(curves.condition == condition) & (curves.student == student)]
+            offset = c[c.stage == "distil"].step.max()
+            c = c.assign(t=np.where(c.stage == "rl", c.step + offset, c.step))
+            for method in MAIN:
+                m = c[(c.method == method) & ~((c.stage == "rl") & (c.step == 0))]
+                if len(m):
+                    x, v = _runs(m, "t", "ood_accuracy")
+                    handles[method] = mean_band(ax, x, v, METHOD_COLOURS[method], label=method)
+            ax.axvline(offset, color="k", lw=0.6, ls=":")
+            ax.text(offset, 1.0, " RL starts", fontsize=6, va="top")
+            ax.set_ylim(0, 1.02)
+            ax.set_xlabel("step: distillation, then RL")
+            ax.set_ylabel(f"OOD accuracy, {STUDENT_NAMES[student]}")
+            ax.set_title(f"{STUDENT_NAMES[student]}, {CONDITION_TITLES[condition]}")
+            ax.grid(True)
+        ax = row[-1]
+        diffs = e4[e4.comparison.str.contains(" - ") & (e4.student == student)].reset_index(drop=True)
+        labels = []
+        for i, d in diffs.iterrows():
+            colour = METHOD_COLOURS["on-policy FKL" if "FKL" in d.comparison else "on-policy RKL"]
+            ax.errorbar(d.ood_accuracy, i, xerr=[[d.ood_accuracy - d.lo], [d.hi - d.ood_accuracy]],
+                        fmt="o" if d.stage == "distil" else "s", color=colour, ms=3.5, capsize=2, lw=0.8)
+            labels.append(f"{'FKL' if 'FKL' in d.comparison else 'RKL'}, {d.condition}, "
+                          f"{'after distil.' if d.stage == 'distil' else 'after RL'}")
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_yticks(range(len(labels)), labels, fontsize=6)
+        ax.invert_yaxis()
+        ax.set_xlabel("on-policy - offline")
+        ax.set_title(f"OOD edge ({int(diffs.runs.max()) if len(diffs) else 0} paired runs)")
+        ax.grid(True, axis="x")
     legend_below(fig, list(handles.values()), list(handles), ncol=5, title=BAND)
     return fig
 
 
 @paper
 def cost_figure(curves):
-    """Distillation quality against its cost (teacher forward tokens + student generated tokens) in the
-    first condition: (a) KL to A for the FKL methods, (b) KL to l for the RKL methods, (c) ID accuracy.
+    """Distillation quality against its cost (teacher forward tokens + student generated tokens) for the
+    log-linear student in the first condition: (a) KL to A for the FKL methods, (b) KL to l for the RKL methods, (c) ID accuracy.
     An offline method pays for its pool of traces up front, so its points stand at one cost."""
     condition = next(c for c in CONDITION_TITLES if c in set(curves.condition))
-    d = curves[(curves.condition == condition) & (curves.stage == "distil") & (curves.objective.fillna("") != "")]
+    student = next(s for s in STUDENT_NAMES if s in set(curves.student))
+    d = curves[(curves.condition == condition) & (curves.student == student) & (curves.stage == "distil")
+               & (curves.objective.fillna("") != "")]
     d = d.assign(cost=d.teacher_tokens + d.student_tokens)
     fig = figure(TWO_COLUMNS, 2.5)
     axes = fig.subplots(1, 3)
@@ -98,7 +103,7 @@ def cost_figure(curves):
     axes[1].set_title("RKL: offline vs on-policy")
     axes[2].set_title("ID accuracy (star: end)")
     legend_below(fig, list(handles.values()), list(handles), ncol=4,
-                 title=f"{CONDITION_TITLES[condition]}; mean over (task, seed) at each step")
+                 title=f"{STUDENT_NAMES[student]} student, {CONDITION_TITLES[condition]}; mean over (task, seed) at each step")
     return fig
 
 

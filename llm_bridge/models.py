@@ -101,9 +101,10 @@ def load_model(spec, device="cpu", dtype="auto"):
     return model, tok
 
 
-def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, max_positions=128):
+def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, max_positions=128, attention=None):
     """A small randomly initialised Llama or Qwen2 causal LM built from a config (no download): the
-    students of the tests, examples and sims. Returned in train mode on the CPU."""
+    students of the tests, examples and sims. Returned in train mode on the CPU. ``attention``: the
+    attention implementation ('eager', 'sdpa'; default transformers' choice)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     kinds = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
     if arch not in kinds:
@@ -113,6 +114,8 @@ def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, ma
     cfg = config_cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                      max_position_embeddings=max_positions)
+    if attention is not None:
+        cfg._attn_implementation = attention
     return model_cls(cfg)
 
 

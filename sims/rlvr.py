@@ -1,19 +1,21 @@
 """RL from a verifiable reward after distillation, and what each distillation costs (claims E4, E6).
 
-    python sims/rlvr.py            # about 5 min on 2 cores
+    python sims/rlvr.py            # about 7 min on 2 cores
     python sims/rlvr.py --quick    # seconds (the tests run this)
     python sims/rlvr.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 
-On goal-reaching tasks with a checker (sims.verifier), a log-linear student with shared features is
-distilled from two teachers on in-distribution contexts, to an equal budget (the same steps and batch):
+On goal-reaching tasks with a checker (sims.verifier), a student with shared parameters (log-linear on
+shared features, every run of a task in one tensor; and a tiny Qwen2 reading the same features, fewer
+runs) is distilled from two teachers on in-distribution contexts, to an equal budget (the same steps
+and batch):
 offline (FKL or RKL with the full conditionals on minibatches from a pool of teacher traces drawn once:
-256, 1024 or 4096 traces for FKL) or on-policy (the same losses on the student's own responses); a
+256, 1024 or 4096 traces for FKL; 1024 for the tiny Qwen2) or on-policy (the same losses on the student's own responses); a
 control is not distilled. Then every student runs the same policy-gradient RL with the 0/1 reward of
 the checker on in-distribution contexts (REINFORCE with a group-relative baseline). Two conditions: the
 student's features carry a shared skill (what it learns on one state transfers to others) or do not.
 
 Writes to ``--out`` (default results/rlvr):
-  curves.csv     every run at log-spaced checkpoints of both stages: condition, task, method, seed, stage,
+  curves.csv     every run at log-spaced checkpoints of both stages: student, condition, task, method, seed, stage,
                  step, teacher_tokens, student_tokens, id_accuracy, ood_accuracy, kl_arithmetic, kl_local
   teachers.csv   the exact outcomes of each teacher and of the targets A and l, per task
   e4.csv         OOD accuracy after distillation and after RL per method, and the paired on-policy minus
@@ -37,20 +39,21 @@ from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa
 from sims import analysis  # noqa: E402
 from sims import verifier as V  # noqa: E402
 
-EXPERIMENTS = ("shared", "unshared")
+EXPERIMENTS = ("shared", "unshared")              # the conditions
 DEFAULT_OUT = os.path.join("results", "rlvr")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
 # ------------------------------------------------------------------------------------------------
 SIZES = {                                    # default / --quick / --full
-    "tasks": (8, 2, 16),
-    "seeds": (8, 2, 16),                      # student seeds per task
+    "tasks": (8, 2, 16),                      # log-linear student: tasks per condition
+    "seeds": (8, 2, 16),                      # ... and student seeds per task
+    "neural_tasks": (4, 1, 8),                # tiny Qwen2 student
+    "neural_seeds": (4, 2, 8),
     "distil_steps": (300, 30, 600),
     "rl_steps": (500, 30, 1000),
 }
 CONDITIONS = {"shared": dict(signal=1.0), "unshared": dict(signal=0.0)}
-CONDITION_LABELS = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
 METHODS = (
     dict(method="offline FKL", objective="fkl", rollouts="offline", pool=1024),
     dict(method="offline FKL, 256 traces", objective="fkl", rollouts="offline", pool=256),
@@ -61,34 +64,41 @@ METHODS = (
     dict(method="no distillation", objective="", rollouts="", pool=0),
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
-TARGET_OF = {"fkl": "kl_arithmetic", "rkl": "kl_local"}
-TRAINING = dict(batch=32, lr=0.03, contexts=8, group=8)
+STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
+                   "neural": tuple(m for m in METHODS if m["pool"] in (0, 1024))}
+TRAINING = dict(batch=32, contexts=8, group=8)
+LEARNING_RATES = {"loglinear": (0.03, 0.03), "neural": (3e-3, 1e-3)}   # (distillation, RL): Adam
 
 
 def cells_for(size, only, base_seed=0):
-    return [Cell(condition, "study", {"condition": condition, "task": task, "seeds": size["seeds"],
-                                      "distil_steps": size["distil_steps"], "rl_steps": size["rl_steps"]},
-                 seeds=2, base_seed=base_seed, stream=(condition, task))
-            for condition in only for task in range(size["tasks"])]
+    prefix = {"loglinear": "", "neural": "neural_"}
+    return [Cell(condition, "study", {"condition": condition, "student": student, "task": task,
+                                      "seeds": size[f"{prefix[student]}seeds"], "distil_steps": size["distil_steps"],
+                                      "rl_steps": size["rl_steps"]},
+                 seeds=2, base_seed=base_seed, stream=(condition, student, task))
+            for student in STUDENT_METHODS for condition in only for task in range(size[f"{prefix[student]}tasks"])]
 
 
 # ------------------------------------------------------------------------------------------------
 # one function per kind of cell
 # ------------------------------------------------------------------------------------------------
 def run_study(cell):
-    """Both stages for every method and student seed on one task."""
+    """Both stages for every method and student seed of one student kind on one task."""
     task_id = cell.base_seed * 1000 + cell["task"]
     task = V.make_goal_task(task_id, **CONDITIONS[cell["condition"]])
-    runs = [(m, s) for m in METHODS for s in range(cell["seeds"])]
-    W0 = V.init_students(task, [task_id * 100 + s for _, s in runs])
+    student = cell["student"]
+    runs = [(m, s) for m in STUDENT_METHODS[student] for s in range(cell["seeds"])]
+    distil_lr, rl_lr = LEARNING_RATES[student]
+    students = V.STUDENTS[student](task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
     stream = cell.seed_array()
-    W, rows, costs = V.distil(task, runs, W0, steps=cell["distil_steps"], batch=TRAINING["batch"], lr=TRAINING["lr"],
-                              seed=int(stream[0]))
-    _, rl_rows = V.reinforce(task, runs, W, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
-                             group=TRAINING["group"], lr=TRAINING["lr"], seed=int(stream[1]))
-    curves = pd.DataFrame(rows + rl_rows).assign(condition=cell["condition"], task=cell["task"])
-    teachers = V.teacher_rows(task).assign(condition=cell["condition"], task=cell["task"])
-    return {"curves": curves, "teachers": teachers}
+    rows, costs = V.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
+                           seed=int(stream[0]))
+    students.lr = rl_lr                                     # RL starts its own Adam at its own rate
+    rl_rows = V.reinforce(task, runs, students, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
+                          group=TRAINING["group"], seed=int(stream[1]))
+    where = dict(condition=cell["condition"], student=student, task=cell["task"])
+    return {"curves": pd.DataFrame(rows + rl_rows).assign(**where),
+            "teachers": V.teacher_rows(task).assign(condition=cell["condition"], task=cell["task"])}
 
 
 RUNNERS = {"study": run_study}
@@ -103,7 +113,7 @@ def run_cell(cell):
 # ------------------------------------------------------------------------------------------------
 def stage_ends(curves):
     """One row per run: OOD and ID accuracy after distillation ('_distil') and after RL ('_rl')."""
-    keys = ["condition", "task", "method", "seed"]
+    keys = ["student", "condition", "task", "method", "seed"]
     ends = []
     for stage in ("distil", "rl"):
         part = curves[curves.stage == stage]
@@ -123,12 +133,12 @@ def e4_table(curves):
     the interval after RL does too."""
     ends = stage_ends(curves)
     rows = []
-    for (condition, method), g in ends.groupby(["condition", "method"], sort=False):
+    for (student, condition, method), g in ends.groupby(["student", "condition", "method"], sort=False):
         for stage in ("distil", "rl"):
             mean, lo, hi = _interval(g[f"ood_accuracy_{stage}"])
-            rows.append(dict(condition=condition, comparison=method, stage=stage, ood_accuracy=mean, lo=lo, hi=hi,
-                             runs=len(g)))
-    for condition, g in ends.groupby("condition", sort=False):
+            rows.append(dict(student=student, condition=condition, comparison=method, stage=stage, ood_accuracy=mean,
+                             lo=lo, hi=hi, runs=len(g)))
+    for (student, condition), g in ends.groupby(["student", "condition"], sort=False):
         wide = g.set_index(["task", "seed", "method"]).unstack("method")
         for objective, (on, off) in PAIRS.items():
             verdict = {}
@@ -136,8 +146,8 @@ def e4_table(curves):
                 diff = wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
                 mean, lo, hi = _interval(diff)
                 verdict[stage] = "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
-                rows.append(dict(condition=condition, comparison=f"{on} - {off}", stage=stage, ood_accuracy=mean,
-                                 lo=lo, hi=hi, runs=len(diff)))
+                rows.append(dict(student=student, condition=condition, comparison=f"{on} - {off}", stage=stage,
+                                 ood_accuracy=mean, lo=lo, hi=hi, runs=len(diff)))
             edge = verdict["distil"] == "above 0"
             rows[-1]["verdict"] = rows[-2]["verdict"] = (
                 ("edge survives RL" if verdict["rl"] == "above 0" else f"edge does not survive RL (after RL: "
@@ -166,16 +176,17 @@ def e6_table(curves):
     d = curves[(curves.stage == "distil") & (curves.objective != "")].copy()
     d["cost"] = d.teacher_tokens + d.student_tokens
     d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
-    keys = ["condition", "task", "seed"]
+    keys = ["student", "condition", "task", "seed"]
     per_run = []
-    for (condition, task, seed), g in d.groupby(keys, sort=False):
+    for (student, condition, task, seed), g in d.groupby(keys, sort=False):
         offline = {obj: g[g.method == off] for obj, (_, off) in PAIRS.items()}
         for method, run in g.groupby("method", sort=False):
             run = run.sort_values("step")
             end = run.iloc[-1]
             ref = offline[end.objective]
             ref_cost, ref_kl = float(ref.cost.iloc[-1]), float(ref.sort_values("step").kl_target.iloc[-1])
-            row = dict(condition=condition, task=task, seed=seed, method=method, objective=end.objective,
+            row = dict(student=student, condition=condition, task=task, seed=seed, method=method,
+                       objective=end.objective,
                        cost=end.cost, teacher_tokens=end.teacher_tokens, student_tokens=end.student_tokens,
                        kl_target=end.kl_target, id_accuracy=end.id_accuracy,
                        kl_at_offline_cost=_last_at_most(run.kl_target, run.cost, ref_cost),
@@ -183,8 +194,8 @@ def e6_table(curves):
             per_run.append(row)
     per_run = pd.DataFrame(per_run)
     rows = []
-    for (condition, method), g in per_run.groupby(["condition", "method"], sort=False):
-        row = dict(condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))
+    for (student, condition, method), g in per_run.groupby(["student", "condition", "method"], sort=False):
+        row = dict(student=student, condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))
         for col in ("cost", "teacher_tokens", "student_tokens", "kl_target", "id_accuracy", "kl_at_offline_cost",
                     "cost_to_offline_kl"):
             values = g[col].dropna()
@@ -211,7 +222,7 @@ def main(argv=None):
     if not args.quiet:
         print(e4[e4.comparison.str.contains(" - ")].to_string(index=False, float_format=lambda v: f"{v:.3f}"),
               file=sys.stderr)
-        print(e6[["condition", "method", "cost", "kl_target", "kl_at_offline_cost", "cost_to_offline_kl",
+        print(e6[["student", "condition", "method", "cost", "kl_target", "kl_at_offline_cost", "cost_to_offline_kl",
                   "reached_offline_kl"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"), file=sys.stderr)
     if not args.no_figures:
         import figures

@@ -10,11 +10,12 @@ out-of-distribution (OOD) ones at the top levels, which need longer horizons and
 contexts rarely reach.
 
 Teachers: K = 2, each an expert on alternate levels (a sharp preference for the progress action) and a
-novice elsewhere (a weak one, plus noise). The student is log-linear with shared features,
-logits(s) = W phi(s), phi(s) = [signal * one-hot(progress action) + noise (the skill, shared across
-states); Gaussian features; one-hot(s)], so what it learns at the states it trains on transfers in part to
-the states it never visits. Every run of a sweep is one slice of W (R, n, d), trained by an elementwise
-Adam (sims.continual.adam_step).
+novice elsewhere (a weak one, plus noise). The students read the state's features phi(s) = [signal *
+one-hot(progress action) + noise (the skill, shared across states); Gaussian features; one-hot(s)], so
+what they learn at the states they train on transfers in part to the states they never visit: the
+log-linear student logits(s) = W phi(s) (every run one slice of W (R, n, d), elementwise Adam) and a tiny
+Qwen2 reading phi(s) through a linear input layer (runs stacked and evaluated by torch.func.vmap). Both
+are stationary policies, so their outcomes are exact.
 
 Everything is measured exactly: the probability that the student's stationary policy reaches the goal
 within the horizon (a matrix power), averaged over the ID and the OOD contexts, and the per-position KL
@@ -209,22 +210,107 @@ def _id_starts(task, size, gen):
     return torch.as_tensor(task.id_starts)[torch.randint(len(task.id_starts), (size,), generator=gen)]
 
 
-def _clipped(grad, clip_norm):
-    norms = grad.flatten(1).norm(dim=1)
-    return grad * (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)[:, None, None]
+# ------------------------------------------------------------------------------------------------
+# the students: R runs behind one interface (tables with gradient, one optimiser step per run)
+# ------------------------------------------------------------------------------------------------
+class LogLinearStudents:
+    """R log-linear students W (R, n, d) on the task's features, one small random W per seed, trained by
+    an elementwise Adam (sims.continual.adam_step), the gradient norm clipped per run. ``lr`` may be
+    changed between stages: :meth:`reset` (called by distil and reinforce) starts a fresh Adam."""
+
+    def __init__(self, task, seeds, lr=0.03, clip_norm=1.0, scale=0.1):
+        d = task.features.shape[1]
+        self.features, self.lr, self.clip_norm = task.features, lr, clip_norm
+        self.W = torch.stack([scale * torch.randn(task.n, d, generator=torch.Generator().manual_seed(9000 + s))
+                              for s in seeds])
+        self.reset()
+
+    def reset(self):
+        """A fresh optimiser state (each training stage starts its own Adam)."""
+        self.m, self.v, self.t = torch.zeros_like(self.W), torch.zeros_like(self.W), 0
+
+    def tables(self):
+        """log-probs (R, S, n) with gradient."""
+        self._W = self.W.clone().requires_grad_()
+        return loglinear_tables(self._W, self.features)
+
+    def step(self, loss):
+        """One update from ``loss`` (the sum of the runs' losses, built from the last :meth:`tables`)."""
+        (grad,) = torch.autograd.grad(loss, self._W)
+        norms = grad.flatten(1).norm(dim=1)
+        grad = grad * (self.clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)[:, None, None]
+        self.t += 1
+        self.W = adam_step(self.W, grad, self.m, self.v, self.t, torch.full((self.W.shape[0],), self.lr))
+
+    def log_probs(self):
+        """log-probs (R, S, n) as float64 NumPy, for the exact outcomes."""
+        with torch.no_grad():
+            return loglinear_tables(self.W.double(), self.features).numpy()
 
 
-def init_students(task, seeds, scale=0.1):
-    """W (R, n, d): one small random student per seed (a torch generator per seed)."""
-    d = task.features.shape[1]
-    return torch.stack([scale * torch.randn(task.n, d, generator=torch.Generator().manual_seed(9000 + s))
-                        for s in seeds])
+class FeaturePolicy(torch.nn.Module):
+    """A tiny Qwen2 (from a config) as a stationary policy: it reads a state's features through a linear
+    input layer as a one-position sequence and returns log-probs over the n actions."""
+
+    def __init__(self, task, seed, hidden=32):
+        super().__init__()
+        from llm_bridge.models import tiny_model
+        torch.manual_seed(9000 + seed)
+        self.embed = torch.nn.Linear(task.features.shape[1], hidden)
+        self.lm = tiny_model("qwen2", vocab_size=task.n, hidden_size=hidden, seed=9000 + seed, attention="eager")
+
+    def forward(self, features):
+        logits = self.lm(inputs_embeds=self.embed(features)[:, None, :]).logits[:, 0, :]
+        return torch.log_softmax(logits.float(), -1)
 
 
-def _record(task, W, runs, stage, step, costs):
-    with torch.no_grad():
-        log_q = loglinear_tables(W.double(), task.features).numpy()
-    out = evaluate(task, log_q)
+class NeuralStudents:
+    """R :class:`FeaturePolicy` students, one per seed, evaluated together by ``torch.func.vmap`` over
+    their stacked parameters; Adam (elementwise, so the runs stay independent) with each run's gradient
+    clipped to global norm ``clip_norm``. The same interface as :class:`LogLinearStudents`."""
+
+    def __init__(self, task, seeds, lr=3e-3, clip_norm=1.0):
+        import copy
+        from torch.func import stack_module_state
+        self.features = torch.as_tensor(task.features, dtype=torch.float32)
+        self.lr, self.clip_norm = lr, clip_norm
+        models = [FeaturePolicy(task, s) for s in seeds]
+        params, self.buffers = stack_module_state(models)
+        # the token embeddings are never read (the inputs are embedded features): not trained
+        self.params = {k: v.detach().requires_grad_(not k.startswith("lm.model.embed_tokens"))
+                       for k, v in params.items()}
+        self.base = copy.deepcopy(models[0]).to("meta")
+        self.reset()
+
+    def reset(self):
+        self.opt = torch.optim.Adam([p for p in self.params.values() if p.requires_grad], lr=self.lr)
+
+    def tables(self):
+        from torch.func import functional_call, vmap
+
+        def one(params, buffers):
+            return functional_call(self.base, (params, buffers), (self.features,))
+        return vmap(one)(self.params, self.buffers)
+
+    def step(self, loss):
+        trained = [p for p in self.params.values() if p.requires_grad]
+        grads = torch.autograd.grad(loss, trained)
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
+        scale = (self.clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
+        for p, g in zip(trained, grads):
+            p.grad = g * scale.view(-1, *[1] * (g.ndim - 1))
+        self.opt.step()
+
+    def log_probs(self):
+        with torch.no_grad():
+            return self.tables().double().numpy()
+
+
+STUDENTS = {"loglinear": LogLinearStudents, "neural": NeuralStudents}
+
+
+def _record(task, students, runs, stage, step, costs):
+    out = evaluate(task, students.log_probs())
     return [dict(method, seed=s, stage=stage, step=step, teacher_tokens=int(costs[0][r]),
                  student_tokens=int(costs[1][r]), **{k: float(v[r]) for k, v in out.items()})
             for r, (method, s) in enumerate(runs)]
@@ -239,12 +325,13 @@ def checkpoints(steps, per_decade=10):
     return {0, steps} | {int(v) for v in np.round(grid)}
 
 
-def distil(task, runs, W, steps=300, batch=32, lr=0.03, clip_norm=1.0, seed=0):
-    """Distil every run at once from W (R, n, d): runs is a list of (method, seed), method a dict with
-    ``objective`` (fkl, rkl, or None: no distillation), ``rollouts`` (offline: minibatches from a pool
-    of ``pool`` teacher traces drawn once per seed and shared by that seed's offline methods; on-policy:
-    the student's own responses) and ``pool``. Returns (W, rows of the exact outcomes at the
-    :func:`checkpoints` with the cumulative costs, the final costs (teacher_tokens, student_tokens) (R,))."""
+def distil(task, runs, students, steps=300, batch=32, seed=0):
+    """Distil every run at once (``students`` one per run, trained in place): runs is a list of (method,
+    seed), method a dict with ``objective`` (fkl, rkl, or '': no distillation), ``rollouts`` (offline:
+    minibatches from a pool of ``pool`` teacher traces drawn once per seed and shared by that seed's
+    offline methods; on-policy: the student's own responses) and ``pool``. Returns (rows of the exact
+    outcomes at the :func:`checkpoints` with the cumulative costs, the final costs (teacher_tokens,
+    student_tokens) (R,))."""
     R = len(runs)
     gen = torch.Generator().manual_seed(seed)
     offline = [r for r, (m, _) in enumerate(runs) if m["objective"] and m["rollouts"] == "offline"]
@@ -257,18 +344,16 @@ def distil(task, runs, W, steps=300, batch=32, lr=0.03, clip_norm=1.0, seed=0):
         if key not in pools:
             pools[key] = teacher_traces(task, method["pool"], torch.Generator().manual_seed(10_000 + s))
         teacher_tokens[r] = task.K * float(pools[key].mask.sum())      # generated and scored once, up front
-    W = W.clone()
-    m, v = torch.zeros_like(W), torch.zeros_like(W)
     lp = torch.as_tensor(task.teacher_logp, dtype=torch.float32)
     w = torch.as_tensor(task.weights)
     H = int(task.horizons(task.id_starts).max())
     record_at = checkpoints(steps)
-    rows = _record(task, W, runs, "distil", 0, (teacher_tokens, student_tokens))
+    students.reset()
+    rows = _record(task, students, runs, "distil", 0, (teacher_tokens, student_tokens))
     if not offline + online:
-        return W, rows, (teacher_tokens, student_tokens)
+        return rows, (teacher_tokens, student_tokens)
     for step in range(1, steps + 1):
-        Wg = W.clone().requires_grad_()
-        table = loglinear_tables(Wg, task.features)                                        # (R, S, n)
+        table = students.tables()                                                         # (R, S, n)
         parts, owner = [], []
         for r in offline:
             method, s = runs[r]
@@ -294,30 +379,28 @@ def distil(task, runs, W, steps=300, batch=32, lr=0.03, clip_norm=1.0, seed=0):
             if len(idx):
                 pos = loss(logits[idx], lp_rows[:, idx], w, tr.mask[idx], reduction="none", metrics=False)[0]
                 per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
-        (grad,) = torch.autograd.grad(per_run.sum(), Wg)
-        W = adam_step(W, _clipped(grad, clip_norm), m, v, step, torch.full((R,), lr))
+        students.step(per_run.sum())
         if step in record_at:
-            rows += _record(task, W, runs, "distil", step, (teacher_tokens, student_tokens))
-    return W, rows, (teacher_tokens, student_tokens)
+            rows += _record(task, students, runs, "distil", step, (teacher_tokens, student_tokens))
+    return rows, (teacher_tokens, student_tokens)
 
 
-def reinforce(task, runs, W, costs, steps=300, contexts=8, group=8, lr=0.03, clip_norm=1.0, seed=0):
-    """RL from the verifiable reward for every run at once: per step, ``contexts`` ID contexts per run,
-    ``group`` responses each from the student, reward 1 iff correct, the group-relative advantage
-    r - mean(group) (REINFORCE with the group's mean as baseline), the score-function loss, clipping,
-    Adam. ``costs`` (teacher_tokens, student_tokens) (R,) carried on from distillation. Returns (W, rows)."""
+def reinforce(task, runs, students, costs, steps=300, contexts=8, group=8, seed=0):
+    """RL from the verifiable reward for every run at once (``students`` trained in place, a fresh
+    optimiser state): per step, ``contexts`` ID contexts per run, ``group`` responses each from the
+    student, reward 1 iff correct, the group-relative advantage r - mean(group) (REINFORCE with the
+    group's mean as baseline), the score-function loss. ``costs`` (teacher_tokens, student_tokens) (R,)
+    carried on from distillation. Returns the rows."""
     R = len(runs)
     gen = torch.Generator().manual_seed(seed)
     teacher_tokens, student_tokens = (np.array(c, dtype=float) for c in costs)
-    W = W.clone()
-    m, v = torch.zeros_like(W), torch.zeros_like(W)
     per = contexts * group
     row_run = torch.arange(R).repeat_interleave(per)
     record_at = checkpoints(steps)
-    rows = _record(task, W, runs, "rl", 0, (teacher_tokens, student_tokens))
+    students.reset()
+    rows = _record(task, students, runs, "rl", 0, (teacher_tokens, student_tokens))
     for step in range(1, steps + 1):
-        Wg = W.clone().requires_grad_()
-        table = loglinear_tables(Wg, task.features)
+        table = students.tables()
         starts = _id_starts(task, R * contexts, gen).repeat_interleave(group)
         tr = rollouts(task, table.detach()[row_run], starts, gen)
         student_tokens += tr.mask.sum(1).float().view(R, per).sum(1).numpy()
@@ -325,12 +408,10 @@ def reinforce(task, runs, W, costs, steps=300, contexts=8, group=8, lr=0.03, cli
         advantage = (reward - reward.mean(1, keepdim=True)).flatten()
         logp = table[row_run[:, None], tr.states].gather(-1, tr.tokens[..., None])[..., 0]
         score = (logp * tr.mask).sum(1)
-        per_run = torch.zeros(R).index_add(0, row_run, -(advantage * score) / per)
-        (grad,) = torch.autograd.grad(per_run.sum(), Wg)
-        W = adam_step(W, _clipped(grad, clip_norm), m, v, step, torch.full((R,), lr))
+        students.step((-(advantage * score) / per).sum())
         if step in record_at:
-            rows += _record(task, W, runs, "rl", step, (teacher_tokens, student_tokens))
-    return W, rows
+            rows += _record(task, students, runs, "rl", step, (teacher_tokens, student_tokens))
+    return rows
 
 
 def teacher_rows(task):

@@ -115,9 +115,10 @@ METHODS = [dict(method="offline FKL", objective="fkl", rollouts="offline", pool=
 @pytest.fixture(scope="module")
 def distilled(task):
     runs = [(m, 0) for m in METHODS]
-    W0 = V.init_students(task, [0] * len(runs))
-    W, rows, costs = V.distil(task, runs, W0, steps=250, batch=32, lr=0.05)
-    return runs, W0, W, pd.DataFrame(rows), costs
+    students = V.LogLinearStudents(task, [0] * len(runs), lr=0.05)
+    W0 = students.W.clone()
+    rows, costs = V.distil(task, runs, students, steps=250, batch=32)
+    return runs, W0, students.W, pd.DataFrame(rows), costs
 
 
 def test_distillation_counts_every_token(task, distilled):
@@ -148,20 +149,38 @@ def test_rl_with_equal_rewards_in_every_group_leaves_the_student_unchanged(task)
     W[0, :, d - task.S:] = torch.as_tensor(60.0 * np.eye(task.n)[task.progress].T)   # one-hot(s) -> progress
     runs = [(METHODS[-1], 0)]
     assert V.success(task, C.loglinear_tables(W.double(), task.features).numpy(), task.id_starts).min() == 1.0
-    W1, rows = V.reinforce(task, runs, W, (np.zeros(1), np.zeros(1)), steps=5, contexts=4, group=4)
-    assert torch.equal(W1, W)                                  # every response correct: zero advantage
+    students = V.LogLinearStudents(task, [0])
+    students.W = W.clone()
+    rows = V.reinforce(task, runs, students, (np.zeros(1), np.zeros(1)), steps=5, contexts=4, group=4)
+    assert torch.equal(students.W, W)                          # every response correct: zero advantage
     last = rows[-1]                        # 5 steps of 16 responses, each as long as its start's level (1..4)
     assert last["teacher_tokens"] == 0 and 5 * 16 <= last["student_tokens"] <= 5 * 16 * 4
 
 
 def test_rl_from_scratch_learns_the_task(task):
     runs = [(METHODS[-1], s) for s in range(3)]
-    W0 = V.init_students(task, [0, 1, 2])
-    _, rows = V.reinforce(task, runs, W0, (np.zeros(3), np.zeros(3)), steps=150, lr=0.05)
-    rows = pd.DataFrame(rows)
+    students = V.LogLinearStudents(task, [0, 1, 2], lr=0.05)
+    rows = pd.DataFrame(V.reinforce(task, runs, students, (np.zeros(3), np.zeros(3)), steps=150))
     before, after = rows[rows.step == 0].id_accuracy.to_numpy(), rows[rows.step == 150].id_accuracy.to_numpy()
     assert (after > before + 0.3).all()
     assert (rows[rows.step == 150].teacher_tokens == 0).all()
+
+
+def test_neural_students_vmap_equals_each_model_and_runs_stay_independent(task):
+    seeds = [0, 1, 2]
+    students = V.NeuralStudents(task, seeds, lr=3e-3)
+    features = torch.as_tensor(task.features, dtype=torch.float32)
+    with torch.no_grad():
+        one_by_one = torch.stack([V.FeaturePolicy(task, s)(features) for s in seeds])
+    torch.testing.assert_close(students.tables(), one_by_one, rtol=1e-5, atol=1e-6)
+    before = students.log_probs()
+    runs = [(METHODS[1], 0), (METHODS[-1], 1), (METHODS[2], 2)]          # on-policy FKL, none, on-policy RKL
+    rows = pd.DataFrame(V.distil(task, runs, students, steps=80, batch=16)[0])
+    after = students.log_probs()
+    np.testing.assert_array_equal(after[1], before[1])                     # its loss is 0: Adam leaves it
+    first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 80].set_index("method")
+    assert last.loc["on-policy FKL", "kl_arithmetic"] < 0.3 * first.loc["on-policy FKL", "kl_arithmetic"]
+    assert last.loc["on-policy RKL", "kl_local"] < 0.3 * first.loc["on-policy RKL", "kl_local"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,8 +196,8 @@ def _synthetic_curves(edge_distil, edge_rl, n=12):
                 on = method.startswith("on")
                 noise = 0.005 * rng.normal(size=2)
                 for stage, b, edge, e in (("distil", base[0], edge_distil, noise[0]), ("rl", base[1], edge_rl, noise[1])):
-                    rows.append(dict(condition=condition, task=task_id, method=method, seed=seed, stage=stage, step=10,
-                                     ood_accuracy=b + (edge if on else 0.0) + e, id_accuracy=0.5))
+                    rows.append(dict(student="loglinear", condition=condition, task=task_id, method=method, seed=seed,
+                                     stage=stage, step=10, ood_accuracy=b + (edge if on else 0.0) + e, id_accuracy=0.5))
     return pd.DataFrame(rows)
 
 
@@ -202,11 +221,13 @@ def test_e6_table_on_curves_with_known_crossings():
     rows = []
     for seed in range(3):
         for step in range(0, 11):                  # offline: cost 1000 from the start, KL 1 / (1 + step)
-            rows.append(dict(condition="shared", task=0, seed=seed, method="offline FKL", objective="fkl", stage="distil",
+            rows.append(dict(student="loglinear", condition="shared", task=0, seed=seed, method="offline FKL",
+                             objective="fkl", stage="distil",
                              step=step, teacher_tokens=1000, student_tokens=0, kl_arithmetic=1 / (1 + step),
                              kl_local=1.0, id_accuracy=0.5))
             # on-policy: 300 tokens a step, KL 2 / (1 + step): KL at cost 1000 (step 3) = 0.5, reaches 1/11 at step 21
-            rows.append(dict(condition="shared", task=0, seed=seed, method="on-policy FKL", objective="fkl",
+            rows.append(dict(student="loglinear", condition="shared", task=0, seed=seed, method="on-policy FKL",
+                             objective="fkl",
                              stage="distil", step=step, teacher_tokens=200 * step, student_tokens=100 * step,
                              kl_arithmetic=2 / (1 + step), kl_local=1.0, id_accuracy=0.5))
         rows.append(dict(rows[-2], method="offline RKL", objective="rkl", kl_local=0.1))
@@ -236,10 +257,11 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
         assert (out / name).exists(), name
     curves = pd.read_csv(out / "curves.csv", keep_default_na=False, na_values=[""])
     assert set(curves.method) == {m["method"] for m in rlvr.METHODS} and set(curves.stage) == {"distil", "rl"}
+    assert set(curves.student) == {"loglinear", "neural"}
     rl = curves[curves.stage == "rl"]
-    assert (rl.groupby(["condition", "task", "method", "seed"]).teacher_tokens.nunique() == 1).all()
+    assert (rl.groupby(["student", "condition", "task", "method", "seed"]).teacher_tokens.nunique() == 1).all()
     e4 = pd.read_csv(out / "e4.csv")
-    assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 8
+    assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
     e6 = pd.read_csv(out / "e6.csv")
     assert set(e6.method) == {m["method"] for m in rlvr.METHODS if m["objective"]}
     teachers = pd.read_csv(out / "teachers.csv")
@@ -253,7 +275,7 @@ def test_rlvr_is_deterministic_and_resumes(quick_rlvr, tmp_path):
     b = pd.read_csv(quick_rlvr / "curves.csv", keep_default_na=False, na_values=[""])
     pd.testing.assert_frame_equal(a, b[b.condition == "shared"].reset_index(drop=True))
     proc = run_script("sims/rlvr.py", "--quick", "--out", quick_rlvr, "--resume", "--no-figures")
-    assert "(4 resumed)" in proc.stderr
+    assert "(6 resumed)" in proc.stderr
 
 
 @pytest.mark.integration
@@ -262,9 +284,9 @@ def test_rlvr_figures_read_the_csvs(quick_rlvr):
     figs = fr.figures_from(str(quick_rlvr))
     assert set(figs) == {"rlvr", "rlvr_cost"}
     e4 = pd.read_csv(quick_rlvr / "e4.csv")
-    diffs = e4[e4.comparison.str.contains(" - ")]
-    ax = figs["rlvr"].axes[-1]
-    assert len(ax.get_yticklabels()) == len(diffs)
+    for ax, student in ((figs["rlvr"].axes[2], "loglinear"), (figs["rlvr"].axes[5], "neural")):
+        diffs = e4[e4.comparison.str.contains(" - ") & (e4.student == student)]
+        assert len(ax.get_yticklabels()) == len(diffs) == 8
     fkl = figs["rlvr_cost"].axes[0]
     assert fkl.get_xscale() == "log" and len(fkl.get_lines()) >= 2 * 4        # a line and an end marker per method
 
