@@ -149,6 +149,16 @@ def adam_step(W, grad, m, v, step, lr):
     return W - lr.view(-1, *[1] * (W.ndim - 1)) * mhat / (vhat.sqrt() + EPS)
 
 
+def check_config(config):
+    """ValueError unless a phase-2 config names a known objective, storage and schedule, a learning rate
+    >= 0 and alpha in [0, 1]."""
+    if config["objective"] not in D.OBJECTIVES or config["storage"] not in STORAGES:
+        raise ValueError(f"config {config}: objective must be one of {D.OBJECTIVES}, storage one of {STORAGES}")
+    if not 0.0 <= float(config["alpha"]) <= 1.0:
+        raise ValueError(f"config {config}: alpha must lie in [0, 1]")
+    learning_rates(config["lr"], config["schedule"], config["warmup"], 1)
+
+
 def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, seed=0):
     """Phase 2 for every run at once: runs is a list of (config, seed); config has lr, schedule, warmup,
     alpha, objective, clip, storage. W_start {seed: W (n, d)} from :func:`learn_a`. Returns one row per
@@ -157,6 +167,8 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
     A, B = pair.A, pair.B
     H, R = B.horizon, len(runs)
     configs = [c for c, _ in runs]
+    for c in configs:
+        check_config(c)
     bf16 = torch.tensor([c["storage"] == "bf16" for c in configs])
     W0 = torch.stack([W_start[s] for _, s in runs])
     W0 = torch.where(bf16[:, None, None], round_bf16(W0), W0)
@@ -231,6 +243,7 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
     """Phase 2 for one neural run from the phase-1 model ``start`` (copied): the config's learning-rate
     schedule, objective, alpha, clipping and storage on task B (first token n + 1). Returns the outcome
     row as :func:`distil_loglinear` does."""
+    check_config(config)
     A, B = pair.A, pair.B
     n = A.teachers.n
     model = copy.deepcopy(start)

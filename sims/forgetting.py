@@ -1,6 +1,6 @@
 """Forgetting and update sparsity against the learning rate, its schedule and the rollout mix (claim E3).
 
-    python sims/forgetting.py            # about 5 min on 2 cores
+    python sims/forgetting.py            # about 7 min on 2 cores
     python sims/forgetting.py --quick    # seconds (the tests run this)
     python sims/forgetting.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 

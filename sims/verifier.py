@@ -197,17 +197,18 @@ def rollouts(task, tables, starts, gen, horizon=None):
     return Traces(**{k: torch.stack(v, dim=1) for k, v in rec.items()}, correct=s == GOAL)
 
 
+def _id_starts(task, size, gen):
+    """``size`` ID start states drawn uniformly."""
+    return torch.as_tensor(task.id_starts)[torch.randint(len(task.id_starts), (size,), generator=gen)]
+
+
 def teacher_traces(task, size, gen):
     """A pool of ``size`` teacher responses on ID contexts (start uniform, teacher k ~ w), padded to the
     longest ID horizon."""
-    starts = torch.as_tensor(task.id_starts)[torch.randint(len(task.id_starts), (size,), generator=gen)]
+    starts = _id_starts(task, size, gen)
     k = torch.multinomial(torch.as_tensor(task.weights), size, replacement=True, generator=gen)
     tables = torch.as_tensor(task.teacher_logp, dtype=torch.float32)[k]
     return rollouts(task, tables, starts, gen, horizon=int(task.horizons(task.id_starts).max()))
-
-
-def _id_starts(task, size, gen):
-    return torch.as_tensor(task.id_starts)[torch.randint(len(task.id_starts), (size,), generator=gen)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -332,6 +333,12 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
     offline methods; on-policy: the student's own responses) and ``pool``. Returns (rows of the exact
     outcomes at the :func:`checkpoints` with the cumulative costs, the final costs (teacher_tokens,
     student_tokens) (R,))."""
+    for method, _ in runs:
+        if method["objective"] not in ("",) + OBJECTIVES or (method["objective"] and method["rollouts"] not in ROLLOUTS):
+            raise ValueError(f"method {method}: objective must be one of {('',) + OBJECTIVES} and rollouts one of "
+                             f"{ROLLOUTS}")
+        if method["objective"] and method["rollouts"] == "offline" and not method["pool"] >= 1:
+            raise ValueError(f"method {method}: an offline method needs a pool of at least 1 trace")
     R = len(runs)
     gen = torch.Generator().manual_seed(seed)
     offline = [r for r, (m, _) in enumerate(runs) if m["objective"] and m["rollouts"] == "offline"]

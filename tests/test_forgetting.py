@@ -151,6 +151,15 @@ def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_clo
     assert out.quality < 1e-3
 
 
+@pytest.mark.parametrize("bad", [dict(storage="fp8"), dict(objective="mse"), dict(alpha=1.5), dict(schedule="step"),
+                                 dict(lr=-0.1)])
+def test_phase_two_rejects_bad_configs(bad):
+    pair = C.make_pair(0)
+    start = {0: torch.zeros(pair.A.teachers.n, pair.features.shape[-1])}
+    with pytest.raises(ValueError):
+        C.distil_loglinear(pair, [(_config(**bad), 0)], start, steps=1, batch=2)
+
+
 def test_neural_forgetting_is_exactly_zero_at_learning_rate_zero():
     pair = C.make_pair(0)
     start = C.neural_student(pair, 0, steps=5)

@@ -134,6 +134,13 @@ def test_distillation_counts_every_token(task, distilled):
     assert last.loc["on-policy RKL", "student_tokens"] == student[2]
 
 
+@pytest.mark.parametrize("method", [dict(METHODS[0], objective="sft"), dict(METHODS[1], rollouts="online"),
+                                    dict(METHODS[0], pool=0)])
+def test_distillation_rejects_unknown_methods(task, method):
+    with pytest.raises(ValueError, match="method"):
+        V.distil(task, [(method, 0)], V.LogLinearStudents(task, [0]), steps=1)
+
+
 def test_distillation_reaches_each_objectives_target(distilled):
     _, _, _, rows, _ = distilled
     first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 250].set_index("method")
