@@ -164,8 +164,7 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
     alpha, objective, clip, storage. W_start {seed: W (n, d)} from :func:`learn_a`. Returns one row per
     run: the config, seed, forgetting, quality (KL per position to the objective's target on B),
     kl_arithmetic_b, sparsity, sparsity_bf16, loss_a before and after."""
-    A, B = pair.A, pair.B
-    H, R = B.horizon, len(runs)
+    B, R = pair.B, len(runs)
     configs = [c for c, _ in runs]
     for c in configs:
         check_config(c)
@@ -197,7 +196,7 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
         (grad,) = torch.autograd.grad(per_run.sum(), Wg)
         grad = grad.nan_to_num(0.0, 0.0, 0.0)
         norms = grad.flatten(1).norm(dim=1)
-        scale = torch.where(clip, (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0), torch.ones_like(norms))
+        scale = torch.where(clip, D.clip_scale(norms, clip_norm), torch.ones_like(norms))
         grad = grad * scale[:, None, None]
         W = adam_step(W, grad, m, v, step + 1, lrs[:, step])
         W = torch.where(bf16[:, None, None], round_bf16(W), W)
@@ -205,21 +204,28 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
 
 
 def _outcomes(pair, runs, W0, W):
-    A, B = pair.A, pair.B
+    B = pair.B
     with torch.no_grad():
         qa0, qa = (loglinear_tables(x.double(), pair.features[0]).numpy() for x in (W0, W))
         qb = loglinear_tables(W.double(), pair.features[1]).numpy()
     sparsity, sparsity_bf16 = update_sparsity(W0, W)
     evaluate = D.Evaluator(B, fixed_points=False)
-    rows = []
-    for r, (c, s) in enumerate(runs):
-        before, after = loss_on(A, qa0[r]), loss_on(A, qa[r])
-        out = evaluate(np.broadcast_to(qb[r], (B.horizon,) + qb[r].shape), c)
-        rows.append(dict(c, seed=s, loss_a_before=before, loss_a_after=after, forgetting=after - before,
-                         quality=out[f"kl_{D.TARGET_OF[c['objective']]}"] / B.horizon,
-                         kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
-                         sparsity=float(sparsity[r]), sparsity_bf16=float(sparsity_bf16[r])))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([outcome_row(pair, c, s, qa0[r], qa[r], np.broadcast_to(qb[r], (B.horizon,) + qb[r].shape),
+                                     sparsity[r], sparsity_bf16[r], evaluate)
+                         for r, (c, s) in enumerate(runs)])
+
+
+def outcome_row(pair, config, seed, q_a_before, q_a_after, q_b, sparsity, sparsity_bf16, evaluate=None):
+    """One run's outcomes from its tables on A before and after phase 2 and on B ((H, S, n) log-probs):
+    the config, seed, loss on A before and after, forgetting, quality (KL per position to the objective's
+    target on B, on the student's rollouts), kl_arithmetic_b, accuracy_b and the two sparsities."""
+    A, B = pair.A, pair.B
+    out = (evaluate or D.Evaluator(B, fixed_points=False))(q_b, config)
+    before, after = loss_on(A, q_a_before), loss_on(A, q_a_after)
+    return dict(config, seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
+                quality=out[f"kl_{D.TARGET_OF[config['objective']]}"] / B.horizon,
+                kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
+                sparsity=float(sparsity), sparsity_bf16=float(sparsity_bf16))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,9 +275,5 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
                     p.copy_(round_bf16(p))
     theta1 = torch.cat([p.detach().flatten() for p in params])
     sparsity, sparsity_bf16 = update_sparsity(theta0, theta1)
-    before, after = loss_on(A, table_a0), loss_on(A, D.student_table(model, A, bos=n))
-    out = D.Evaluator(B, fixed_points=False)(D.student_table(model, B, bos=n + 1), spectrum)
-    return dict(config, seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
-                quality=out[f"kl_{D.TARGET_OF[config['objective']]}"] / B.horizon,
-                kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
-                sparsity=float(sparsity), sparsity_bf16=float(sparsity_bf16))
+    return outcome_row(pair, config, seed, table_a0, D.student_table(model, A, bos=n),
+                       D.student_table(model, B, bos=n + 1), sparsity, sparsity_bf16)

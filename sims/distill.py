@@ -368,6 +368,11 @@ def position_losses(objective, logits, batch, task, importance=False, groups=Non
                              reduction="none")[0]
 
 
+def clip_scale(norms, clip_norm):
+    """The factor min(1, clip_norm / |g|) that clips each run's gradient (norms (R,)) to ``clip_norm``."""
+    return (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
+
+
 # ------------------------------------------------------------------------------------------------
 # the tabular student: every run of a sweep in one tensor
 # ------------------------------------------------------------------------------------------------
@@ -444,7 +449,7 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
             g = theta.grad
             g.nan_to_num_(0.0, 0.0, 0.0)
             norms = g.flatten(1).norm(dim=1)
-            scale = torch.where(clip, (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0), torch.ones_like(norms))
+            scale = torch.where(clip, clip_scale(norms, clip_norm), torch.ones_like(norms))
             g.mul_(scale[:, None, None, None])
         opt.step()
         losses = per_run.detach().numpy()

@@ -37,6 +37,7 @@ import torch
 import aggregation as ag
 from llm_bridge.losses import forward_kl, reverse_kl
 from sims.continual import adam_step, loglinear_tables
+from sims.distill import clip_scale
 
 ROLLOUTS = ("offline", "on-policy")
 OBJECTIVES = ("fkl", "rkl")
@@ -119,10 +120,10 @@ def transitions(task, q):
     return np.einsum("rsn,snt->rst", q, onehot)
 
 
-def success(task, log_q, starts):
+def success(task, log_q, starts, P=None):
     """Probability (R, C) that each policy (R, S, n) log-probs reaches the goal from each start within
-    its horizon."""
-    P = transitions(task, np.exp(log_q))
+    its horizon (``P`` its :func:`transitions`, when already computed)."""
+    P = transitions(task, np.exp(log_q)) if P is None else P
     H = task.horizons(starts)
     v = np.zeros(P.shape[:2])
     v[:, GOAL] = 1.0
@@ -137,19 +138,20 @@ def success(task, log_q, starts):
 def evaluate(task, log_q):
     """Exact outcomes of policies (R, S, n): id_accuracy, ood_accuracy, and kl_arithmetic / kl_local, the
     per-position KL(q || target) on the student's own ID occupancy. Returns a dict of (R,) arrays."""
-    out = {"id_accuracy": success(task, log_q, task.id_starts).mean(1),
-           "ood_accuracy": success(task, log_q, task.ood_starts).mean(1)}
-    occ = _horizon_occupancy(task, log_q)
     q = np.exp(log_q)
+    P = transitions(task, q)
+    out = {"id_accuracy": success(task, log_q, task.id_starts, P).mean(1),
+           "ood_accuracy": success(task, log_q, task.ood_starts, P).mean(1)}
+    occ = _horizon_occupancy(task, P)
     for name in ("arithmetic", "local"):
         kl = np.sum(q * (log_q - task.target(name)), axis=-1)                        # (R, S)
         out[f"kl_{name}"] = (occ * kl).sum(1) / occ.sum(1)
     return out
 
 
-def _horizon_occupancy(task, log_q):
-    """Expected visits (R, S) to non-goal states at the steps before each ID response's horizon."""
-    P = transitions(task, np.exp(log_q))
+def _horizon_occupancy(task, P):
+    """Expected visits (R, S) to non-goal states at the steps before each ID response's horizon, for
+    policies with transition matrices P (R, S, S)."""
     starts = task.id_starts
     H = task.horizons(starts)
     total = np.zeros((P.shape[0], task.S))
@@ -238,8 +240,7 @@ class LogLinearStudents:
     def step(self, loss):
         """One update from ``loss`` (the sum of the runs' losses, built from the last :meth:`tables`)."""
         (grad,) = torch.autograd.grad(loss, self._W)
-        norms = grad.flatten(1).norm(dim=1)
-        grad = grad * (self.clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)[:, None, None]
+        grad = grad * clip_scale(grad.flatten(1).norm(dim=1), self.clip_norm)[:, None, None]
         self.t += 1
         self.W = adam_step(self.W, grad, self.m, self.v, self.t, torch.full((self.W.shape[0],), self.lr))
 
@@ -297,7 +298,7 @@ class NeuralStudents:
         trained = [p for p in self.params.values() if p.requires_grad]
         grads = torch.autograd.grad(loss, trained)
         norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
-        scale = (self.clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
+        scale = clip_scale(norms, self.clip_norm)
         for p, g in zip(trained, grads):
             p.grad = g * scale.view(-1, *[1] * (g.ndim - 1))
         self.opt.step()

@@ -33,6 +33,13 @@ def run_script(script, *args, check=True, timeout=600):
     return proc
 
 
+def assert_usage_error(proc):
+    """A command line refused as the CLI rules ask: exit status 2 and one line on stderr, no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
 @pytest.fixture(scope="session")
 def quick_regret(tmp_path_factory):
     """One ``python sims/regret.py --quick`` run (figures included), shared by the tests that read it."""

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import assert_usage_error
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +112,4 @@ def test_bad_arguments_exit_2_with_one_line(bad, tmp_path):
     blocker.write_text("x")
     bad = [b.replace("{file}", str(blocker)) for b in bad]
     proc = run(*bad, "--quick", "--only", "offpolicy-tabular", check=False, timeout=60)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert_usage_error(proc)
