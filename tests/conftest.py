@@ -24,10 +24,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.unit)
 
 
-def run_script(script, *args, check=True, timeout=600):
-    """Run ``python <script> args`` from the repository root; returns the CompletedProcess."""
+# torch's CPU kernels round differently on other CPUs (AVX-512, AVX2, ...) and with other thread counts,
+# and a training run amplifies that. Every script a test runs, and tests/golden/refresh.py, use the
+# portable code paths: generic ATen kernels, MKL's conditional-numerical-reproducibility mode, oneDNN
+# without ISA-specific kernels, one thread. Their CSVs are then the same on any x86-64 machine.
+PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_script(script, *args, check=True, timeout=None):
+    """Run ``python <script> args`` from the repository root with :data:`PORTABLE_NUMERICS`; returns the
+    CompletedProcess."""
     proc = subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=os.environ | PORTABLE_NUMERICS)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -40,17 +49,33 @@ def assert_usage_error(proc):
     assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.fixture(scope="session")
-def quick_regret(tmp_path_factory):
-    """One ``python sims/regret.py --quick`` run (figures included), shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("regret-quick")
-    run_script("sims/regret.py", "--quick", "--out", out, "--quiet")
-    return out
+# The six experiment scripts and the arguments of their --quick runs (tests/golden/refresh.py uses the same).
+QUICK_RUNS = {"regret": ["sims/regret.py", "--quick"], "mechanisms": ["sims/mechanisms.py", "all", "--quick"],
+              "rollout_spectrum": ["sims/rollout_spectrum.py", "--quick"],
+              "estimators": ["sims/estimators.py", "--quick"], "forgetting": ["sims/forgetting.py", "--quick"],
+              "rlvr": ["sims/rlvr.py", "--quick"]}
 
 
 @pytest.fixture(scope="session")
-def quick_mechanisms(tmp_path_factory):
-    """One ``python sims/mechanisms.py all --quick`` run (figures included)."""
-    out = tmp_path_factory.mktemp("mechanisms-quick")
-    run_script("sims/mechanisms.py", "all", "--quick", "--out", out)
-    return out
+def quick_run(tmp_path_factory):
+    """The one factory of the quick-run fixtures: ``quick_run(name)`` runs ``QUICK_RUNS[name]`` (figures
+    included) once per test session and returns its output folder."""
+    done = {}
+
+    def run(name):
+        if name not in done:
+            out = tmp_path_factory.mktemp(f"{name}-quick")
+            run_script(*QUICK_RUNS[name], "--out", out, "--quiet")
+            done[name] = out
+        return done[name]
+    return run
+
+
+@pytest.fixture(scope="session")
+def quick_regret(quick_run):
+    return quick_run("regret")
+
+
+@pytest.fixture(scope="session")
+def quick_mechanisms(quick_run):
+    return quick_run("mechanisms")

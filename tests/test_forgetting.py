@@ -211,10 +211,8 @@ def test_variance_shares_intervals_cover_the_truth_under_noise_and_reject_unbala
 # sims/forgetting.py end to end
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def quick_forgetting(tmp_path_factory):
-    out = tmp_path_factory.mktemp("forgetting-quick")
-    run_script("sims/forgetting.py", "--quick", "--out", out, "--quiet")
-    return out
+def quick_forgetting(quick_run):
+    return quick_run("forgetting")
 
 
 @pytest.mark.integration

@@ -1,11 +1,12 @@
-"""Golden outputs: the ``--quick`` CSVs of sims/regret.py and sims/mechanisms.py against stored copies.
+"""Golden outputs: the ``--quick`` CSVs of every experiment script (conftest.QUICK_RUNS) against stored
+copies, run with conftest.PORTABLE_NUMERICS so that torch's results do not depend on the CPU.
 
 A refactor must change no result. Labels (every text column) must match exactly; numbers to 1e-9
 relative (the CSVs keep 10 significant digits, so that is one unit in the last printed digit) or
 1e-12 absolute (values that are rounding noise around 0). The stored copies are updated only by a
 commit that means to change a result and says which and why:
 
-    python tests/golden/refresh.py        # reruns both --quick suites into tests/golden/
+    python tests/golden/refresh.py [NAME ...]   # reruns the --quick suites into tests/golden/
 """
 
 import gzip
@@ -39,11 +40,14 @@ def golden(experiment, name):
         return pd.read_csv(f)
 
 
-@pytest.mark.parametrize("name", ["regret.csv", "summary.csv", "theory.csv"])
-def test_regret_quick_matches_golden(quick_regret, name):
-    assert_same_table(pd.read_csv(quick_regret / name), golden("regret", name), name)
+GOLDEN_CSVS = sorted((path.parent.name, path.name[:-len(".gz")]) for path in GOLDEN.glob("*/*.csv.gz"))
 
 
-@pytest.mark.parametrize("name", ["confident-expert.csv", "low-prob.csv", "prefix-bias.csv"])
-def test_mechanisms_quick_matches_golden(quick_mechanisms, name):
-    assert_same_table(pd.read_csv(quick_mechanisms / name), golden("mechanisms", name), name)
+def test_every_sim_has_golden_outputs():
+    from conftest import QUICK_RUNS
+    assert sorted({name for name, _ in GOLDEN_CSVS}) == sorted(QUICK_RUNS)
+
+
+@pytest.mark.parametrize("experiment, name", GOLDEN_CSVS)
+def test_quick_run_matches_golden(quick_run, experiment, name):
+    assert_same_table(pd.read_csv(quick_run(experiment) / name), golden(experiment, name), name)

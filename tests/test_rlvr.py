@@ -250,10 +250,8 @@ def test_e6_table_on_curves_with_known_crossings():
 # sims/rlvr.py end to end
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def quick_rlvr(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rlvr-quick")
-    run_script("sims/rlvr.py", "--quick", "--out", out, "--quiet")
-    return out
+def quick_rlvr(quick_run):
+    return quick_run("rlvr")
 
 
 @pytest.mark.integration

@@ -354,10 +354,8 @@ def test_samples_needed():
 # the scripts end to end
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def quick_spectrum(tmp_path_factory):
-    out = tmp_path_factory.mktemp("spectrum-quick")
-    run_script("sims/rollout_spectrum.py", "--quick", "--out", out, "--quiet")
-    return out
+def quick_spectrum(quick_run):
+    return quick_run("rollout_spectrum")
 
 
 @pytest.mark.integration

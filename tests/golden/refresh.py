@@ -1,7 +1,8 @@
 """Rewrite the golden --quick CSVs (tests/test_golden.py). Run only in a commit that means to change a
-result, and say in it which result changed and why:  python tests/golden/refresh.py"""
+result, and say in it which result changed and why:  python tests/golden/refresh.py [NAME ...]"""
 
 import gzip
+import os
 import shutil
 import subprocess
 import sys
@@ -9,11 +10,15 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = {"regret": ["sims/regret.py", "--quick"], "mechanisms": ["sims/mechanisms.py", "all", "--quick"]}
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import PORTABLE_NUMERICS, QUICK_RUNS  # noqa: E402
 
-for name, cmd in RUNS.items():
+for name, cmd in QUICK_RUNS.items():
+    if len(sys.argv) > 1 and name not in sys.argv[1:]:
+        continue
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, *cmd, "--out", tmp, "--quiet", "--no-figures"], cwd=ROOT, check=True)
+        subprocess.run([sys.executable, *cmd, "--out", tmp, "--quiet", "--no-figures"], cwd=ROOT, check=True,
+                       env=os.environ | PORTABLE_NUMERICS)
         target = ROOT / "tests" / "golden" / name
         target.mkdir(parents=True, exist_ok=True)
         for csv in sorted(Path(tmp).glob("*.csv")):
