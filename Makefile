@@ -31,7 +31,7 @@ regret: .venv/.installed
 
 # The whole suite (slow tier included), then the kernel logic once more in pure Python.
 test: .venv/.installed-test
-	$(PY) -m pytest $(PYTEST) -n 2 || [ $$? -eq 5 ]
+	$(PY) -m pytest $(PYTEST) -n 2 --dist loadgroup || [ $$? -eq 5 ]
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest $(PYTEST) -m nojit || [ $$? -eq 5 ]
 
 # Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).

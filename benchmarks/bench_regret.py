@@ -18,8 +18,8 @@ import numpy as np
 from scipy.special import logsumexp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sims import analysis  # noqa: E402
-from sims import learners as L  # noqa: E402
+import analysis  # noqa: E402
+from learners import online  # noqa: E402
 from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 
@@ -71,11 +71,11 @@ def main(argv=None):
     grid = analysis.log_grid(T)
     check_T = 20_000
     tokens = rng.choice(n, size=check_T, p=mix)
-    ours = L.add_beta_tabular(np.vstack([mix]), [1.0], 0.5, check_T, [0], sequence=tokens)
+    ours = online.add_beta_tabular(np.vstack([mix]), [1.0], 0.5, check_T, [0], sequence=tokens)
     ref = numpy_kt(tokens, mix, 0.5, ours["grid"])
     assert np.allclose(ours["regret"][0], ref[0], atol=1e-8), "KT: numba and NumPy disagree"
     seeds = np.arange(R)
-    t_numba = best_time(lambda: L.add_beta_tabular(probs, w, 0.5, T, seeds), args.repeats)
+    t_numba = best_time(lambda: online.add_beta_tabular(probs, w, 0.5, T, seeds), args.repeats)
 
     def numpy_run():
         g = np.random.default_rng(1)
@@ -92,11 +92,11 @@ def main(argv=None):
         r = wts @ lp
         log_g = r - logsumexp(r)
         ks = np.arange(check_T) % lp.shape[0]
-        ours = L.rkl_tabular(lp, wts, "alternating", "1/t", check_T, [0])
+        ours = online.rkl_tabular(lp, wts, "alternating", "1/t", check_T, [0])
         ref = numpy_ftl(lp[ks], log_g, ours["grid"])
         assert np.allclose(ours["regret"][0], ref[0], rtol=1e-9, atol=1e-8), f"{label}: numba and NumPy disagree"
         n_seeds = R    # alternating feedback is deterministic: every seed repeats the same run
-        t_numba = best_time(lambda: L.rkl_tabular(lp, wts, feedback, "1/t", T, np.arange(n_seeds)), args.repeats)
+        t_numba = best_time(lambda: online.rkl_tabular(lp, wts, feedback, "1/t", T, np.arange(n_seeds)), args.repeats)
 
         def numpy_run(lp=lp, wts=wts, log_g=log_g, feedback=feedback, n_seeds=n_seeds):
             g = np.random.default_rng(2)

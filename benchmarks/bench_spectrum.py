@@ -27,18 +27,18 @@ from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this s
 
 
 def tabular(steps, repeats):
-    from sims import distill as D
+    from distillation import tasks, training
     from sims.rollout_spectrum import ALPHAS, spectrum_configs
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     configs = spectrum_configs(ALPHAS)
     seeds = [0, 1]
     kw = dict(steps=steps, batch=64, lr=0.05, eval_every=steps, fixed_points=False)
 
     def vectorised():
-        return D.train_tabular(task, configs, seeds, **kw)
+        return training.train_tabular(task, configs, seeds, **kw)
 
     def per_run():
-        return [D.train_tabular(task, [c], [s], seed=1000 * i + s, **kw) for i, c in enumerate(configs) for s in seeds]
+        return [training.train_tabular(task, [c], [s], seed=1000 * i + s, **kw) for i, c in enumerate(configs) for s in seeds]
     runs = len(configs) * len(seeds)
     # the warm-up: the two do the same work (every run's final loss finite, on the same scale)
     a = vectorised()
@@ -54,8 +54,8 @@ def tabular(steps, repeats):
 def neural(steps, repeats, batch=64):
     from llm_bridge.losses import forward_kl
     from llm_bridge.models import tiny_model
-    from sims import distill as D
-    task = D.make_task("tree", K=2, seed=0)
+    from distillation import tasks, training
+    task = tasks.make_task("tree", K=2, seed=0)
     t, H, n = task.teachers, task.horizon, task.teachers.n
     next_state = torch.as_tensor(np.array(t.next_state))
     teacher_lp = torch.as_tensor(np.array(t.log_probs), dtype=torch.float32)
@@ -70,7 +70,7 @@ def neural(steps, repeats, batch=64):
     m2, o2, g2 = make()
 
     def ours():
-        return D.neural_step(m1, o1, task, config, batch, g1)
+        return training.neural_step(m1, o1, task, config, batch, g1)
 
     def plain():                                   # the hand-written step: generate, score, KL, clip, Adam
         ids = torch.full((batch, 1), n, dtype=torch.long)
@@ -92,11 +92,11 @@ def neural(steps, repeats, batch=64):
         o2.step()
         return float(loss.detach())
     # the loss: on one batch, the library's FKL (through position_losses) equals the formula written out
-    b = D.rollouts(task, lambda h, s, tok: teacher_lp[0, s], 1.0, False, batch, torch.Generator().manual_seed(1))
+    b = training.rollouts(task, lambda h, s, tok: teacher_lp[0, s], 1.0, False, batch, torch.Generator().manual_seed(1))
     logits = torch.randn(batch, H, n, generator=torch.Generator().manual_seed(2))
     lq, lp = torch.log_softmax(logits, -1), teacher_lp[:, b.states]
     hand = (w[:, None, None] * (lp.exp() * (lp - lq[None])).sum(-1)).sum(0).sum(1).mean()
-    assert abs(float(D.position_losses("fkl", logits, b, task).sum(1).mean()) - float(hand)) < 1e-5
+    assert abs(float(training.position_losses("fkl", logits, b, task).sum(1).mean()) - float(hand)) < 1e-5
     t = best_time({"ours": lambda: [ours() for _ in range(steps)], "plain": lambda: [plain() for _ in range(steps)]},
                   repeats)
     return t

@@ -16,7 +16,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from sims.labels import G_SEQ, L_LOCAL, LEARNER_COLOURS, MIXTURE, POOL_COLOURS, TARGET_STYLES, A, G
+from learners.names import G_SEQ, L_LOCAL, MIXTURE, A, G
+
+from .labels import LEARNER_COLOURS, POOL_COLOURS, TARGET_STYLES
 
 from .style import BAND, TWO_COLUMNS, figure, legend_below, log_axes, mean_band, paper
 

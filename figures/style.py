@@ -44,7 +44,7 @@ def colours(names, cmap="tab10"):
 
 def mean_band(ax, x, values, colour, label=None, lw=1.4, **kwargs):
     """The mean over seeds (rows of ``values``) and its 95% interval as a band; returns the line."""
-    from sims.analysis import mean_interval
+    from analysis import mean_interval
     mean, lo, hi = mean_interval(values)
     line, = ax.plot(x, mean, color=colour, lw=lw, label=label, **kwargs)
     if np.atleast_2d(values).shape[0] > 1:

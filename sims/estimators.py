@@ -1,6 +1,6 @@
 """Monte-Carlo KL estimators k1, k2, k3: bias and variance of values and gradients, importance weights over
 long responses, top-k samplers (SPEC 4; claims E2, E5). Exact where a sum over the vocabulary or a
-recursion over the machine gives it (sims.estimation), Monte Carlo beside it as a check.
+recursion over the machine gives it (distillation.moments), Monte Carlo beside it as a check.
 
     python sims/estimators.py            # about 10 s on 2 cores
     python sims/estimators.py --quick
@@ -30,7 +30,7 @@ from scipy.special import logsumexp  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
-from sims import estimation as E  # noqa: E402
+from distillation import moments  # noqa: E402
 
 EXPERIMENTS = ("values", "gradients", "is-horizon", "topk")
 DEFAULT_OUT = os.path.join("results", "estimators")
@@ -65,8 +65,8 @@ def run_values(cell):
         kl = float(np.exp(lq) @ (lq - lp))
         x = rng.choice(N_TOKENS, size=cell["mc_samples"], p=np.exp(lq))
         r = lp[x] - lq[x]
-        mc = E.estimator_values(r)
-        for est, (mean, var) in E.value_moments(lq, lp).items():
+        mc = moments.estimator_values(r)
+        for est, (mean, var) in moments.value_moments(lq, lp).items():
             rows.append(dict(kind="token", spread=cell["spread"], pair=i, estimator=est, kl=kl, exact_mean=mean,
                              bias=mean - kl, sd=np.sqrt(var), mc_mean=float(mc[est].mean()),
                              mc_se=float(mc[est].std(ddof=1) / np.sqrt(x.size))))
@@ -76,15 +76,15 @@ def run_values(cell):
     log_q = np.log(rng.dirichlet(np.ones(t.n), size=t.S))
     log_l = ag.local_geometric_conditionals(t, [0.5, 0.5])
     kl_seq = ag.sequence_kl(t, [0.5, 0.5], H, log_q, target=log_l)
-    sums = {e: [] for e in E.ESTIMATORS}
+    sums = {e: [] for e in moments.ESTIMATORS}
     for _ in range(cell["mc_seeds"]):
-        s, acc = t.start, {e: 0.0 for e in E.ESTIMATORS}
+        s, acc = t.start, {e: 0.0 for e in moments.ESTIMATORS}
         for _h in range(H):
             a = rng.choice(t.n, p=np.exp(log_q[s]))
-            for e, v in E.estimator_values(log_l[s, a] - log_q[s, a]).items():
+            for e, v in moments.estimator_values(log_l[s, a] - log_q[s, a]).items():
                 acc[e] += v
             s = t.next_state[s, a]
-        for e in E.ESTIMATORS:
+        for e in moments.ESTIMATORS:
             sums[e].append(acc[e])
     for e, v in sums.items():
         v = np.array(v)
@@ -107,17 +107,17 @@ def run_gradients(cell):
         q, p = np.exp(lq), np.exp(lp)
         rkl = q * ((lq - lp) - q @ (lq - lp))                 # grad KL(q || p)
         fkl = q - p                                           # grad KL(p || q)
-        for est in E.ESTIMATORS:
+        for est in moments.ESTIMATORS:
             for mode in ("loss", "reward"):
                 for source, imp in (("student", False), ("teacher", False), ("teacher", True)):
-                    mean, trace = E.gradient_moments(lq, lp, est, mode, source, imp)
+                    mean, trace = moments.gradient_moments(lq, lp, est, mode, source, imp)
                     rel = {name: float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
                            for name, ref in (("rkl", rkl), ("fkl", fkl))}
                     target = "rkl" if rel["rkl"] <= rel["fkl"] else "fkl"
                     ref = rkl if target == "rkl" else fkl
                     rows.append(dict(spread=cell["spread"], pair=i, estimator=est, mode=mode, source=source,
                                      importance=imp, bias_vs_rkl=rel["rkl"], bias_vs_fkl=rel["fkl"], nearest=target,
-                                     cov_trace=trace, samples_for_10pct=E.samples_needed(mean, trace, ref)))
+                                     cov_trace=trace, samples_for_10pct=moments.samples_needed(mean, trace, ref)))
     return pd.DataFrame(rows)
 
 
@@ -127,7 +127,7 @@ def run_is_horizon(cell):
     log_q = np.log(rng.dirichlet(np.ones(3), size=4))             # a student
     rows = []
     for k in range(2):
-        exact = E.sequence_is_second_moment(next_state, 0, max(HORIZONS), log_q, log_probs[k])
+        exact = moments.sequence_is_second_moment(next_state, 0, max(HORIZONS), log_q, log_probs[k])
         for H in HORIZONS:
             mc = mc_se = float("nan")
             if H <= 16:
@@ -152,7 +152,7 @@ def run_topk(cell):
     for i in range(max(cell["pairs"] // 4, 1)):
         lq, lp = random_pair(rng, TOPK_V, cell["spread"])
         for k in TOPK_KS:
-            e_k3, kl, tail = E.topk_k3_bias(lq, lp, k)
+            e_k3, kl, tail = moments.topk_k3_bias(lq, lp, k)
             rows.append(dict(spread=cell["spread"], pair=i, k=k, e_k3=e_k3, kl=kl, teacher_tail=tail,
                              identity_error=e_k3 - (kl - tail)))
     return pd.DataFrame(rows)

@@ -4,13 +4,13 @@
     python sims/forgetting.py --quick    # seconds (the tests run this)
     python sims/forgetting.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 
-A student that knows task A is distilled on task B (sims.continual). The log-linear student runs the
+A student that knows task A is distilled on task B (distillation.continual). The log-linear student runs the
 full factorial: learning rate (5 values over 3 decades) x schedule (constant, linear, cosine) x warm-up
 (off, on) x alpha (0, 0.5, 1) x objective (FKL and RKL with the full conditionals, the gamma = 1 policy
 gradient) x clipping (off, on) x storage (float32, bf16), 3 seeds. The tiny Qwen2 runs a smaller
 factorial (learning rate x schedule constant / cosine x alpha 0 / 1 x FKL / RKL x storage; warm-up off,
 clipping on), 2 seeds. Which knob governs each outcome is answered by the share of its variance over
-the design that each factor and each pair explains (sims.analysis.variance_shares), with 95% intervals
+the design that each factor and each pair explains (analysis.variance_shares), with 95% intervals
 over seeds.
 
 Writes to ``--out`` (default results/forgetting):
@@ -32,9 +32,9 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
-from sims import analysis  # noqa: E402
-from sims import continual as C  # noqa: E402
+from distillation import continual, tasks  # noqa: E402
 
 EXPERIMENTS = ("loglinear", "neural")
 DEFAULT_OUT = os.path.join("results", "forgetting")
@@ -51,12 +51,12 @@ SIZES = {                                    # default / --quick / --full
 }
 FACTORS = {
     "lr": (1e-4, 5.6e-4, 3.2e-3, 1.8e-2, 1e-1),
-    "schedule": C.SCHEDULES,
+    "schedule": continual.SCHEDULES,
     "warmup": (False, True),
     "alpha": (0.0, 0.5, 1.0),
     "objective": ("fkl", "rkl", "pg1"),
     "clip": (False, True),
-    "storage": C.STORAGES,
+    "storage": continual.STORAGES,
 }
 QUICK = dict(FACTORS, lr=(1e-3, 1e-1), schedule=("constant", "cosine"), alpha=(0.0, 1.0), objective=("fkl", "rkl"))
 NEURAL = dict(FACTORS, schedule=("constant", "cosine"), warmup=(False,), alpha=(0.0, 1.0), objective=("fkl", "rkl"),
@@ -95,18 +95,18 @@ def cells_for(size, mode, only, base_seed=0):
 # one function per kind of cell
 # ------------------------------------------------------------------------------------------------
 def run_loglinear(cell):
-    pair = C.make_pair(cell.base_seed)
+    pair = tasks.make_pair(cell.base_seed)
     seed = cell["seed"]
-    start = C.learn_a(pair, [seed], steps=cell["a_steps"])
+    start = continual.learn_a(pair, [seed], steps=cell["a_steps"])
     runs = [(c, seed) for c in grid(cell["factors"])]
-    return C.distil_loglinear(pair, runs, start, steps=cell["steps"], batch=BATCH, seed=int(cell.seed_array()[0]))
+    return continual.distil_loglinear(pair, runs, start, steps=cell["steps"], batch=BATCH, seed=int(cell.seed_array()[0]))
 
 
 def run_neural(cell):
-    pair = C.make_pair(cell.base_seed)
+    pair = tasks.make_pair(cell.base_seed)
     seed = cell["seed"]
-    start = C.neural_student(pair, seed, steps=cell["a_steps"])
-    return pd.DataFrame([C.distil_neural(pair, c, seed, start, steps=cell["steps"], batch=BATCH)
+    start = continual.neural_student(pair, seed, steps=cell["a_steps"])
+    return pd.DataFrame([continual.distil_neural(pair, c, seed, start, steps=cell["steps"], batch=BATCH)
                          for c in grid(cell["factors"])])
 
 

@@ -25,7 +25,7 @@ prefix-bias (T8)       g(C) against H on the SPEC rows (H* marked), beside l and
 
 Each mechanism is a list of cells (data below); a finished cell is saved atomically to OUT/cells/,
 so an interrupted run resumes (--no-resume recomputes). Same seeds, same bytes. The closed forms are
-in ``sims.theory``, the learners in ``sims.learners``.
+in ``learners.closed_forms``, the learners in ``learners.online``.
 """
 
 import math
@@ -40,10 +40,10 @@ import pandas as pd  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
+import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
-from sims import analysis, theory  # noqa: E402
-from sims import learners as L  # noqa: E402
-from sims.labels import FTL, G_SEQ, KT, L_LOCAL, MIXTURE, ROLLOUT, A, G  # noqa: E402
+from learners import closed_forms, online  # noqa: E402
+from learners.names import FTL, G_SEQ, KT, L_LOCAL, MIXTURE, ROLLOUT, A, G  # noqa: E402
 
 MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
 COLUMNS = ["mechanism", "part", "learner", "setting", "x_name", "x", "seed", "t", "quantity", "value"]
@@ -157,17 +157,17 @@ def _pool_rows(cell, setting, x_name, xs, pools, quantity, part="exact"):
 def run_ce_exact(cell):
     """Exact A and G top probabilities against d, K, the expert's weight and n (SPEC 1)."""
     d_grid = np.unique(np.concatenate([np.logspace(-12, math.log10(0.3), 61), CE_D]))
-    frames = (_pool_rows(cell, "K=2, w=1/2", "d", d_grid, theory.confident_expert_pools, TOP)
-              + _pool_rows(cell, "K=2, w=1/2", "d", CE_D, theory.confident_expert_pools, TOP, part="spec"))
-    by_k = lambda K: theory.confident_expert_pools(CE_K_D, K=int(K))               # noqa: E731
+    frames = (_pool_rows(cell, "K=2, w=1/2", "d", d_grid, closed_forms.confident_expert_pools, TOP)
+              + _pool_rows(cell, "K=2, w=1/2", "d", CE_D, closed_forms.confident_expert_pools, TOP, part="spec"))
+    by_k = lambda K: closed_forms.confident_expert_pools(CE_K_D, K=int(K))               # noqa: E731
     frames += (_pool_rows(cell, f"d={CE_K_D:g}, equal w", "K", np.arange(2, 51), by_k, TOP)
                + _pool_rows(cell, f"d={CE_K_D:g}, equal w", "K", CE_K, by_k, TOP, part="spec"))
     for d in (1e-2, 1e-4, 1e-8):
         frames += _pool_rows(cell, f"K=2, d={d:g}", "expert weight", np.linspace(0.02, 0.98, 49),
-                             lambda we, d=d: theory.confident_expert_pools(d, expert_weight=we), TOP)
+                             lambda we, d=d: closed_forms.confident_expert_pools(d, expert_weight=we), TOP)
     n_grid = np.unique(np.round(np.logspace(math.log10(3), 4, 25)).astype(int))
     frames += _pool_rows(cell, f"K=2, expert mass off top={CE_VOCAB_MASS:g}", "n", n_grid,
-                         lambda n: theory.confident_expert_pools(CE_VOCAB_MASS / (n - 1), n=int(n)), TOP)
+                         lambda n: closed_forms.confident_expert_pools(CE_VOCAB_MASS / (n - 1), n=int(n)), TOP)
     return frames
 
 
@@ -181,7 +181,7 @@ def run_ce_learned(cell):
     """KT, FTL and the own-rollout learner against one expert and K - 1 uniform teachers."""
     K = cell["K"]
     probs, w = examples.confident_expert(CE_K_D, n_uniform=K - 1), np.full(K, 1.0 / K)
-    curves = L.learn_one_context(probs, w, cell["n_rounds"], cell.seed_array())
+    curves = online.learn_one_context(probs, w, cell["n_rounds"], cell.seed_array())
     return _ce_learned_rows(cell, probs, w, curves, f"K={K}, d={CE_K_D:g}", "K", K)
 
 
@@ -190,7 +190,7 @@ def run_ce_learned_vocab(cell):
     n = cell["n"]
     probs, w = examples.confident_expert(CE_VOCAB_MASS / (n - 1), n=n), np.array([0.5, 0.5])
     rounds = {KT: cell["kt_rounds"], FTL: cell["ftl_rounds"], ROLLOUT: cell["rollout_rounds"]}
-    curves = L.learn_one_context(probs, w, rounds, cell.seed_array())
+    curves = online.learn_one_context(probs, w, rounds, cell.seed_array())
     return _ce_learned_rows(cell, probs, w, curves, f"n={n}, expert mass off top={CE_VOCAB_MASS:g}", "n", n)
 
 
@@ -200,16 +200,16 @@ def run_lp_exact(cell):
     e_grid = np.unique(np.concatenate([np.logspace(-12, math.log10(0.5), 89), LP_E_SPEC[:-1]]))
     for m in LP_AGREE:
         frames += _pool_rows(cell, f"{m} agreeing, equal w", "e", e_grid,
-                             lambda e, m=m: theory.low_prob_pools(e, m), CORRECT)
+                             lambda e, m=m: closed_forms.low_prob_pools(e, m), CORRECT)
         frames.append(_frame(cell, learner="e*", setting=f"{m} agreeing, equal w", x_name="e",
-                             quantity="veto threshold e*", value=theory.veto_threshold(m)))
-    frames += _pool_rows(cell, "2 agreeing, equal w", "e", LP_E_SPEC, theory.low_prob_pools, CORRECT, part="spec")
+                             quantity="veto threshold e*", value=closed_forms.veto_threshold(m)))
+    frames += _pool_rows(cell, "2 agreeing, equal w", "e", LP_E_SPEC, closed_forms.low_prob_pools, CORRECT, part="spec")
     w_grid = np.linspace(0.02, 0.98, 49)
     for e in (1e-2, 1e-3, 1e-6):
         frames += _pool_rows(cell, f"2 agreeing, e={e:g}", "veto weight", w_grid,
-                             lambda wv, e=e: theory.low_prob_pools(e, 2, wv), CORRECT)
+                             lambda wv, e=e: closed_forms.low_prob_pools(e, 2, wv), CORRECT)
     frames.append(_frame(cell, learner="e*", setting="2 agreeing", x_name="veto weight", x=w_grid,
-                         quantity="veto threshold e*", value=[theory.veto_threshold(2, wv) for wv in w_grid]))
+                         quantity="veto threshold e*", value=[closed_forms.veto_threshold(2, wv) for wv in w_grid]))
     return frames
 
 
@@ -233,8 +233,8 @@ def run_lp_regret_constant(cell):
             lp, w = (triple, np.full(3, 1 / 3)) if setting == "triple i.i.d." else (pair, np.array([0.5, 0.5]))
             rounds, family_seeds = ((cell["alternating_rounds"], seeds[:1]) if feedback == "alternating"
                                     else (cell["iid_rounds"], seeds))
-            res = L.rkl_tabular(lp, w, feedback, "1/t", rounds, family_seeds)
-            formula = theory.alternating_constant(e) if feedback == "alternating" else theory.ftl_constant(lp, w)
+            res = online.rkl_tabular(lp, w, feedback, "1/t", rounds, family_seeds)
+            formula = closed_forms.alternating_constant(e) if feedback == "alternating" else closed_forms.ftl_constant(lp, w)
             frames.append(_frame(cell, learner=learner, setting=setting, x_name="e", x=e,
                                  quantity=["slope", "slope_lo", "slope_hi", "theory slope"],
                                  value=[*analysis.fit_slope(res["grid"], res["regret"]), formula]))
@@ -245,8 +245,8 @@ def run_lp_learned(cell):
     """KT, FTL and the own-rollout learner against the three teachers (0.9, 0.1) x 2 and (e, 1 - e)."""
     e = cell["e"]
     probs, w = examples.low_probability_teachers(e), np.full(3, 1 / 3)
-    curves = L.learn_one_context(probs, w, cell["n_rounds"], cell.seed_array())
-    a, g = theory.low_prob_pools(e)
+    curves = online.learn_one_context(probs, w, cell["n_rounds"], cell.seed_array())
+    a, g = closed_forms.low_prob_pools(e)
     return (_learned_rows(cell, curves, cell["label"], "e", e, CORRECT)
             + _targets(cell, {A: a, G: g}, cell["label"], "e", e, CORRECT))
 
@@ -255,7 +255,7 @@ def run_lp_veto_rounds(cell):
     """Rounds until the on-policy learners push q_t(correct) below 1/2 for good (every round tracked)."""
     e, T, R = cell["e"], cell["n_rounds"], cell.seeds
     probs, w = examples.low_probability_teachers(e), np.full(3, 1 / 3)
-    curves = L.learn_one_context(probs, w, T, cell.seed_array(), learners=(FTL, ROLLOUT), grid=np.arange(1, T + 1))
+    curves = online.learn_one_context(probs, w, T, cell.seed_array(), learners=(FTL, ROLLOUT), grid=np.arange(1, T + 1))
     d = np.log(probs[:, 0]) - np.log(probs[:, 1])               # per-teacher log-odds of the correct token
     scale = float(np.var(d) / np.mean(d) ** 2)                  # drift-diffusion scale (sigma / mu)^2
     frames = [_frame(cell, learner=name, setting=cell["label"], x_name="e", x=e, seed=np.arange(R), t=T,
@@ -270,7 +270,7 @@ def run_pb_exact(cell):
     """Exact g(C) against H on the SPEC rows, beside l and the mixture's marginal (SPEC 2)."""
     frames = []
     for i, (pc, cont, w) in enumerate(PB_ROWS):
-        ex = theory.prefix_bias_exact(pc, cont, w, h_max=PB_H_MAX)
+        ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=PB_H_MAX)
         setting = f"row {i + 1}: p={pc}, A={cont}, w={w}"
         H = np.arange(PB_H_MAX + 1)
         frames += [_frame(cell, learner=G_SEQ, setting=setting, x_name="H", x=H, quantity=FIRST_C, value=ex["g"]),
@@ -287,7 +287,7 @@ def run_pb_exact(cell):
 def run_pb_random_family(cell):
     """The fraction of random instances whose g prefers the incorrect first token, at one sigma."""
     sigma = cell["sigma"]
-    frac, limit, gap = theory.flip_fractions(sigma, cell["H"], cell["n_instances"], seed=cell.base_seed)
+    frac, limit, gap = closed_forms.flip_fractions(sigma, cell["H"], cell["n_instances"], seed=cell.base_seed)
     setting = f"sigma={sigma:g}"
     return [_frame(cell, learner=G_SEQ, setting=setting, x_name="H", x=np.array(cell["H"]),
                    quantity="fraction with g(C) < 1/2", value=frac),
@@ -300,9 +300,9 @@ def run_pb_learned(cell):
     """The three sequence learners' q_t(C first) on one SPEC row at one H."""
     row, H = cell["row"], cell["H"]
     pc, cont, w = PB_ROWS[row]
-    ex = theory.prefix_bias_exact(pc, cont, w, h_max=max(H, PB_H_MAX))
+    ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=max(H, PB_H_MAX))
     setting = f"row {row + 1}, H={H} (H*={ex['h_star']:.2f})"
-    curves = L.learn_prefix(ex["teachers"], np.array(w), H + 1, cell["n_rounds"], cell.seed_array())
+    curves = online.learn_prefix(ex["teachers"], np.array(w), H + 1, cell["n_rounds"], cell.seed_array())
     targets = {G_SEQ: float(ex["g"][H]), L_LOCAL: ex["local"], MIXTURE: ex["mixture"]}
     return (_learned_rows(cell, curves, setting, "H", H, FIRST_C)
             + _targets(cell, targets, setting, "H", H, FIRST_C))

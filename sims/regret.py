@@ -12,7 +12,7 @@ Writes to ``--out`` (default results/regret):
   summary.csv  experiment, learner, feedback, n_actions, slope, slope_lo, slope_hi, theory_slope,
                metric, setting, n_seeds, T, growth, exponent, exponent_lo, exponent_hi: over the last
                two decades of t, how the regret grows (``logarithmic``, ``power`` or ``bounded``, from
-               the data: sims.analysis.growth), the slope c of R_T ≈ c ln T + b (logarithmic rows
+               the data: analysis.growth), the slope c of R_T ≈ c ln T + b (logarithmic rows
                only) and the exponent p of R_T ∝ T^p, each with a 95% Student-t interval over seeds;
                theory_slope is the closed-form c where the theory gives one
   theory.csv   the theory curves drawn beside the measurements
@@ -46,9 +46,9 @@ import pandas as pd  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
+import analysis  # noqa: E402
 from harness import Cell, experiment_parser, int_at_least, run_cells, sizes, write_csv  # noqa: E402
-from sims import analysis, labels, theory  # noqa: E402
-from sims import learners as L  # noqa: E402
+from learners import closed_forms, names, online  # noqa: E402
 
 EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
                "function-approx")
@@ -114,7 +114,7 @@ def cells_for(size, only=EXPERIMENTS, eps=EPS, horizon=None, base_seed=0):
                     out.append(_cell("onpolicy-tabular", "rkl_tabular", name, feedback, n, f"pool {POOL}",
                                      size["rounds"], size["seeds"], b, schedule=schedule, eta0=eta0, eps=None))
     if "onpolicy-sequence" in only:
-        for name, mode in ((labels.SEQ_RKL, "sequence"), (labels.TOKEN_RKL, "token")):
+        for name, mode in ((names.SEQ_RKL, "sequence"), (names.TOKEN_RKL, "token")):
             for machine, default_h in ONPOLICY_MACHINES.items():
                 H = horizon if horizon is not None else default_h
                 setting = f"prefix-bias H={H}" if machine == "prefix-bias" else f"prefix tree depth={H} K=2"
@@ -122,7 +122,7 @@ def cells_for(size, only=EXPERIMENTS, eps=EPS, horizon=None, base_seed=0):
                                  size["seeds"], b, mode=mode, machine=machine, H=H))
     if "function-approx" in only:
         for method, feedback in LOGLINEAR.items():
-            out.append(_cell("function-approx", "loglinear", labels.LOGLINEAR[method], feedback, 3,
+            out.append(_cell("function-approx", "loglinear", names.LOGLINEAR[method], feedback, 3,
                              "X=5 d=4 K=2 lambda=0.1", size["rounds"], size["fa_seeds"], b, lam=0.1, method=method))
     return out
 
@@ -160,25 +160,25 @@ def run_add_beta_tabular(cell):
     c, n, T, seeds = cell.settings, cell["n_actions"], cell["n_rounds"], cell.seed_array()
     beta, sequence = c["beta"], c["sequence"]
     if sequence is None:
-        res = L.add_beta_tabular(_pool(n, 0), TEACHER_WEIGHTS, beta, T, seeds)
+        res = online.add_beta_tabular(_pool(n, 0), TEACHER_WEIGHTS, beta, T, seeds)
         return _result(cell, res["grid"], {"regret": res["regret"], "pseudo": res["pseudo"]},
                        {"regret": (n - 1) / 2, "pseudo": (n - 1) / 2})
-    res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, seeds, sequence=sequence)
+    res = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, seeds, sequence=sequence)
     grid = res["grid"]
     if sequence == "constant":
-        curves = [_theory(cell, grid, "regret", "closed form", theory.add_beta_constant_sequence(grid, n, beta))]
+        curves = [_theory(cell, grid, "regret", "closed form", closed_forms.add_beta_constant_sequence(grid, n, beta))]
         if c["learner"] == "KT":
             curves.append(_theory(cell, grid, "regret", "Shtarkov minimax ln C_t",
-                                  [theory.shtarkov_log_complexity(int(t), n) for t in grid]))
+                                  [closed_forms.shtarkov_log_complexity(int(t), n) for t in grid]))
         return _result(cell, grid, {"regret": res["regret"]}, {"regret": (n - 1) * beta}, curves)
-    curves = [_theory(cell, grid, "regret", "closed form", theory.add_beta_round_robin(grid, n, beta))]
+    curves = [_theory(cell, grid, "regret", "closed form", closed_forms.add_beta_round_robin(grid, n, beta))]
     return _result(cell, grid, {"regret": res["regret"]}, {"regret": (n - 1) / 2}, curves)
 
 
 def run_add_beta_sequence(cell):
     n, depth = cell["n_actions"], cell["depth"]
     teachers = examples.prefix_tree(3, depth, n, seed=7 + n)
-    res = L.add_beta_sequence(teachers, TEACHER_WEIGHTS, depth, cell["beta"], cell["n_rounds"], cell.seed_array())
+    res = online.add_beta_sequence(teachers, TEACHER_WEIGHTS, depth, cell["beta"], cell["n_rounds"], cell.seed_array())
     slope = res["visited"] * (n - 1) / 2
     curves = [_theory(cell, res["grid"], "regret", "sum_s (n-1)/2 ln t", slope * np.log(res["grid"]))]
     return _result(cell, res["grid"], {"regret": res["regret"], "pseudo": res["pseudo"]},
@@ -191,20 +191,20 @@ def run_rkl_tabular(cell):
         log_probs, w, feedback = np.log([[1 - e, e], [e, 1 - e]]), [0.5, 0.5], "alternating"
     else:
         log_probs, w, feedback = np.log(_pool(n, 1)), TEACHER_WEIGHTS, c["feedback"]
-    res = L.rkl_tabular(log_probs, w, feedback, c["schedule"], c["n_rounds"], cell.seed_array(), eta0=c["eta0"])
+    res = online.rkl_tabular(log_probs, w, feedback, c["schedule"], c["n_rounds"], cell.seed_array(), eta0=c["eta0"])
     ftl_like = c["schedule"] in ("1/t", "1/(t+1)")
     if not ftl_like:
         slopes = {"regret": math.nan, "pseudo": math.nan}
     elif feedback == "full":
         slopes = {"regret": 0.0, "pseudo": 0.0}
     elif feedback == "alternating":
-        slopes = {"regret": theory.alternating_constant(e), "pseudo": 0.0}
+        slopes = {"regret": closed_forms.alternating_constant(e), "pseudo": 0.0}
     else:
-        const = theory.ftl_constant(log_probs, w)
+        const = closed_forms.ftl_constant(log_probs, w)
         slopes = {"regret": const, "pseudo": const}
     grid = res["grid"]
     if feedback == "full":              # exact for every schedule: R_T = sum_t KL(q_t || G)
-        exact = theory.full_feedback_regret(log_probs, w, c["schedule"], int(grid[-1]), c["eta0"])[grid - 1]
+        exact = closed_forms.full_feedback_regret(log_probs, w, c["schedule"], int(grid[-1]), c["eta0"])[grid - 1]
         curves = [_theory(cell, grid, m, "exact sum_t KL(q_t || G)", exact) for m in ("regret", "pseudo")]
     else:
         curves = [_theory(cell, grid, "regret", "c ln t", slopes["regret"] * np.log(grid))] if ftl_like else []
@@ -219,7 +219,7 @@ def run_rkl_sequence(cell):
     else:
         teachers = examples.prefix_tree(2, H, cell["n_actions"], seed=11)
         horizon = H
-    res = L.rkl_sequence(teachers, w, horizon, cell["mode"], cell["n_rounds"], cell.seed_array())
+    res = online.rkl_sequence(teachers, w, horizon, cell["mode"], cell["n_rounds"], cell.seed_array())
     metrics = {"regret": res["regret"], "pseudo": res["pseudo"], "token": res["token"]}
     curves = []
     if cell["mode"] == "token":
@@ -238,7 +238,7 @@ def loglinear_problem(n):
 def run_loglinear(cell):
     c, n, T = cell.settings, cell["n_actions"], cell["n_rounds"]
     features, probs = loglinear_problem(n)
-    res = L.loglinear(features, probs, [0.5, 0.5], c["method"], c["lam"], T, cell.seed_array(),
+    res = online.loglinear(features, probs, [0.5, 0.5], c["method"], c["lam"], T, cell.seed_array(),
                       grid=analysis.log_grid(T, 8))
     # no closed-form constant: the Hazan-Agarwal-Kale bounds hold for every sequence and sit 100x
     # above these curves (paper_repro T5); logarithmic growth is checked decade by decade instead

@@ -4,7 +4,7 @@
     python sims/rlvr.py --quick    # seconds (the tests run this)
     python sims/rlvr.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 
-On goal-reaching tasks with a checker (sims.verifier), a student with shared parameters (log-linear on
+On goal-reaching tasks with a checker (distillation.tasks), a student with shared parameters (log-linear on
 shared features, every run of a task in one tensor; and a tiny Qwen2 reading the same features, fewer
 runs) is distilled from two teachers on in-distribution contexts, to an equal budget (the same steps
 and batch):
@@ -35,9 +35,10 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
-from sims import analysis  # noqa: E402
-from sims import verifier as V  # noqa: E402
+from distillation import evaluation, tasks, verifiable  # noqa: E402
+from distillation.students import STUDENTS  # noqa: E402
 
 EXPERIMENTS = ("shared", "unshared")              # the conditions
 DEFAULT_OUT = os.path.join("results", "rlvr")
@@ -85,20 +86,20 @@ def cells_for(size, only, base_seed=0):
 def run_study(cell):
     """Both stages for every method and student seed of one student kind on one task."""
     task_id = cell.base_seed * 1000 + cell["task"]
-    task = V.make_goal_task(task_id, **CONDITIONS[cell["condition"]])
+    task = tasks.make_goal_task(task_id, **CONDITIONS[cell["condition"]])
     student = cell["student"]
     runs = [(m, s) for m in STUDENT_METHODS[student] for s in range(cell["seeds"])]
     distil_lr, rl_lr = LEARNING_RATES[student]
-    students = V.STUDENTS[student](task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
+    students = STUDENTS[student](task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
     stream = cell.seed_array()
-    rows, costs = V.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
+    rows, costs = verifiable.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
                            seed=int(stream[0]))
     students.lr = rl_lr                                     # RL starts its own Adam at its own rate
-    rl_rows = V.reinforce(task, runs, students, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
+    rl_rows = verifiable.reinforce(task, runs, students, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
                           group=TRAINING["group"], seed=int(stream[1]))
     where = dict(condition=cell["condition"], student=student, task=cell["task"])
     return {"curves": pd.DataFrame(rows + rl_rows).assign(**where),
-            "teachers": V.teacher_rows(task).assign(condition=cell["condition"], task=cell["task"])}
+            "teachers": evaluation.teacher_rows(task).assign(condition=cell["condition"], task=cell["task"])}
 
 
 RUNNERS = {"study": run_study}

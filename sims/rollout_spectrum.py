@@ -4,7 +4,7 @@
     python sims/rollout_spectrum.py --quick    # seconds (the tests run this)
 
 Training sequences come from the student with probability alpha and from a teacher k ~ w otherwise
-(and a switch-point variant: teacher prefix, student suffix). Objectives (sims.distill): FKL and RKL
+(and a switch-point variant: teacher prefix, student suffix). Objectives (distillation.fixed_points): FKL and RKL
 with the teachers' full conditionals, SFT on a sampled teacher token, k1/k2/k3 on the sampled token as
 losses (pooled before the estimator, and k3 routed to one teacher), the RKL policy gradient with
 gamma = 0 and 1; with and without importance weights where the samples are not the student's;
@@ -33,7 +33,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
-from sims import distill as D  # noqa: E402
+import aggregation as ag  # noqa: E402
+from distillation import evaluation, fixed_points, tasks, training  # noqa: E402
 
 EXPERIMENTS = ("tabular", "neural", "robustness", "theory")
 DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
@@ -59,7 +60,7 @@ SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", (
 TOL = 0.01                                   # nats per position (KL_seq / H): "reached its target"
 
 
-def spectrum_configs(alphas, objectives=D.OBJECTIVES, clip=False, switch=True):
+def spectrum_configs(alphas, objectives=fixed_points.OBJECTIVES, clip=False, switch=True):
     """Every (objective, alpha, importance) of a tabular cell, plus the switch-point variant."""
     out = []
     for obj in objectives:
@@ -104,37 +105,37 @@ def cells_for(size, quick, only, base_seed=0):
 # one function per kind of cell
 # ------------------------------------------------------------------------------------------------
 def run_theory(cell):
-    task = D.make_task("tree", K=2, seed=cell.base_seed)
-    A, mix = D.target_table(task, "arithmetic"), D.target_table(task, "mixture")
+    task = tasks.make_task("tree", K=2, seed=cell.base_seed)
+    A, mix = fixed_points.target_table(task, "arithmetic"), fixed_points.target_table(task, "mixture")
     rows = []
     for a in cell["alphas"]:
-        sft = D.target_table(task, "sft", a)
+        sft = fixed_points.target_table(task, "sft", a)
         for name, ref in (("arithmetic", A), ("mixture", mix)):
             rows.append(dict(alpha=a, reference=name,
-                             kl=D.ag.sequence_kl(task.teachers, task.weights, task.horizon, sft, target=ref)))
+                             kl=ag.sequence_kl(task.teachers, task.weights, task.horizon, sft, target=ref)))
     return pd.DataFrame(rows)
 
 
 def run_tabular(cell):
-    task = D.make_task("tree", K=cell["K"], seed=cell.base_seed)
+    task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
     configs = spectrum_configs(cell["alphas"], clip=cell["clip"])
-    df = D.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=BATCH, lr=LR,
+    df = training.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=BATCH, lr=LR,
                          eval_every=max(cell["steps"] // 6, 1), seed=cell.base_seed)
     return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
 
 
 def run_neural(cell):
-    task = D.make_task("tree", K=cell["K"], seed=cell.base_seed)
+    task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
     config = dict(objective=cell["objective"], alpha=cell["alpha"], switch=False, importance=False, clip=True)
-    frames = [D.train_neural(task, config, seed, steps=cell["steps"], batch=BATCH, lr=NEURAL_LR,
+    frames = [training.train_neural(task, config, seed, steps=cell["steps"], batch=BATCH, lr=NEURAL_LR,
                              eval_every=max(cell["steps"] // 4, 1)) for seed in cell["seeds"]]
     return pd.concat(frames, ignore_index=True).assign(K=cell["K"], task=task.name, horizon=task.horizon)
 
 
 def run_robustness(cell):
-    task = D.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
+    task = tasks.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
     configs = spectrum_configs(ROBUST["alphas"], ROBUST["objectives"], clip=cell["clip"], switch=False)
-    df = D.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=16, lr=LR,
+    df = training.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=16, lr=LR,
                          eval_every=cell["steps"], seed=cell.base_seed, fixed_points=False)
     return df.assign(K=2, H=cell["H"], task=task.name, horizon=task.horizon)
 
@@ -237,7 +238,7 @@ def conclusions(tab, robust):
         k1 = plain[(plain.objective == "k1") & (plain.alpha == 0.0)]
         if len(k1):
             rows.append(dict(condition=name, conclusion="k1 as a loss on teacher samples diverges",
-                             holds=bool(k1.diverged.any() or (k1.max_logit > 0.8 * D.DIVERGED_LOGIT).any()),
+                             holds=bool(k1.diverged.any() or (k1.max_logit > 0.8 * evaluation.DIVERGED_LOGIT).any()),
                              evidence=f"largest centred logit {k1.max_logit.max():.3g} (start about 0.3)"))
     return pd.DataFrame(rows)
 

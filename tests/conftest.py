@@ -15,9 +15,21 @@ ROOT = Path(__file__).resolve().parents[1]
 TIERS = ("unit", "property", "integration", "slow")
 
 
+QUICK_FIXTURES = {"quick_regret": "regret", "quick_mechanisms": "mechanisms", "quick_spectrum": "rollout_spectrum",
+                  "quick_forgetting": "forgetting", "quick_rlvr": "rlvr"}
+
+
 def pytest_collection_modifyitems(items):
-    """Every test has a tier: hypothesis tests are ``property``; a test without a tier mark is ``unit``."""
+    """Every test has a tier: hypothesis tests are ``property``; a test without a tier mark is ``unit``.
+    Tests that read one sim's quick run share an xdist group (``-n 2 --dist loadgroup``), so each quick
+    run happens once, on one worker."""
     for item in items:
+        groups = {QUICK_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in QUICK_FIXTURES}
+        experiment = getattr(getattr(item, "callspec", None), "params", {}).get("experiment")
+        if experiment:
+            groups.add(experiment)
+        if len(groups) == 1:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
             item.add_marker(pytest.mark.property)
         if not any(item.get_closest_marker(t) for t in TIERS):

@@ -10,7 +10,7 @@ import figures
 from figures import mechanisms as fm
 from figures import regret as fr
 from figures.style import TWO_COLUMNS
-from sims import labels
+from learners import names
 
 pytestmark = pytest.mark.integration
 
@@ -64,8 +64,8 @@ def test_function_approximation_figure(regret_csvs):
     fig = fr.function_approx_figure(regret, summary)
     top_off, top_on, low_off, low_on = fig.axes[:4]
     assert [ax.get_yscale() for ax in fig.axes[:4]] == ["log"] * 4
-    off = [labels.LOGLINEAR[m] for m in ("OGD", "ONS", "Newton-style", "constant step", "frozen")]
-    on = [labels.LOGLINEAR[m] for m in ("OGD-RKL", "frozen-RKL")]
+    off = [names.LOGLINEAR[m] for m in ("OGD", "ONS", "Newton-style", "constant step", "frozen")]
+    on = [names.LOGLINEAR[m] for m in ("OGD-RKL", "frozen-RKL")]
     assert len(data_lines(top_off)) == len(off) and len(data_lines(top_on)) == len(on)
     assert len(data_lines(low_off)) == len(off)
     assert low_off.get_ylabel().startswith("R_t / ln t")
@@ -93,7 +93,7 @@ def test_mechanism_figures(quick_mechanisms):
     fig = fm.confident_expert_learned_figure(df["confident-expert"])
     vocab = [ax for ax in fig.axes if ax.get_title().startswith("vocabulary")]
     assert len(vocab) == 3 and all(len(data_lines(ax)) == 3 for ax in vocab)   # KT, FTL and own rollout
-    assert {labels.KT, labels.FTL, labels.ROLLOUT} <= {t.get_text() for leg in fig.legends for t in leg.get_texts()}
+    assert {names.KT, names.FTL, names.ROLLOUT} <= {t.get_text() for leg in fig.legends for t in leg.get_texts()}
     for f in (fm.confident_expert_figure(df["confident-expert"]), fm.low_prob_figure(df["low-prob"]),
               fm.prefix_bias_learned_figure(df["prefix-bias"])):
         assert f.get_size_inches()[0] == pytest.approx(TWO_COLUMNS)

@@ -15,9 +15,9 @@ import torch
 from conftest import assert_usage_error, run_script
 
 from aggregation import examples
-from sims import analysis
-from sims import continual as C
-from sims import distill as D
+import analysis
+from distillation import continual, evaluation, students, tasks
+from distillation import fixed_points
 
 
 # ------------------------------------------------------------------------------------------------
@@ -27,9 +27,9 @@ def test_update_sparsity_float32_threshold_on_hand_made_changes():
     theta0 = np.array([0.0, 1.0, 100.0, -3.0, 5.0, 2.0])
     delta = np.array([2e-6, 3e-6, 5e-5, 0.0, -1e-5, 2e-6])
     # thresholds 1e-6 (1 + |theta0|): 1e-6, 2e-6, 1.01e-4, 4e-6, 6e-6, 3e-6 -> changed: yes yes no no yes no
-    frac, _ = C.update_sparsity(theta0, theta0 + delta)
+    frac, _ = continual.update_sparsity(theta0, theta0 + delta)
     assert frac == pytest.approx(0.5, abs=0)
-    frac, frac_bf16 = C.update_sparsity(theta0, theta0)
+    frac, frac_bf16 = continual.update_sparsity(theta0, theta0)
     assert frac == 0.0 and frac_bf16 == 0.0
 
 
@@ -37,7 +37,7 @@ def test_update_sparsity_bf16_rounding_swallows_updates_below_half_an_ulp():
     # bfloat16 keeps 8 significant bits: the ulp is 2^-7 at 1, 2^-8 at 0.5, 2 at 256
     theta0 = np.array([1.0, 1.0, 256.0, 0.5])
     theta1 = np.array([1.0 + 0.003, 1.0 + 0.0079, 256.0 + 1.5, 0.5 + 0.001])
-    frac, frac_bf16 = C.update_sparsity(theta0, theta1)
+    frac, frac_bf16 = continual.update_sparsity(theta0, theta1)
     assert frac == 1.0                                  # every float32 change is above the threshold
     assert frac_bf16 == pytest.approx(0.5, abs=0)       # only 1 + 0.0079 and 256 + 1.5 move a bf16 value
 
@@ -54,7 +54,7 @@ def test_round_bf16_equals_a_bit_level_reference():
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(size=5000) * 10.0 ** rng.integers(-6, 6, size=5000),
                         [1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 256.0 + 1.0, 256.0 + 3.0]]).astype(np.float32)
-    ours = C.round_bf16(torch.as_tensor(x)).numpy()
+    ours = students.round_bf16(torch.as_tensor(x)).numpy()
     np.testing.assert_array_equal(ours, _bf16_reference(x))
     assert ours[-4:].tolist() == [1.0, 1.0 + 2 * 2.0 ** -7, 256.0, 260.0]          # ties go to the even neighbour
 
@@ -64,11 +64,11 @@ def test_update_sparsity_per_run_and_bad_shapes():
     theta1 = theta0.clone()
     theta1[1, 0, :2] = 1.0
     theta1[2] = 1.0
-    frac, frac_bf16 = C.update_sparsity(theta0, theta1)
+    frac, frac_bf16 = continual.update_sparsity(theta0, theta1)
     np.testing.assert_array_equal(frac, [0.0, 0.2, 1.0])
     np.testing.assert_array_equal(frac_bf16, [0.0, 0.2, 1.0])
     with pytest.raises(ValueError, match="same shape"):
-        C.update_sparsity(np.zeros(3), np.zeros(4))
+        continual.update_sparsity(np.zeros(3), np.zeros(4))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -77,21 +77,21 @@ def test_update_sparsity_per_run_and_bad_shapes():
 def test_learning_rate_schedules_against_their_closed_forms():
     steps, lr = 100, 0.3
     k = np.arange(steps)
-    np.testing.assert_allclose(C.learning_rates(lr, "constant", False, steps), lr)
-    np.testing.assert_allclose(C.learning_rates(lr, "linear", False, steps), lr * (1 - k / steps), rtol=1e-15)
-    np.testing.assert_allclose(C.learning_rates(lr, "cosine", False, steps), lr * 0.5 * (1 + np.cos(np.pi * k / steps)),
+    np.testing.assert_allclose(continual.learning_rates(lr, "constant", False, steps), lr)
+    np.testing.assert_allclose(continual.learning_rates(lr, "linear", False, steps), lr * (1 - k / steps), rtol=1e-15)
+    np.testing.assert_allclose(continual.learning_rates(lr, "cosine", False, steps), lr * 0.5 * (1 + np.cos(np.pi * k / steps)),
                                rtol=1e-12)
     w = 10                                                  # the warm-up: 10% of the steps, a ramp (k + 1) / w
-    for schedule in C.SCHEDULES:
-        rates = C.learning_rates(lr, schedule, True, steps)
+    for schedule in continual.SCHEDULES:
+        rates = continual.learning_rates(lr, schedule, True, steps)
         np.testing.assert_allclose(rates[:w], lr * (k[:w] + 1) / w, rtol=1e-15)
         assert rates[w] == pytest.approx(lr)                # the peak, then the decay over the other 90 steps
-    np.testing.assert_allclose(C.learning_rates(lr, "linear", True, steps)[w:], lr * (1 - (k[w:] - w) / (steps - w)))
-    assert np.all(C.learning_rates(0.0, "cosine", True, steps) == 0.0)
+    np.testing.assert_allclose(continual.learning_rates(lr, "linear", True, steps)[w:], lr * (1 - (k[w:] - w) / (steps - w)))
+    assert np.all(continual.learning_rates(0.0, "cosine", True, steps) == 0.0)
     with pytest.raises(ValueError, match="schedule"):
-        C.learning_rates(lr, "step", False, steps)
+        continual.learning_rates(lr, "step", False, steps)
     with pytest.raises(ValueError, match="lr"):
-        C.learning_rates(-1.0, "constant", False, steps)
+        continual.learning_rates(-1.0, "constant", False, steps)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -112,12 +112,12 @@ def _enumerated_loss(task, log_q):
 
 
 def test_loss_on_a_equals_the_enumerated_sequence_kl():
-    pair = C.make_pair(0)
+    pair = tasks.make_pair(0)
     rng = np.random.default_rng(3)
     t = pair.A.teachers
     log_q = np.log(rng.dirichlet(np.ones(t.n), size=t.S))
-    assert C.loss_on(pair.A, log_q) == pytest.approx(_enumerated_loss(pair.A, log_q), rel=1e-10)
-    assert C.loss_on(pair.A, np.asarray(t.log_probs[0])) == pytest.approx(0.0, abs=1e-12)
+    assert evaluation.loss_on(pair.A, log_q) == pytest.approx(_enumerated_loss(pair.A, log_q), rel=1e-10)
+    assert evaluation.loss_on(pair.A, np.asarray(t.log_probs[0])) == pytest.approx(0.0, abs=1e-12)
 
 
 def _config(**kw):
@@ -126,11 +126,11 @@ def _config(**kw):
 
 
 def test_forgetting_is_exactly_zero_at_learning_rate_zero_beside_runs_that_forget():
-    pair = C.make_pair(1)
-    start = C.learn_a(pair, [0], steps=60)
-    runs = [(_config(lr=0.0, storage=st, objective=obj), 0) for st in C.STORAGES for obj in ("fkl", "pg1")]
-    runs += [(_config(lr=0.1, storage=st), 0) for st in C.STORAGES]
-    out = C.distil_loglinear(pair, runs, start, steps=30, batch=16)
+    pair = tasks.make_pair(1)
+    start = continual.learn_a(pair, [0], steps=60)
+    runs = [(_config(lr=0.0, storage=st, objective=obj), 0) for st in continual.STORAGES for obj in ("fkl", "pg1")]
+    runs += [(_config(lr=0.1, storage=st), 0) for st in continual.STORAGES]
+    out = continual.distil_loglinear(pair, runs, start, steps=30, batch=16)
     frozen, moving = out[out.lr == 0.0], out[out.lr > 0]
     assert (frozen.forgetting == 0.0).all() and (frozen.sparsity == 0.0).all() and (frozen.sparsity_bf16 == 0.0).all()
     assert (moving.forgetting > 1e-3).all() and (moving.sparsity > 0.3).all()
@@ -139,12 +139,12 @@ def test_forgetting_is_exactly_zero_at_learning_rate_zero_beside_runs_that_forge
 def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_closed_form():
     """With features one-hot in the state only (the same for A and B), FKL on B drives the student to B's
     arithmetic pool at every state, so forgetting -> KL_seq(P_A || A_B) - KL_seq(P_A || q_before)."""
-    pair = C.make_pair(2)
+    pair = tasks.make_pair(2)
     S = pair.A.teachers.S
-    blind = C.Pair(pair.A, pair.B, np.broadcast_to(np.eye(S), (2, S, S)).copy())
-    start = C.learn_a(blind, [0], steps=300)
-    out = C.distil_loglinear(blind, [(_config(lr=0.05), 0)], start, steps=400, batch=64).iloc[0]
-    A_B = D.target_table(pair.B, "arithmetic")
+    blind = tasks.Pair(pair.A, pair.B, np.broadcast_to(np.eye(S), (2, S, S)).copy())
+    start = continual.learn_a(blind, [0], steps=300)
+    out = continual.distil_loglinear(blind, [(_config(lr=0.05), 0)], start, steps=400, batch=64).iloc[0]
+    A_B = fixed_points.target_table(pair.B, "arithmetic")
     expected = _enumerated_loss(pair.A, A_B) - out.loss_a_before
     assert expected > 0.1
     assert out.forgetting == pytest.approx(expected, rel=0.02)
@@ -154,18 +154,18 @@ def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_clo
 @pytest.mark.parametrize("bad", [dict(storage="fp8"), dict(objective="mse"), dict(alpha=1.5), dict(schedule="step"),
                                  dict(lr=-0.1)])
 def test_phase_two_rejects_bad_configs(bad):
-    pair = C.make_pair(0)
+    pair = tasks.make_pair(0)
     start = {0: torch.zeros(pair.A.teachers.n, pair.features.shape[-1])}
     with pytest.raises(ValueError):
-        C.distil_loglinear(pair, [(_config(**bad), 0)], start, steps=1, batch=2)
+        continual.distil_loglinear(pair, [(_config(**bad), 0)], start, steps=1, batch=2)
 
 
 def test_neural_forgetting_is_exactly_zero_at_learning_rate_zero():
-    pair = C.make_pair(0)
-    start = C.neural_student(pair, 0, steps=5)
-    row = C.distil_neural(pair, _config(lr=0.0, storage="float32"), 0, start, steps=4, batch=8)
+    pair = tasks.make_pair(0)
+    start = continual.neural_student(pair, 0, steps=5)
+    row = continual.distil_neural(pair, _config(lr=0.0, storage="float32"), 0, start, steps=4, batch=8)
     assert row["forgetting"] == 0.0 and row["sparsity"] == 0.0
-    row = C.distil_neural(pair, _config(lr=3e-3), 0, start, steps=20, batch=16)
+    row = continual.distil_neural(pair, _config(lr=3e-3), 0, start, steps=20, batch=16)
     assert row["forgetting"] > 1e-3 and row["sparsity"] > 0.5
 
 
@@ -264,14 +264,14 @@ def test_forgetting_bad_arguments_exit_2_with_one_line(bad, tmp_path):
 
 
 def test_make_pair_rejects_trees_of_different_shapes(monkeypatch):
-    real = D.make_task
+    real = tasks.make_task
 
     def other_shape(kind, K, seed):
         task = real(kind, K=K, seed=seed)
         if K == 2:
             base = examples.prefix_tree(K, 2, 3, seed=seed, concentration=0.5)
-            return D.Task(base, task.weights, 2)
+            return tasks.Task(base, task.weights, 2)
         return task
-    monkeypatch.setattr(D, "make_task", other_shape)
+    monkeypatch.setattr(tasks, "make_task", other_shape)
     with pytest.raises(ValueError, match="shape"):
-        C.make_pair(0)
+        tasks.make_pair(0)

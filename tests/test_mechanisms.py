@@ -15,8 +15,9 @@ import aggregation as ag
 from aggregation import examples
 from harness import cell_seeds, sizes
 from harness.storage import FLOAT_FORMAT
-from sims import analysis, labels, theory
-from sims import learners as L
+import analysis
+from learners import closed_forms, names, online
+
 from sims import mechanisms as M
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +31,7 @@ Z = 4.0          # tolerance in s.d. of the mean over seeds (the seeds are fixed
 @pytest.mark.parametrize("d, top_a, top_g", [
     (0.05, 0.6167, 0.6796), (1e-2, 0.6567, 0.8319), (1e-4, 0.6666, 0.9804), (1e-8, 0.6667, 0.9998)])
 def test_confident_expert_table(d, top_a, top_g):
-    a, g = theory.confident_expert_pools(d)
+    a, g = closed_forms.confident_expert_pools(d)
     assert a == pytest.approx(top_a, abs=1e-4)
     assert g == pytest.approx(top_g, abs=1e-4)
     # the uniform teacher cancels from G: G ∝ sqrt(expert)
@@ -40,7 +41,7 @@ def test_confident_expert_table(d, top_a, top_g):
 @pytest.mark.parametrize("K, top_g, top_a", [(2, 0.980, 0.667), (5, 0.759, 0.467), (10, 0.557, 0.400),
                                              (50, 0.375, 0.347)])
 def test_confident_expert_k_table(K, top_g, top_a):
-    a, g = theory.confident_expert_pools(1e-4, K=K)
+    a, g = closed_forms.confident_expert_pools(1e-4, K=K)
     assert g == pytest.approx(top_g, abs=5e-4)
     assert a == pytest.approx(top_a, abs=5e-4)
 
@@ -48,12 +49,12 @@ def test_confident_expert_k_table(K, top_g, top_a):
 def test_confident_expert_weights_and_vocabulary():
     # the expert's weight w: G(0) = (1-2d)^w / ((1-2d)^w + 2 d^w), A(0) = w (1-2d) + (1-w)/3
     for we in (0.1, 0.5, 0.9):
-        a, g = theory.confident_expert_pools(1e-4, expert_weight=we)
+        a, g = closed_forms.confident_expert_pools(1e-4, expert_weight=we)
         top = (1 - 2e-4) ** we
         assert g == pytest.approx(top / (top + 2 * 1e-4 ** we), rel=1e-12)
         assert a == pytest.approx(we * (1 - 2e-4) + (1 - we) / 3, rel=1e-12)
     # a uniform teacher over a large vocabulary: A -> 1/2 while G keeps the expert
-    a, g = theory.confident_expert_pools(1e-8 / 9999, n=10_000)
+    a, g = closed_forms.confident_expert_pools(1e-8 / 9999, n=10_000)
     assert a == pytest.approx((1 - 1e-8 + 1e-4) / 2, rel=1e-12)
     assert g == pytest.approx(1 / (1 + math.sqrt(9999 * 1e-8 / (1 - 1e-8))), rel=1e-10)
 
@@ -61,7 +62,7 @@ def test_confident_expert_weights_and_vocabulary():
 @pytest.mark.parametrize("e, g0, tol", [(0.1, 0.675, 5e-4), (0.02, 0.542, 5e-4), (0.01, 0.483, 5e-4),
                                         (1e-3, 0.302, 5e-4), (1e-6, 0.0415, 5e-5), (0.0, 0.0, 0.0)])
 def test_low_probability_table(e, g0, tol):
-    a, g = theory.low_prob_pools(e)
+    a, g = closed_forms.low_prob_pools(e)
     assert g == pytest.approx(g0, abs=tol)
     if e > 0:
         assert g == pytest.approx(1 / (1 + (0.01 * (1 - e) / (0.81 * e)) ** (1 / 3)), rel=1e-10)
@@ -69,17 +70,17 @@ def test_low_probability_table(e, g0, tol):
 
 
 def test_veto_threshold():
-    assert theory.veto_threshold() == pytest.approx(1 / 82, rel=1e-12)
-    assert theory.low_prob_pools(1 / 82)[1] == pytest.approx(0.5, abs=1e-12)
-    assert theory.low_prob_pools(1 / 82 * 1.001)[1] > 0.5 > theory.low_prob_pools(1 / 82 * 0.999)[1]
+    assert closed_forms.veto_threshold() == pytest.approx(1 / 82, rel=1e-12)
+    assert closed_forms.low_prob_pools(1 / 82)[1] == pytest.approx(0.5, abs=1e-12)
+    assert closed_forms.low_prob_pools(1 / 82 * 1.001)[1] > 0.5 > closed_forms.low_prob_pools(1 / 82 * 0.999)[1]
     for m in (1, 3, 5):                                        # e* = 1/(1 + 9^m) at equal weights
-        e_star = theory.veto_threshold(m)
+        e_star = closed_forms.veto_threshold(m)
         assert e_star == pytest.approx(1 / (1 + 9.0 ** m), rel=1e-12)
-        assert theory.low_prob_pools(e_star, m)[1] == pytest.approx(0.5, abs=1e-9)
+        assert closed_forms.low_prob_pools(e_star, m)[1] == pytest.approx(0.5, abs=1e-9)
     for wv in (0.2, 1 / 3, 0.6):                               # against the vetoing teacher's weight
-        e_star = theory.veto_threshold(2, wv)
-        assert theory.low_prob_pools(e_star, 2, wv)[1] == pytest.approx(0.5, abs=1e-9)
-    assert theory.veto_threshold(2, 1 / 3) == pytest.approx(1 / 82, rel=1e-12)
+        e_star = closed_forms.veto_threshold(2, wv)
+        assert closed_forms.low_prob_pools(e_star, 2, wv)[1] == pytest.approx(0.5, abs=1e-9)
+    assert closed_forms.veto_threshold(2, 1 / 3) == pytest.approx(1 / 82, rel=1e-12)
 
 
 PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step before -> at that H
@@ -90,7 +91,7 @@ PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step befo
 @pytest.mark.parametrize("row, expected", list(zip(M.PB_ROWS, PREFIX_ROWS)))
 def test_prefix_bias_rows(row, expected):
     rho, h_star, flip, g_before, g_after = expected
-    ex = theory.prefix_bias_exact(*row)
+    ex = closed_forms.prefix_bias_exact(*row)
     assert ex["rho"] == pytest.approx(rho, abs=1e-4)
     assert ex["h_star"] == pytest.approx(h_star, rel=5e-4)    # SPEC prints 4 digits
     assert ex["first_flip"] == flip and flip - 1 < ex["h_star"] < flip
@@ -114,7 +115,7 @@ def test_random_family_teachers_all_prefer_the_correct_token():
         t = examples.random_prefix_teachers([0, seed], 2.0)
         p_c = np.exp(t.log_probs[:, 0, 0])
         assert np.all(p_c > 0.5)
-        g = theory.first_token_g(t, np.full(3, 1 / 3), 0)
+        g = closed_forms.first_token_g(t, np.full(3, 1 / 3), 0)
         assert g[0] > 0.5                                      # at H = 0 g is the local pool: never flipped
 
 
@@ -147,10 +148,10 @@ def test_random_family_flip_fraction_facts():
     """What is a theorem: no flip at H = 0 (g = l, and every teacher prefers C, so l does); none for
     identical teachers (sigma = 0: Z = 1); the fraction at a large H equals the growth-rate limit."""
     h = (0, 1, 4, 16, 64, 1024)
-    frac, limit, gap = theory.flip_fractions(1.0, h, 100, seed=0)
+    frac, limit, gap = closed_forms.flip_fractions(1.0, h, 100, seed=0)
     assert frac[0] == 0.0 and gap > 0
     assert abs(frac[-1] - limit) <= 0.02                       # instances with a near-tie may still differ
-    none, limit0, gap0 = theory.flip_fractions(0.0, h, 30, seed=0)
+    none, limit0, gap0 = closed_forms.flip_fractions(0.0, h, 30, seed=0)
     assert np.all(none == 0) and limit0 == 0 and gap0 == pytest.approx(0, abs=1e-12)
 
 
@@ -167,31 +168,31 @@ def test_confident_expert_learned_values():
     K, T = 5, 20_000
     probs, w = examples.confident_expert(M.CE_K_D, n_uniform=K - 1), np.full(K, 1 / K)
     seeds = cell_seeds(0, "test confident expert", 4)
-    curves = L.learn_one_context(probs, w, T, seeds)
-    a, g = theory.confident_expert_pools(M.CE_K_D, K=K)
-    _check(curves[labels.KT][1][:, -1], a, theory.learner_sd(probs, w, T, labels.KT), bias=3 / (2 * T))
-    for name in (labels.FTL, labels.ROLLOUT):
-        _check(curves[name][1][:, -1], g, theory.learner_sd(probs, w, T, name))
-    assert np.all(curves[labels.FTL][1][:, -1] > a + 0.2)          # RKL keeps the expert, FKL does not
+    curves = online.learn_one_context(probs, w, T, seeds)
+    a, g = closed_forms.confident_expert_pools(M.CE_K_D, K=K)
+    _check(curves[names.KT][1][:, -1], a, closed_forms.learner_sd(probs, w, T, names.KT), bias=3 / (2 * T))
+    for name in (names.FTL, names.ROLLOUT):
+        _check(curves[name][1][:, -1], g, closed_forms.learner_sd(probs, w, T, name))
+    assert np.all(curves[names.FTL][1][:, -1] > a + 0.2)          # RKL keeps the expert, FKL does not
 
 
 def test_low_probability_learned_values_and_veto():
     e, T = 1e-3, 20_000
     probs, w = examples.low_probability_teachers(e), np.full(3, 1 / 3)
     seeds = cell_seeds(0, "test low prob", 4)
-    curves = L.learn_one_context(probs, w, T, seeds)
-    a, g = theory.low_prob_pools(e)
-    _check(curves[labels.KT][1][:, -1], a, theory.learner_sd(probs, w, T, labels.KT), bias=1 / T)
-    for name in (labels.FTL, labels.ROLLOUT):
-        _check(curves[name][1][:, -1], g, theory.learner_sd(probs, w, T, name))
+    curves = online.learn_one_context(probs, w, T, seeds)
+    a, g = closed_forms.low_prob_pools(e)
+    _check(curves[names.KT][1][:, -1], a, closed_forms.learner_sd(probs, w, T, names.KT), bias=1 / T)
+    for name in (names.FTL, names.ROLLOUT):
+        _check(curves[name][1][:, -1], g, closed_forms.learner_sd(probs, w, T, name))
         assert np.all(curves[name][1][:, -1] < 0.5)            # the veto: the correct token below 1/2
-    assert np.all(curves[labels.KT][1][:, -1] > 0.5)
+    assert np.all(curves[names.KT][1][:, -1] > 0.5)
     # rounds to the veto: every round tracked; faster as e -> 0
     dense = np.arange(1, 3001)
-    slow = L.learn_one_context(examples.low_probability_teachers(5e-3), w, 3000, seeds, learners=(labels.FTL,), grid=dense)
-    fast = L.learn_one_context(examples.low_probability_teachers(1e-9), w, 3000, seeds, learners=(labels.FTL,), grid=dense)
-    r_slow = analysis.rounds_to_veto(slow[labels.FTL][1], dense)
-    r_fast = analysis.rounds_to_veto(fast[labels.FTL][1], dense)
+    slow = online.learn_one_context(examples.low_probability_teachers(5e-3), w, 3000, seeds, learners=(names.FTL,), grid=dense)
+    fast = online.learn_one_context(examples.low_probability_teachers(1e-9), w, 3000, seeds, learners=(names.FTL,), grid=dense)
+    r_slow = analysis.rounds_to_veto(slow[names.FTL][1], dense)
+    r_fast = analysis.rounds_to_veto(fast[names.FTL][1], dense)
     assert np.all(np.isfinite(r_fast)) and np.all(r_fast >= 2)       # q_1 = 1/2 exactly
     assert np.nanmedian(r_slow) > 3 * np.median(r_fast)
     q = np.array([[0.5, 0.4, 0.6, 0.3, 0.2], [0.5, 0.4, 0.3, 0.2, 0.6]])
@@ -203,15 +204,15 @@ def test_prefix_bias_learned_values(row, H):
     """Sequence-level RKL -> g (below 1/2 since H > H*), per-token RKL -> l, per-state KT -> mixture."""
     T = 10_000
     pc, cont, w = M.PB_ROWS[row]
-    ex = theory.prefix_bias_exact(pc, cont, w, h_max=max(H, M.PB_H_MAX))
+    ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=max(H, M.PB_H_MAX))
     assert H > ex["h_star"]
-    curves = L.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, f"test prefix {row}", 4))
-    targets = {labels.SEQ_RKL: ex["g"][H], labels.TOKEN_RKL: ex["local"], labels.STATE_KT: ex["mixture"]}
+    curves = online.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, f"test prefix {row}", 4))
+    targets = {names.SEQ_RKL: ex["g"][H], names.TOKEN_RKL: ex["local"], names.STATE_KT: ex["mixture"]}
     for name, target in targets.items():
-        sd = theory.prefix_learner_sd(pc, cont, w, H, T, name)
-        _check(curves[name][1][:, -1], target, sd, bias=1 / T if name == labels.STATE_KT else 1e-12)
-    assert np.all(curves[labels.SEQ_RKL][1][:, -1] < 0.5)           # picks the incorrect prefix
-    assert np.all(curves[labels.TOKEN_RKL][1][:, -1] > 0.5) and np.all(curves[labels.STATE_KT][1][:, -1] > 0.5)
+        sd = closed_forms.prefix_learner_sd(pc, cont, w, H, T, name)
+        _check(curves[name][1][:, -1], target, sd, bias=1 / T if name == names.STATE_KT else 1e-12)
+    assert np.all(curves[names.SEQ_RKL][1][:, -1] < 0.5)           # picks the incorrect prefix
+    assert np.all(curves[names.TOKEN_RKL][1][:, -1] > 0.5) and np.all(curves[names.STATE_KT][1][:, -1] > 0.5)
 
 
 def test_regret_constant_comes_from_disagreement_not_order():
@@ -221,20 +222,20 @@ def test_regret_constant_comes_from_disagreement_not_order():
     within the 95% interval over 16 seeds."""
     for e in (0.1, 1e-3):
         pair = np.log([[1 - e, e], [e, 1 - e]])
-        alt = L.rkl_tabular(pair, [0.5, 0.5], "alternating", "1/t", 20_000, [0])
-        assert analysis.fit_slope(alt["grid"], alt["regret"])[0] == pytest.approx(theory.alternating_constant(e),
+        alt = online.rkl_tabular(pair, [0.5, 0.5], "alternating", "1/t", 20_000, [0])
+        assert analysis.fit_slope(alt["grid"], alt["regret"])[0] == pytest.approx(closed_forms.alternating_constant(e),
                                                                                   rel=1e-3)
-        assert theory.ftl_constant(pair, [0.5, 0.5]) == pytest.approx(theory.alternating_constant(e), rel=1e-12)
-        iid = L.rkl_tabular(pair, [0.5, 0.5], "sample", "1/t", 50_000, np.arange(16))
+        assert closed_forms.ftl_constant(pair, [0.5, 0.5]) == pytest.approx(closed_forms.alternating_constant(e), rel=1e-12)
+        iid = online.rkl_tabular(pair, [0.5, 0.5], "sample", "1/t", 50_000, np.arange(16))
         mean, lo, hi = analysis.fit_slope(iid["grid"], iid["regret"])
         # the seeds barely move the slope (interval width ~1e-4 relative); the finite-T bias of the fit
         # on [5e2, 5e4] is of the same order, so both are allowed
-        c = theory.alternating_constant(e)
+        c = closed_forms.alternating_constant(e)
         assert abs(mean - c) <= (hi - lo) + 1e-3 * c, (mean, lo, hi, c)
-    triple = [theory.ftl_constant(np.log(examples.low_probability_teachers(e)), np.full(3, 1 / 3))
+    triple = [closed_forms.ftl_constant(np.log(examples.low_probability_teachers(e)), np.full(3, 1 / 3))
               for e in (1e-3, 1e-6, 1e-9, 1e-12)]
     assert max(triple) < 2.5 and triple[-1] < triple[0]           # bounded, and falling as e -> 0
-    assert theory.alternating_constant(1e-12) > 90
+    assert closed_forms.alternating_constant(1e-12) > 90
 
 
 def test_prefix_learner_sd_against_monte_carlo_over_seeds():
@@ -244,10 +245,10 @@ def test_prefix_learner_sd_against_monte_carlo_over_seeds():
     teacher terms is 35% too small here)."""
     pc, cont, w = M.PB_ROWS[3]
     H, T = 8, 20_000
-    ex = theory.prefix_bias_exact(pc, cont, w, h_max=30)
-    curves = L.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, "test sd row 4", 96))
-    mc = curves[labels.SEQ_RKL][1][:, -1].std(ddof=1)
-    sd = theory.prefix_learner_sd(pc, cont, w, H, T, labels.SEQ_RKL)
+    ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=30)
+    curves = online.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, "test sd row 4", 96))
+    mc = curves[names.SEQ_RKL][1][:, -1].std(ddof=1)
+    sd = closed_forms.prefix_learner_sd(pc, cont, w, H, T, names.SEQ_RKL)
     assert 0.8 * sd <= mc <= 1.25 * sd, (mc, sd)
     # on the symmetric rows the shared-teacher terms vanish: the formula reduces to independent scores
     pc1, cont1, w1 = M.PB_ROWS[0]

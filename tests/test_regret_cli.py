@@ -41,7 +41,7 @@ def test_quick_run_end_to_end(quick_regret):
                                       "onpolicy-sequence", "function-approx"}
     assert np.isfinite(regret.regret).all()
     # KT on the constant sequence: the CSV holds R_KT(t) (10 significant digits)
-    from sims.theory import kt_worst_case
+    from learners.closed_forms import kt_worst_case
     kt = regret[(regret.learner == "KT") & (regret.feedback == "constant") & (regret.n_actions == 3)]
     np.testing.assert_allclose(kt.regret, kt_worst_case(kt.t.to_numpy(), 3), rtol=1e-9)
     # alternating-teacher FTL slopes within 2% of (1/8) ln^2((1-e)/e)

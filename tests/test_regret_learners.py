@@ -8,11 +8,12 @@ from scipy.special import gammaln, logsumexp
 
 import aggregation as ag
 from aggregation import examples
-from sims import _regret_kernels as K
-from sims import _regret_reference as R
+from learners import _kernels
+from learners import _reference
 from harness import cell_seeds
-from sims import analysis, theory
-from sims import learners as L
+import analysis
+from learners import closed_forms
+from learners import online
 
 
 # ------------------------------------------------------------------------------------------------
@@ -20,22 +21,22 @@ from sims import learners as L
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n, T, value", [(2, 10, 1.7362), (2, 1000, 4.0264), (3, 1000, 7.6014), (4, 300, 9.1318)])
 def test_kt_worst_case_spec_values(n, T, value):
-    assert theory.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
+    assert closed_forms.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
 
 
 @pytest.mark.parametrize("n, T, value", [(2, 1000, 3.6964), (3, 1000, 6.9473)])
 def test_shtarkov_spec_values_and_kt_gap(n, T, value):
-    log_c = theory.shtarkov_log_complexity(T, n)
+    log_c = closed_forms.shtarkov_log_complexity(T, n)
     assert log_c == pytest.approx(value, abs=5e-5)
-    gap = theory.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
+    gap = closed_forms.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
     assert 0 < gap < (n - 1) / 2 * math.log(2)
 
 
 @pytest.mark.parametrize("e, c", [(0.1, 0.6035), (1e-2, 2.6394), (1e-3, 5.963), (1e-4, 10.604), (1e-6, 23.859)])
 def test_alternating_constant_spec_values(e, c):
-    assert theory.alternating_constant(e) == pytest.approx(c, abs=6e-4)
+    assert closed_forms.alternating_constant(e) == pytest.approx(c, abs=6e-4)
     lp = np.log([[1 - e, e], [e, 1 - e]])
-    assert theory.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(theory.alternating_constant(e), rel=1e-12)
+    assert closed_forms.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(closed_forms.alternating_constant(e), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -45,9 +46,9 @@ def test_alternating_constant_spec_values(e, c):
 def test_kt_and_laplace_constant_sequence_equal_closed_forms(n):
     T = 100_000
     uniform = np.full((1, n), 1.0 / n)
-    kt = L.add_beta_tabular(uniform, [1.0], 0.5, T, [0], sequence="constant")
-    np.testing.assert_allclose(kt["regret"][0], theory.kt_worst_case(kt["grid"], n), rtol=1e-12, atol=1e-8)
-    lap = L.add_beta_tabular(uniform, [1.0], 1.0, T, [0], sequence="constant")
+    kt = online.add_beta_tabular(uniform, [1.0], 0.5, T, [0], sequence="constant")
+    np.testing.assert_allclose(kt["regret"][0], closed_forms.kt_worst_case(kt["grid"], n), rtol=1e-12, atol=1e-8)
+    lap = online.add_beta_tabular(uniform, [1.0], 1.0, T, [0], sequence="constant")
     t = lap["grid"].astype(float)
     ln_binom = gammaln(t + n) - gammaln(n) - gammaln(t + 1)        # ln binom(T+n-1, n-1)
     np.testing.assert_allclose(lap["regret"][0], ln_binom, rtol=1e-12, atol=1e-8)
@@ -58,9 +59,9 @@ def test_kt_and_laplace_constant_sequence_equal_closed_forms(n):
 @pytest.mark.parametrize("beta", [0.1, 2.0])
 def test_add_beta_round_robin_closed_form_and_slopes(beta):
     n, T = 3, 30_000
-    res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="round-robin")
-    np.testing.assert_allclose(res["regret"][0], theory.add_beta_round_robin(res["grid"], n, beta), atol=1e-8)
-    const = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="constant")
+    res = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="round-robin")
+    np.testing.assert_allclose(res["regret"][0], closed_forms.add_beta_round_robin(res["grid"], n, beta), atol=1e-8)
+    const = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, T, [0], sequence="constant")
     # worst-case slope (n-1) max(beta, 1/2): the round-robin attains (n-1)/2, the constant (n-1) beta
     worst = max(analysis.fit_slope(res["grid"], res["regret"])[0], analysis.fit_slope(const["grid"], const["regret"])[0])
     assert worst == pytest.approx((n - 1) * max(beta, 0.5), rel=0.02)
@@ -76,7 +77,7 @@ def test_add_beta_regret_is_realised_loss_minus_hindsight_brute_force():
         counts[y] += 1
         seen = counts[counts > 0]
         want.append(loss + float(np.sum(seen * np.log(seen / (t + 1)))))
-    res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], sequence=seq,
+    res = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], sequence=seq,
                              grid=np.arange(1, len(seq) + 1))
     np.testing.assert_allclose(res["regret"][0], want, rtol=0, atol=1e-12)
 
@@ -84,14 +85,14 @@ def test_add_beta_regret_is_realised_loss_minus_hindsight_brute_force():
 def test_add_beta_sample_feedback_slope_and_pseudo_regret():
     n = 4
     probs = np.random.default_rng(3).dirichlet(np.ones(n), size=3)
-    res = L.add_beta_tabular(probs, [0.5, 0.3, 0.2], 0.5, 100_000, np.arange(8))
+    res = online.add_beta_tabular(probs, [0.5, 0.3, 0.2], 0.5, 100_000, np.arange(8))
     slope = analysis.fit_slope(res["grid"], res["regret"])[0]
     assert slope == pytest.approx((n - 1) / 2, rel=0.01)          # realised regret: nearly deterministic
     assert np.all(np.diff(res["pseudo"], axis=1) >= 0)           # a sum of KLs
     # E KL(A || q_t) = (n-1)/(2t) + O(1/t^2): the pseudo-regret's slope is (n-1)/2 as well; per seed
     # it is a noisy sum (s.d. of the fitted slope about 1.2), so over 256 seeds the 95% interval is
     # about +-0.15 and must hold (n-1)/2
-    more = L.add_beta_tabular(probs, [0.5, 0.3, 0.2], 0.5, 100_000, np.arange(256))
+    more = online.add_beta_tabular(probs, [0.5, 0.3, 0.2], 0.5, 100_000, np.arange(256))
     mean, lo, hi = analysis.fit_slope(more["grid"], more["pseudo"])
     assert lo <= (n - 1) / 2 <= hi and hi - lo < 0.4, (mean, lo, hi)
 
@@ -101,7 +102,7 @@ def test_add_beta_sequence_matches_per_state_theory():
     At T = 2e5 with 16 seeds the fitted slope lands within 1% (losing one state gives 3.0, 14% off);
     Laplace's slope is still below (n-1)/2 per state at this T (a finite-T effect: paper_repro T3)."""
     teachers = examples.prefix_tree(3, 3, 2, seed=9)
-    res = L.add_beta_sequence(teachers, [0.5, 0.3, 0.2], 3, 0.5, 200_000, np.arange(16))
+    res = online.add_beta_sequence(teachers, [0.5, 0.3, 0.2], 3, 0.5, 200_000, np.arange(16))
     assert res["visited"] == 7
     slope, lo, hi = analysis.fit_slope(res["grid"], res["regret"])
     assert slope == pytest.approx(3.5, rel=0.01) and hi - lo < 0.1
@@ -115,15 +116,15 @@ def test_add_beta_sequence_regret_against_enumerated_hindsight():
     kernel's per-state counts; the responses are replayed from the same random stream."""
     teachers = examples.prefix_tree(2, 3, 2, seed=4)
     w, H, beta, T = np.array([0.6, 0.4]), 3, 0.5, 40
-    res = L.add_beta_sequence(teachers, w, H, beta, T, [5], grid=np.arange(1, T + 1))
-    stream, cdf = R.Stream(L._seeds([5])[0]), np.cumsum(w)
-    prob, index = L.alias_tables(np.exp(teachers.log_probs))
+    res = online.add_beta_sequence(teachers, w, H, beta, T, [5], grid=np.arange(1, T + 1))
+    stream, cdf = _reference.Stream(online._seeds([5])[0]), np.cumsum(w)
+    prob, index = online.alias_tables(np.exp(teachers.log_probs))
     seen, loss, want = {}, 0.0, []
     for t in range(T):
-        k = R._pick(cdf, stream.uniform()) if len(w) > 1 else 0
+        k = _reference._pick(cdf, stream.uniform()) if len(w) > 1 else 0
         s, path, q = teachers.start, [], 1.0
         for h in range(H):
-            a = R._alias_pick(prob[k, s], index[k, s], stream.uniform())
+            a = _reference._alias_pick(prob[k, s], index[k, s], stream.uniform())
             # the learner's q_t(a | prefix): add-beta on the earlier responses that share the prefix
             num = sum(c for y, c in seen.items() if y[:h] == tuple(path) and y[h] == a)
             den = sum(c for y, c in seen.items() if y[:h] == tuple(path))
@@ -140,10 +141,10 @@ def test_add_beta_sequence_regret_against_enumerated_hindsight():
 
 def test_tiny_probabilities_stay_finite():
     probs = np.array([[1 - 1e-300, 1e-300], [0.5, 0.5]])
-    res = L.add_beta_tabular(probs, [0.5, 0.5], 0.5, 1000, [0, 1])
+    res = online.add_beta_tabular(probs, [0.5, 0.5], 0.5, 1000, [0, 1])
     assert np.all(np.isfinite(res["regret"])) and np.all(np.isfinite(res["pseudo"]))
     lp = np.log([[1 - 1e-300, 1e-300], [1e-300, 1 - 1e-300]])
-    on = L.rkl_tabular(lp, [0.5, 0.5], "alternating", "1/t", 1000, [0])
+    on = online.rkl_tabular(lp, [0.5, 0.5], "alternating", "1/t", 1000, [0])
     assert np.all(np.isfinite(on["regret"])) and on["regret"][0, -1] > 0
 
 
@@ -155,10 +156,10 @@ def test_ftl_per_round_regret_equals_the_exact_identity():
     lp = np.log(np.random.default_rng(5).dirichlet(np.ones(3), size=4))
     w = np.array([0.1, 0.2, 0.3, 0.4])
     T = 300
-    res = L.rkl_tabular(lp, w, "sample", "1/t", T, [7], grid=np.arange(1, T + 1))
+    res = online.rkl_tabular(lp, w, "sample", "1/t", T, [7], grid=np.arange(1, T + 1))
     # replay the same teacher draws from the same stream, then the identity in NumPy
-    stream, cdf = R.Stream(L._seeds([7])[0]), np.cumsum(w)
-    ks = [R._pick(cdf, stream.uniform()) for _ in range(T)]
+    stream, cdf = _reference.Stream(online._seeds([7])[0]), np.cumsum(w)
+    ks = [_reference._pick(cdf, stream.uniform()) for _ in range(T)]
     means = np.cumsum(lp[ks], axis=0) / np.arange(1, T + 1)[:, None]
     log_q = np.vstack([np.full(3, -np.log(3)), means - logsumexp(means, axis=1, keepdims=True)])
     kl = np.sum(np.exp(log_q[:-1]) * (log_q[:-1] - log_q[1:]), axis=1)
@@ -170,9 +171,9 @@ def test_alternating_teachers_slope_matches_the_constant(e):
     """Deterministic (no sampling): R_T = c ln T + b + O(1/T), so the slope fitted on [1e4, 1e6] is c up
     to O(1e-5) relative (measured 2e-5); asserted to 1e-4."""
     lp = np.log([[1 - e, e], [e, 1 - e]])
-    res = L.rkl_tabular(lp, [0.5, 0.5], "alternating", "1/t", 1_000_000, [0])
+    res = online.rkl_tabular(lp, [0.5, 0.5], "alternating", "1/t", 1_000_000, [0])
     slope = analysis.fit_slope(res["grid"], res["regret"])[0]
-    assert slope == pytest.approx(theory.alternating_constant(e), rel=1e-4)
+    assert slope == pytest.approx(closed_forms.alternating_constant(e), rel=1e-4)
 
 
 def test_ftl_constant_matches_simulation_for_an_asymmetric_pool():
@@ -180,19 +181,19 @@ def test_ftl_constant_matches_simulation_for_an_asymmetric_pool():
     symmetric alternating pair is not a test of the formula's weights)."""
     lp = np.log(np.random.default_rng(11).dirichlet(np.full(3, 0.7), size=3))
     w = np.array([0.6, 0.3, 0.1])
-    c = theory.ftl_constant(lp, w)
-    res = L.rkl_tabular(lp, w, "sample", "1/t", 200_000, np.arange(24))
+    c = closed_forms.ftl_constant(lp, w)
+    res = online.rkl_tabular(lp, w, "sample", "1/t", 200_000, np.arange(24))
     mean, lo, hi = analysis.fit_slope(res["grid"], res["regret"])
     assert lo <= c <= hi and hi - lo < 0.1 * c, (mean, lo, hi, c)
-    assert abs(theory.ftl_constant(lp, w[::-1]) - c) > 10 * (hi - lo)   # the weights matter
+    assert abs(closed_forms.ftl_constant(lp, w[::-1]) - c) > 10 * (hi - lo)   # the weights matter
 
 
 def test_full_feedback_regret_closed_form_for_every_schedule():
     lp = np.log(np.random.default_rng(2).dirichlet(np.ones(4), size=2))
     w = [0.7, 0.3]
     for schedule, eta0 in (("1/t", 1.0), ("1/(t+1)", 1.0), ("1/sqrt(t)", 1.0), ("constant", 0.1)):
-        res = L.rkl_tabular(lp, w, "full", schedule, 2000, [0], eta0=eta0)
-        exact = theory.full_feedback_regret(lp, w, schedule, 2000, eta0)[res["grid"] - 1]
+        res = online.rkl_tabular(lp, w, "full", schedule, 2000, [0], eta0=eta0)
+        exact = closed_forms.full_feedback_regret(lp, w, schedule, 2000, eta0)[res["grid"] - 1]
         # the kernel forms R_T as the difference of two O(T) sums: rounding error ~ T x 1e-14
         np.testing.assert_allclose(res["regret"][0], exact, rtol=0, atol=2000 * 1e-13)
 
@@ -200,13 +201,13 @@ def test_full_feedback_regret_closed_form_for_every_schedule():
 def test_ftl_full_feedback_has_constant_regret_and_constant_step_is_linear():
     lp = np.log(np.random.default_rng(1).dirichlet(np.ones(3), size=3))
     w = [0.5, 0.3, 0.2]
-    full = L.rkl_tabular(lp, w, "full", "1/t", 10_000, [0])
+    full = online.rkl_tabular(lp, w, "full", "1/t", 10_000, [0])
     r = w @ lp
     log_g = r - logsumexp(r)
     kl_uniform = float(np.mean(-np.log(3) - log_g))              # after round 1 FTL plays G exactly:
     np.testing.assert_allclose(full["regret"][0], kl_uniform, atol=1e-7)   # R_T = KL(q_1 || G)
-    const = L.rkl_tabular(lp, w, "sample", "constant", 10_000, [0, 1], eta0=0.1)
-    ftl = L.rkl_tabular(lp, w, "sample", "1/t", 10_000, [0, 1])
+    const = online.rkl_tabular(lp, w, "sample", "constant", 10_000, [0, 1], eta0=0.1)
+    ftl = online.rkl_tabular(lp, w, "sample", "1/t", 10_000, [0, 1])
     assert const["pseudo"][:, -1].mean() > 20 * ftl["pseudo"][:, -1].mean()
 
 
@@ -218,8 +219,8 @@ def test_per_token_learner_is_linear_against_g_and_sequence_learner_is_not():
     w, H, T = [0.5, 0.5], 5, 4000
     gap = ag.sequence_kl(teachers, w, H, ag.local_geometric_conditionals(teachers, w))
     assert gap > 0.05
-    tok = L.rkl_sequence(teachers, w, H, "token", T, np.arange(4))
-    seq = L.rkl_sequence(teachers, w, H, "sequence", T, np.arange(4))
+    tok = online.rkl_sequence(teachers, w, H, "token", T, np.arange(4))
+    seq = online.rkl_sequence(teachers, w, H, "sequence", T, np.arange(4))
     g = list(tok["grid"])
     i, j = g.index(1000), len(g) - 1
     rate = (tok["pseudo"][:, j] - tok["pseudo"][:, i]).mean() / (g[j] - g[i])
@@ -242,7 +243,7 @@ def test_loglinear_regret_is_logarithmic_decade_by_decade_and_frozen_is_linear()
     phi, probs = rng.normal(size=(5, 3, 4)), rng.dirichlet(np.ones(3), size=(2, 5))
     T, seeds, grid = 100_000, np.arange(8), analysis.log_grid(100_000, 4)
     for method in ("OGD", "Newton-style", "OGD-RKL"):
-        res = L.loglinear(phi, probs, [0.5, 0.5], method, 0.1, T, seeds, grid=grid)
+        res = online.loglinear(phi, probs, [0.5, 0.5], method, 0.1, T, seeds, grid=grid)
         dec = analysis.decade_slopes(res["grid"], res["regret"])
         (m1, lo1, hi1), (m2, lo2, hi2) = dec[(1e3, 1e4)], dec[(1e4, 1e5)]
         assert lo1 <= hi2 and lo2 <= hi1, (method, dec)
@@ -251,7 +252,7 @@ def test_loglinear_regret_is_logarithmic_decade_by_decade_and_frozen_is_linear()
         assert per_log[g.index(100_000)] <= per_log[g.index(1000)], method
         assert analysis.growth(res["grid"], res["regret"])[0] == "logarithmic"
     for method in ("frozen", "constant step", "frozen-RKL"):
-        res = L.loglinear(phi, probs, [0.5, 0.5], method, 0.1, T, seeds, grid=grid)
+        res = online.loglinear(phi, probs, [0.5, 0.5], method, 0.1, T, seeds, grid=grid)
         label, _, (p, lo, hi) = analysis.growth(res["grid"], res["regret"])
         assert label == "power" and abs(p - 1) < 0.1, (method, p, lo, hi)
 
@@ -266,17 +267,17 @@ def test_loglinear_comparator_is_the_minimiser():
     pooled = 0.5 * lp[0] + 0.5 * lp[1]
     counts = rng.integers(0, 50, size=(4, 3))
     t = int(counts.sum())
-    best, theta = L.loglinear_comparator(phi, counts, 0.5, t)
-    grad = L._loglinear_objective(theta, phi, counts.astype(float), 0.5, t, None, False)[1]
+    best, theta = online.loglinear_comparator(phi, counts, 0.5, t)
+    grad = online._loglinear_objective(theta, phi, counts.astype(float), 0.5, t, None, False)[1]
     assert np.linalg.norm(grad) < 1e-6 * t
     from scipy import optimize
     for _ in range(10):
-        other = optimize.minimize(lambda x: L._loglinear_objective(x, phi, counts.astype(float), 0.5, t, None,
+        other = optimize.minimize(lambda x: online._loglinear_objective(x, phi, counts.astype(float), 0.5, t, None,
                                                                    False)[0], rng.normal(scale=3, size=3),
                                   method="Nelder-Mead", options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000})
         assert other.fun >= best - 1e-7 * abs(best)
-    on, _ = L.loglinear_comparator(phi, counts, 0.05, t, pooled, starts=rng.normal(scale=5, size=(4, 3)))
-    runs = [L.loglinear_comparator(phi, counts, 0.05, t, pooled, starts=[x])[0] for x in rng.normal(scale=5, size=(40, 3))]
+    on, _ = online.loglinear_comparator(phi, counts, 0.05, t, pooled, starts=rng.normal(scale=5, size=(4, 3)))
+    runs = [online.loglinear_comparator(phi, counts, 0.05, t, pooled, starts=[x])[0] for x in rng.normal(scale=5, size=(40, 3))]
     assert on <= min(runs) + 1e-9 * abs(on)
 
 
@@ -291,12 +292,12 @@ def test_a_norm_projection_is_the_constrained_minimiser():
         y = rng.normal(scale=4, size=3)
         radius = 1.5
         got = np.empty(3)
-        K.project_a_norm(a, y, radius, got)
+        _kernels.project_a_norm(a, y, radius, got)
         direct = optimize.minimize(lambda x: (x - y) @ a @ (x - y), np.zeros(3), method="SLSQP",
                                    constraints=[{"type": "ineq", "fun": lambda x: radius ** 2 - x @ x}],
                                    options={"ftol": 1e-14, "maxiter": 500}).x
         np.testing.assert_allclose(got, direct, atol=1e-5)
-        np.testing.assert_allclose(got, R.project_a_norm(a, y, radius), atol=1e-10)
+        np.testing.assert_allclose(got, _reference.project_a_norm(a, y, radius), atol=1e-10)
         assert np.linalg.norm(got) <= radius * (1 + 1e-12)
 
 
@@ -337,15 +338,15 @@ def test_add_beta_kernel_matches_reference_tabular(forced):
     probs = np.random.default_rng(2).dirichlet(np.ones(n), size=3)
     w = np.array([0.2, 0.3, 0.5])
     mix = w @ probs
-    prob, index = L.alias_tables(mix[None, None])
+    prob, index = online.alias_tables(mix[None, None])
     tokens = np.random.default_rng(3).integers(0, n, T) if forced else np.zeros(0, np.int64)
     args = (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), mix[None].copy(),
             float(mix @ np.log(mix)))
-    seeds, grid = L._seeds([1, 2]), analysis.log_grid(T)
+    seeds, grid = online._seeds([1, 2]), analysis.log_grid(T)
     out = np.zeros((2, 2, grid.size))
-    log_num, log_den = L._log_tables(0.5, n, T)
-    K.add_beta_kernel(*args, log_num, log_den, tokens, seeds, grid, out[0], out[1])
-    ref = R.add_beta(*args, 0.5, tokens, seeds, grid)
+    log_num, log_den = online._log_tables(0.5, n, T)
+    _kernels.add_beta_kernel(*args, log_num, log_den, tokens, seeds, grid, out[0], out[1])
+    ref = _reference.add_beta(*args, 0.5, tokens, seeds, grid)
     np.testing.assert_allclose(out[0], ref[0], rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(out[1], ref[1], rtol=1e-10, atol=1e-10)
 
@@ -354,23 +355,23 @@ def test_add_beta_kernel_matches_reference_tabular(forced):
 def test_add_beta_kernel_matches_reference_sequence():
     teachers = examples.prefix_tree(2, 3, 3, seed=4)
     w = np.array([0.6, 0.4])
-    joint = L.mixture_joint(teachers, w, 3)
+    joint = online.mixture_joint(teachers, w, 3)
     mass = joint.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         neg = float(np.sum(np.where(joint > 0, joint * np.log(joint / mass), 0.0)))
-    prob, index = L.alias_tables(np.exp(teachers.log_probs))
+    prob, index = online.alias_tables(np.exp(teachers.log_probs))
     args = (teachers.next_state, 0, 3, prob, index, np.cumsum(w), joint, neg)
-    seeds, grid = L._seeds([5, 6]), analysis.log_grid(150)
+    seeds, grid = online._seeds([5, 6]), analysis.log_grid(150)
     out = np.zeros((2, 2, grid.size))
-    log_num, log_den = L._log_tables(1.0, 3, 150 * 3)
-    K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, out[0], out[1])
-    ref = R.add_beta(*args, 1.0, np.zeros(0, np.int64), seeds, grid)
+    log_num, log_den = online._log_tables(1.0, 3, 150 * 3)
+    _kernels.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, out[0], out[1])
+    ref = _reference.add_beta(*args, 1.0, np.zeros(0, np.int64), seeds, grid)
     np.testing.assert_allclose(out, np.stack(ref), rtol=1e-10, atol=1e-10)
 
 
 def test_alias_tables_reproduce_the_distribution():
     p = np.array([0.5, 0.25, 0.125, 0.125, 0.0])
-    prob, index = L.alias_tables(p)
+    prob, index = online.alias_tables(p)
     recon = prob / p.size
     for j in range(p.size):
         recon[index[j]] += (1 - prob[j]) / p.size
@@ -384,10 +385,10 @@ def test_rkl_tabular_kernel_matches_reference(feedback, schedule):
     w = np.array([0.5, 0.3, 0.2])
     pooled = w @ lp
     log_target = pooled - logsumexp(pooled)
-    seeds, grid = L._seeds([3, 4]), analysis.log_grid(120)
+    seeds, grid = online._seeds([3, 4]), analysis.log_grid(120)
     out = np.zeros((2, 2, grid.size))
-    K.rkl_tabular_kernel(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid, out[0], out[1])
-    ref = R.rkl_tabular(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
+    _kernels.rkl_tabular_kernel(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid, out[0], out[1])
+    ref = _reference.rkl_tabular(lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
     np.testing.assert_allclose(out, np.stack(ref), rtol=1e-9, atol=1e-9)
 
 
@@ -398,11 +399,11 @@ def test_rkl_sequence_kernel_matches_reference(mode):
     w, H = np.array([0.5, 0.5]), 4
     log_g = ag.sequence_geometric_conditionals(teachers, w, H)
     log_l = ag.local_geometric_conditionals(teachers, w)
-    seeds, grid = L._seeds([1, 9]), analysis.log_grid(40)
+    seeds, grid = online._seeds([1, 9]), analysis.log_grid(40)
     out = np.zeros((3, 2, grid.size))
     args = (teachers.next_state, 0, H, np.ascontiguousarray(teachers.log_probs), np.cumsum(w), log_g, log_l, mode)
-    K.rkl_sequence_kernel(*args, seeds, grid, out[0], out[1], out[2])
-    ref = R.rkl_sequence(*args, seeds, grid)
+    _kernels.rkl_sequence_kernel(*args, seeds, grid, out[0], out[1], out[2])
+    ref = _reference.rkl_sequence(*args, seeds, grid)
     np.testing.assert_allclose(out, np.stack(ref), rtol=1e-8, atol=1e-8)
 
 
@@ -414,15 +415,15 @@ def test_loglinear_kernel_matches_reference(on_policy, update):
     lp = np.log(rng.dirichlet(np.ones(3), size=(2, 3)))
     w = np.array([0.5, 0.5])
     pooled = np.tensordot(w, lp, axes=1)
-    seeds, grid = L._seeds([2, 3]), analysis.log_grid(60)
+    seeds, grid = online._seeds([2, 3]), analysis.log_grid(60)
     loss = np.zeros((2, grid.size))
     counts = np.zeros((2, grid.size, 3, 3), np.int64)
     theta = np.zeros((2, grid.size, 2))
     # ONS with a small eps takes long first steps, so the generalised projection is exercised
     gamma, radius, eps = (0.05, 1.0, 0.1) if update == 1 else (1.0, 3.0, 0.5)
     args = (phi, lp, np.cumsum(w), pooled, on_policy, update, 0.5, 0.1, radius, gamma, eps)
-    K.loglinear_kernel(*args, seeds, grid, loss, counts, theta)
-    ref_loss, ref_counts, ref_theta = R.loglinear(*args, seeds, grid)
+    _kernels.loglinear_kernel(*args, seeds, grid, loss, counts, theta)
+    ref_loss, ref_counts, ref_theta = _reference.loglinear(*args, seeds, grid)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-9, atol=1e-9)
     np.testing.assert_array_equal(counts, ref_counts)
     np.testing.assert_allclose(theta, ref_theta, rtol=1e-8, atol=1e-9)
@@ -439,18 +440,18 @@ def test_loglinear_kernel_matches_reference(on_policy, update):
 def test_add_beta_kernel_tracking_matches_reference_and_changes_nothing_else():
     teachers = examples.prefix_tree(2, 3, 2, seed=4)       # a tree: no state repeats within a response
     w, H, beta = np.array([0.5, 0.5]), 3, 0.5
-    joint = L.mixture_joint(teachers, w, H)
-    prob, index = L.alias_tables(np.exp(teachers.log_probs))
-    log_num, log_den = L._log_tables(beta, 2, 40 * H)
-    seeds, grid, track = L._seeds([1, 9]), analysis.log_grid(40), np.array([0, 1])
+    joint = online.mixture_joint(teachers, w, H)
+    prob, index = online.alias_tables(np.exp(teachers.log_probs))
+    log_num, log_den = online._log_tables(beta, 2, 40 * H)
+    seeds, grid, track = online._seeds([1, 9]), analysis.log_grid(40), np.array([0, 1])
     args = (teachers.next_state, 0, H, prob, index, np.cumsum(w), joint, -0.3)
     plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
     track_out = np.zeros((2, grid.size, 2))
-    K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, plain[0], plain[1])
-    K.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, tracked[0], tracked[1],
+    _kernels.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, plain[0], plain[1])
+    _kernels.add_beta_kernel(*args, log_num, log_den, np.zeros(0, np.int64), seeds, grid, tracked[0], tracked[1],
                       track, track_out)
     np.testing.assert_array_equal(plain, tracked)
-    ref = R.add_beta(*args, beta, np.zeros(0, np.int64), seeds, grid, track=track)
+    ref = _reference.add_beta(*args, beta, np.zeros(0, np.int64), seeds, grid, track=track)
     np.testing.assert_allclose(tracked, np.stack(ref[:2]), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(track_out, ref[2], rtol=1e-12)
     np.testing.assert_allclose(track_out.sum(axis=2), 1.0, rtol=1e-12)
@@ -464,15 +465,15 @@ def test_rkl_tabular_kernel_tracking_matches_reference(feedback, schedule):
     w = np.array([0.5, 0.3, 0.2])
     pooled = w @ lp
     log_target = pooled - logsumexp(pooled)
-    seeds, grid, track = L._seeds([3, 4]), analysis.log_grid(120), np.array([4, 0])
+    seeds, grid, track = online._seeds([3, 4]), analysis.log_grid(120), np.array([4, 0])
     plain, tracked = np.zeros((2, 2, grid.size)), np.zeros((2, 2, grid.size))
     track_out = np.zeros((2, grid.size, 2))
     args = (lp, np.cumsum(w), pooled, log_target, feedback, schedule, 0.3, seeds, grid)
-    K.rkl_tabular_kernel(*args, plain[0], plain[1])
-    K.rkl_tabular_kernel(*args, tracked[0], tracked[1], track, track_out)
+    _kernels.rkl_tabular_kernel(*args, plain[0], plain[1])
+    _kernels.rkl_tabular_kernel(*args, tracked[0], tracked[1], track, track_out)
     # a separate specialisation; fastmath reassociation may round the sums differently in the last bit
     np.testing.assert_allclose(plain, tracked, rtol=1e-13, atol=1e-14)
-    ref = R.rkl_tabular(*args, track=track)
+    ref = _reference.rkl_tabular(*args, track=track)
     np.testing.assert_allclose(tracked, np.stack(ref[:2]), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(track_out, ref[2], rtol=1e-9, atol=1e-15)
 
@@ -484,15 +485,15 @@ def test_rkl_sequence_kernel_tracking_matches_reference(mode):
     w, H = np.array([0.5, 0.5]), 4
     log_g = ag.sequence_geometric_conditionals(teachers, w, H)
     log_l = ag.local_geometric_conditionals(teachers, w)
-    seeds, grid, track = L._seeds([1, 9]), analysis.log_grid(40), np.array([0])
+    seeds, grid, track = online._seeds([1, 9]), analysis.log_grid(40), np.array([0])
     args = (teachers.next_state, 0, H, np.ascontiguousarray(teachers.log_probs), np.cumsum(w), log_g, log_l, mode,
             seeds, grid)
     plain, tracked = np.zeros((3, 2, grid.size)), np.zeros((3, 2, grid.size))
     track_out = np.zeros((2, grid.size, 1))
-    K.rkl_sequence_kernel(*args, plain[0], plain[1], plain[2])
-    K.rkl_sequence_kernel(*args, tracked[0], tracked[1], tracked[2], track, track_out)
+    _kernels.rkl_sequence_kernel(*args, plain[0], plain[1], plain[2])
+    _kernels.rkl_sequence_kernel(*args, tracked[0], tracked[1], tracked[2], track, track_out)
     np.testing.assert_array_equal(plain, tracked)
-    ref = R.rkl_sequence(*args, track=track)
+    ref = _reference.rkl_sequence(*args, track=track)
     np.testing.assert_allclose(tracked, np.stack(ref[:3]), rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(track_out, ref[3], rtol=1e-9)
 
@@ -502,36 +503,36 @@ def test_public_tracking_closed_forms_and_unchanged_results():
     seq = np.array([0, 1, 1, 2, 1, 0, 2, 2, 2])
     n, beta, grid = 3, 0.5, np.arange(1, len(seq) + 1)
     kw = dict(sequence=seq, grid=grid)
-    res = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], track=[0, 2], **kw)
+    res = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], track=[0, 2], **kw)
     counts = np.vstack([np.zeros(n), np.cumsum(np.eye(n)[seq], axis=0)[:-1]])
     want = (counts[:, [0, 2]] + beta) / (np.arange(len(seq))[:, None] + n * beta)
     np.testing.assert_allclose(res["track"][0], want, rtol=1e-12)
-    plain = L.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], **kw)
+    plain = online.add_beta_tabular(np.full((1, n), 1.0 / n), [1.0], beta, len(seq), [0], **kw)
     assert "track" not in plain
     np.testing.assert_array_equal(plain["regret"], res["regret"])
     lp = np.log(np.random.default_rng(1).dirichlet(np.ones(3), size=3))
     w = np.array([0.5, 0.3, 0.2])
-    full = L.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[0, 1, 2])
+    full = online.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[0, 1, 2])
     np.testing.assert_allclose(full["track"][0, 0], 1 / 3, rtol=1e-12)
     np.testing.assert_allclose(full["track"][0, 1:], np.broadcast_to(ag.geometric_pool(np.exp(lp), w),
                                                                      (full["grid"].size - 1, 3)), rtol=1e-9)
     with pytest.raises(ValueError, match="track"):
-        L.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[3])
+        online.rkl_tabular(lp, w, "full", "1/t", 50, [0], track=[3])
 
 
 # ------------------------------------------------------------------------------------------------
 # bad input (SPEC 7)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, match", [
-    (lambda: L.add_beta_tabular([[0.5, 0.5]], [1.0], 0.5, 0, [0]), "n_rounds"),
-    (lambda: L.add_beta_tabular([[0.5, 0.5]], [1.0], -1.0, 10, [0]), "beta"),
-    (lambda: L.add_beta_tabular([[0.5, 0.6]], [1.0], 0.5, 10, [0]), "probs"),
-    (lambda: L.add_beta_tabular([[0.5, 0.5]], [0.5], 0.5, 10, [0]), "weights"),
-    (lambda: L.add_beta_tabular([[0.5, 0.5]], [1.0], 0.5, 10, [-1]), "seeds"),
-    (lambda: L.rkl_tabular(np.log([[0.5, 0.5]]), [1.0], "bandit", "1/t", 10, [0]), "feedback"),
-    (lambda: L.rkl_tabular(np.log([[0.5, 0.5]]), [1.0], "full", "1/t^2", 10, [0]), "schedule"),
-    (lambda: L.rkl_tabular(np.array([[0.0, -np.inf]]), [1.0], "full", "1/t", 10, [0]), "log_probs"),
-    (lambda: L.rkl_sequence("x", [1.0], 3, "sequence", 10, [0]), "teachers"),
+    (lambda: online.add_beta_tabular([[0.5, 0.5]], [1.0], 0.5, 0, [0]), "n_rounds"),
+    (lambda: online.add_beta_tabular([[0.5, 0.5]], [1.0], -1.0, 10, [0]), "beta"),
+    (lambda: online.add_beta_tabular([[0.5, 0.6]], [1.0], 0.5, 10, [0]), "probs"),
+    (lambda: online.add_beta_tabular([[0.5, 0.5]], [0.5], 0.5, 10, [0]), "weights"),
+    (lambda: online.add_beta_tabular([[0.5, 0.5]], [1.0], 0.5, 10, [-1]), "seeds"),
+    (lambda: online.rkl_tabular(np.log([[0.5, 0.5]]), [1.0], "bandit", "1/t", 10, [0]), "feedback"),
+    (lambda: online.rkl_tabular(np.log([[0.5, 0.5]]), [1.0], "full", "1/t^2", 10, [0]), "schedule"),
+    (lambda: online.rkl_tabular(np.array([[0.0, -np.inf]]), [1.0], "full", "1/t", 10, [0]), "log_probs"),
+    (lambda: online.rkl_sequence("x", [1.0], 3, "sequence", 10, [0]), "teachers"),
     (lambda: analysis.fit_slope([1, 2], [[0.0, 1.0]], decades=0.01), "two grid points"),
 ])
 def test_bad_input_raises_value_error_naming_the_argument(call, match):
@@ -600,7 +601,7 @@ def test_rkl_sequence_against_enumeration(mode):
     empirical teacher mixture by enumeration; the random draws replayed from the same stream."""
     teachers = examples.prefix_tree(2, 3, 2, seed=8)
     w, H, T, seed = np.array([0.3, 0.7]), 3, 25, 4
-    res = L.rkl_sequence(teachers, w, H, mode, T, [seed], grid=np.arange(1, T + 1))
+    res = online.rkl_sequence(teachers, w, H, mode, T, [seed], grid=np.arange(1, T + 1))
     lp = teachers.log_probs
     ys = _responses(teachers, H)
     pooled = w @ lp.reshape(2, -1)
@@ -612,7 +613,7 @@ def test_rkl_sequence_against_enumeration(mode):
     log_g = np.array([seq_logp(pooled, y, st) for y, st in ys])
     log_g -= logsumexp(log_g)
     rhat, seen, n_teacher = np.zeros(lp.shape[1:]), np.zeros(lp.shape[1:], int), np.zeros(2, int)
-    stream, loss, pseudo, token = R.Stream(L._seeds([seed])[0]), 0.0, 0.0, 0.0
+    stream, loss, pseudo, token = _reference.Stream(online._seeds([seed])[0]), 0.0, 0.0, 0.0
     want = []
     for t in range(1, T + 1):
         if mode == "sequence":
@@ -622,7 +623,7 @@ def test_rkl_sequence_against_enumeration(mode):
             per_state = rhat - logsumexp(rhat, axis=1, keepdims=True)
             log_q = np.array([seq_logp(per_state, y, st) for y, st in ys])
         q = np.exp(log_q)
-        k = R._pick(np.cumsum(w), stream.uniform())
+        k = _reference._pick(np.cumsum(w), stream.uniform())
         n_teacher[k] += 1
         loss += float(q @ (log_q - [seq_logp(lp[k], y, st) for y, st in ys]))
         pseudo += float(q @ (log_q - log_g))
@@ -662,9 +663,9 @@ def test_rkl_tabular_regret_against_a_direct_hindsight_minimisation():
     from scipy import optimize
     lp = np.log(np.random.default_rng(9).dirichlet(np.ones(3), size=3))
     w, T = np.array([0.2, 0.5, 0.3]), 30
-    res = L.rkl_tabular(lp, w, "sample", "1/t", T, [3], grid=np.arange(1, T + 1))
-    stream = R.Stream(L._seeds([3])[0])
-    ks = [R._pick(np.cumsum(w), stream.uniform()) for _ in range(T)]
+    res = online.rkl_tabular(lp, w, "sample", "1/t", T, [3], grid=np.arange(1, T + 1))
+    stream = _reference.Stream(online._seeds([3])[0])
+    ks = [_reference._pick(np.cumsum(w), stream.uniform()) for _ in range(T)]
     loss = 0.0
     for t, k in enumerate(ks):
         theta = lp[ks[:t]].mean(axis=0) if t else np.zeros(3)

@@ -14,13 +14,13 @@ import pytest
 import torch
 from conftest import assert_usage_error, run_script
 
-from sims import continual as C
-from sims import verifier as V
+from distillation import evaluation, tasks, verifiable
+from distillation.students import FeaturePolicy, LogLinearStudents, NeuralStudents, loglinear_tables
 
 
 @pytest.fixture(scope="module")
 def task():
-    return V.make_goal_task(0)
+    return tasks.make_goal_task(0)
 
 
 def _policy(task, seed=0, concentration=1.0):
@@ -33,8 +33,8 @@ def _policy(task, seed=0, concentration=1.0):
 # ------------------------------------------------------------------------------------------------
 def test_goal_task_levels_are_the_distances_to_the_goal(task):
     dist = np.full(task.S, -1)                                  # breadth-first search on the reversed graph
-    dist[V.GOAL] = 0
-    queue = deque([V.GOAL])
+    dist[tasks.GOAL] = 0
+    queue = deque([tasks.GOAL])
     while queue:
         t = queue.popleft()
         for s, a in zip(*np.nonzero(task.next_state == t)):
@@ -44,17 +44,17 @@ def test_goal_task_levels_are_the_distances_to_the_goal(task):
     np.testing.assert_array_equal(dist, task.level)
     s = np.arange(1, task.S)
     np.testing.assert_array_equal(task.level[task.next_state[s, task.progress[s]]], task.level[s] - 1)
-    assert (task.next_state[V.GOAL] == V.GOAL).all()
+    assert (task.next_state[tasks.GOAL] == tasks.GOAL).all()
     assert set(task.level[task.id_starts]) == {1, 2, 3, 4} and set(task.level[task.ood_starts]) == {6, 7, 8}
     with pytest.raises(ValueError, match="ood_levels"):
-        V.make_goal_task(0, ood_levels=(6, 9))
+        tasks.make_goal_task(0, ood_levels=(6, 9))
 
 
 def test_success_is_one_for_the_progress_policy_and_zero_for_a_policy_that_never_progresses(task):
     onehot = np.eye(task.n)[task.progress]
     with np.errstate(divide="ignore"):
         good, never = np.log(onehot), np.log(np.roll(onehot, 1, axis=1))
-    out = V.success(task, np.stack([good, never]), np.concatenate([task.id_starts, task.ood_starts]))
+    out = tasks.success(task, np.stack([good, never]), np.concatenate([task.id_starts, task.ood_starts]))
     assert (out[0] == 1.0).all() and (out[1] == 0.0).all()
 
 
@@ -62,14 +62,14 @@ def test_success_equals_an_enumeration_of_responses(task):
     log_q = _policy(task, 1)
     q = np.exp(log_q)
     starts = task.id_starts
-    exact = V.success(task, log_q[None], starts)[0]
+    exact = tasks.success(task, log_q[None], starts)[0]
     for c, H, value in zip(starts, task.horizons(starts), exact):
         total = 0.0
         for response in itertools.product(range(task.n), repeat=int(H)):
             s, prob = c, 1.0
             for a in response:                 # after the goal the response goes on there (its row sums to 1)
                 prob, s = prob * q[s, a], task.next_state[s, a]
-            total += prob * (s == V.GOAL)
+            total += prob * (s == tasks.GOAL)
         assert value == pytest.approx(total, rel=1e-12, abs=1e-15)
 
 
@@ -80,24 +80,24 @@ def test_success_and_the_kl_on_the_occupancy_match_monte_carlo_through_the_sampl
     tables = torch.as_tensor(log_q, dtype=torch.float32).expand(N, -1, -1)
     for starts in (task.id_starts, task.ood_starts):
         draw = torch.as_tensor(starts)[torch.randint(len(starts), (N,), generator=gen)]
-        tr = V.rollouts(task, tables, draw, gen)
+        tr = verifiable.rollouts(task, tables, draw, gen)
         assert (tr.mask.sum(1).numpy() <= task.horizons(draw.numpy())).all()
-        exact = V.success(task, log_q[None], starts)[0].mean()
+        exact = tasks.success(task, log_q[None], starts)[0].mean()
         mc = tr.correct.double().mean().item()
         assert abs(mc - exact) < 4.5 * np.sqrt(exact * (1 - exact) / N)
     # the per-position KL to A on ID responses: a ratio of means (KL summed over a response / its length)
     kl_state = np.sum(np.exp(log_q) * (log_q - task.target("arithmetic")), axis=1)
     draw = torch.as_tensor(task.id_starts)[torch.randint(len(task.id_starts), (N,), generator=gen)]
-    tr = V.rollouts(task, tables, draw, gen)
+    tr = verifiable.rollouts(task, tables, draw, gen)
     X = (torch.as_tensor(kl_state)[tr.states] * tr.mask).sum(1).numpy()
     Y = tr.mask.sum(1).double().numpy()
     ratio = X.mean() / Y.mean()
     se = np.std(X - ratio * Y) / Y.mean() / np.sqrt(N)
-    assert abs(ratio - V.evaluate(task, log_q[None])["kl_arithmetic"][0]) < 4.5 * se
+    assert abs(ratio - evaluation.evaluate(task, log_q[None])["kl_arithmetic"][0]) < 4.5 * se
 
 
 def test_each_target_is_at_zero_kl_from_itself(task):
-    out = V.evaluate(task, np.stack([task.target("arithmetic"), task.target("local")]))
+    out = evaluation.evaluate(task, np.stack([task.target("arithmetic"), task.target("local")]))
     assert out["kl_arithmetic"][0] == pytest.approx(0.0, abs=1e-15)
     assert out["kl_local"][1] == pytest.approx(0.0, abs=1e-15)
     assert out["kl_local"][0] > 0.02 and out["kl_arithmetic"][1] > 0.02        # A and l are apart on this task
@@ -115,15 +115,15 @@ METHODS = [dict(method="offline FKL", objective="fkl", rollouts="offline", pool=
 @pytest.fixture(scope="module")
 def distilled(task):
     runs = [(m, 0) for m in METHODS]
-    students = V.LogLinearStudents(task, [0] * len(runs), lr=0.05)
+    students = LogLinearStudents(task, [0] * len(runs), lr=0.05)
     W0 = students.W.clone()
-    rows, costs = V.distil(task, runs, students, steps=250, batch=32)
+    rows, costs = verifiable.distil(task, runs, students, steps=250, batch=32)
     return runs, W0, students.W, pd.DataFrame(rows), costs
 
 
 def test_distillation_counts_every_token(task, distilled):
     runs, W0, W, rows, (teacher, student) = distilled
-    pool = V.teacher_traces(task, 128, torch.Generator().manual_seed(10_000))
+    pool = verifiable.teacher_traces(task, 128, torch.Generator().manual_seed(10_000))
     assert teacher[0] == task.K * int(pool.mask.sum()) and student[0] == 0         # paid once, up front
     for r in (1, 2):
         assert student[r] > 250 * 32 and teacher[r] == task.K * student[r]        # every student token scored
@@ -138,7 +138,7 @@ def test_distillation_counts_every_token(task, distilled):
                                     dict(METHODS[0], pool=0)])
 def test_distillation_rejects_unknown_methods(task, method):
     with pytest.raises(ValueError, match="method"):
-        V.distil(task, [(method, 0)], V.LogLinearStudents(task, [0]), steps=1)
+        verifiable.distil(task, [(method, 0)], LogLinearStudents(task, [0]), steps=1)
 
 
 def test_distillation_reaches_each_objectives_target(distilled):
@@ -155,10 +155,10 @@ def test_rl_with_equal_rewards_in_every_group_leaves_the_student_unchanged(task)
     W = torch.zeros(1, task.n, d)
     W[0, :, d - task.S:] = torch.as_tensor(60.0 * np.eye(task.n)[task.progress].T)   # one-hot(s) -> progress
     runs = [(METHODS[-1], 0)]
-    assert V.success(task, C.loglinear_tables(W.double(), task.features).numpy(), task.id_starts).min() == 1.0
-    students = V.LogLinearStudents(task, [0])
+    assert tasks.success(task, loglinear_tables(W.double(), task.features).numpy(), task.id_starts).min() == 1.0
+    students = LogLinearStudents(task, [0])
     students.W = W.clone()
-    rows = V.reinforce(task, runs, students, (np.zeros(1), np.zeros(1)), steps=5, contexts=4, group=4)
+    rows = verifiable.reinforce(task, runs, students, (np.zeros(1), np.zeros(1)), steps=5, contexts=4, group=4)
     assert torch.equal(students.W, W)                          # every response correct: zero advantage
     last = rows[-1]                        # 5 steps of 16 responses, each as long as its start's level (1..4)
     assert last["teacher_tokens"] == 0 and 5 * 16 <= last["student_tokens"] <= 5 * 16 * 4
@@ -166,8 +166,8 @@ def test_rl_with_equal_rewards_in_every_group_leaves_the_student_unchanged(task)
 
 def test_rl_from_scratch_learns_the_task(task):
     runs = [(METHODS[-1], s) for s in range(3)]
-    students = V.LogLinearStudents(task, [0, 1, 2], lr=0.05)
-    rows = pd.DataFrame(V.reinforce(task, runs, students, (np.zeros(3), np.zeros(3)), steps=150))
+    students = LogLinearStudents(task, [0, 1, 2], lr=0.05)
+    rows = pd.DataFrame(verifiable.reinforce(task, runs, students, (np.zeros(3), np.zeros(3)), steps=150))
     before, after = rows[rows.step == 0].id_accuracy.to_numpy(), rows[rows.step == 150].id_accuracy.to_numpy()
     assert (after > before + 0.3).all()
     assert (rows[rows.step == 150].teacher_tokens == 0).all()
@@ -175,14 +175,14 @@ def test_rl_from_scratch_learns_the_task(task):
 
 def test_neural_students_vmap_equals_each_model_and_runs_stay_independent(task):
     seeds = [0, 1, 2]
-    students = V.NeuralStudents(task, seeds, lr=3e-3)
+    students = NeuralStudents(task, seeds, lr=3e-3)
     features = torch.as_tensor(task.features, dtype=torch.float32)
     with torch.no_grad():
-        one_by_one = torch.stack([V.FeaturePolicy(task, s)(features) for s in seeds])
+        one_by_one = torch.stack([FeaturePolicy(task, s)(features) for s in seeds])
     torch.testing.assert_close(students.tables(), one_by_one, rtol=1e-5, atol=1e-6)
     before = students.log_probs()
     runs = [(METHODS[1], 0), (METHODS[-1], 1), (METHODS[2], 2)]          # on-policy FKL, none, on-policy RKL
-    rows = pd.DataFrame(V.distil(task, runs, students, steps=80, batch=16)[0])
+    rows = pd.DataFrame(verifiable.distil(task, runs, students, steps=80, batch=16)[0])
     after = students.log_probs()
     np.testing.assert_array_equal(after[1], before[1])                     # its loss is 0: Adam leaves it
     first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 80].set_index("method")

@@ -22,8 +22,8 @@ from scipy.special import logsumexp
 
 import aggregation as ag
 from llm_bridge.losses import kl_estimator_loss
-from sims import distill as D
-from sims import estimation as E
+from distillation import evaluation, fixed_points, tasks, training
+from distillation import moments
 
 TOL = 0.01
 
@@ -58,38 +58,38 @@ def brute_sft(task, alpha):
 
 @pytest.mark.parametrize("alpha", [0.0, 0.3, 1.0])
 def test_sft_fixed_point_equals_the_enumerated_label_distribution(alpha):
-    task = D.make_task("tree", K=2, seed=3)
-    np.testing.assert_allclose(D.sft_fixed_point(task, alpha), brute_sft(task, alpha), atol=1e-12)
+    task = tasks.make_task("tree", K=2, seed=3)
+    np.testing.assert_allclose(fixed_points.sft_fixed_point(task, alpha), brute_sft(task, alpha), atol=1e-12)
 
 
 def test_sft_fixed_point_is_the_mixture_at_alpha_0_and_A_at_alpha_1_and_moves_between():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     t, w = task.teachers, task.weights
-    at0 = D.sft_fixed_point(task, 0.0)
+    at0 = fixed_points.sft_fixed_point(task, 0.0)
     for path in itertools.product(range(t.n), repeat=task.horizon):     # every state of the tree, once
         mix = ag.mixture_conditionals(t, w, list(path))
         s = t.start
         for h, a in enumerate(path):
             np.testing.assert_allclose(at0[h, s], mix[h], atol=1e-12)
             s = t.next_state[s, a]
-    np.testing.assert_allclose(D.sft_fixed_point(task, 1.0), D.target_table(task, "arithmetic"), atol=1e-12)
-    theory = [ag.sequence_kl(t, w, task.horizon, D.sft_fixed_point(task, a), target=D.target_table(task, "arithmetic"))
+    np.testing.assert_allclose(fixed_points.sft_fixed_point(task, 1.0), fixed_points.target_table(task, "arithmetic"), atol=1e-12)
+    theory = [ag.sequence_kl(t, w, task.horizon, fixed_points.sft_fixed_point(task, a), target=fixed_points.target_table(task, "arithmetic"))
               for a in np.linspace(0, 1, 11)]
     assert theory[0] > 0.05 and theory[-1] == pytest.approx(0.0, abs=1e-12)
     assert np.all(np.diff(theory) < 0)                        # it moves monotonically from the mixture to A
-    one = D.make_task("tree", K=1, seed=0)                     # one teacher: nothing to move
-    np.testing.assert_allclose(D.sft_fixed_point(one, 0.0), D.sft_fixed_point(one, 1.0), atol=1e-12)
+    one = tasks.make_task("tree", K=1, seed=0)                     # one teacher: nothing to move
+    np.testing.assert_allclose(fixed_points.sft_fixed_point(one, 0.0), fixed_points.sft_fixed_point(one, 1.0), atol=1e-12)
 
 
 def test_evaluator_kl_matches_a_monte_carlo_of_the_log_ratio_on_the_students_rollouts():
-    task = D.make_task("tree", K=2, seed=1)
+    task = tasks.make_task("tree", K=2, seed=1)
     t, H = task.teachers, task.horizon
     rng = np.random.default_rng(0)
     log_q = np.log(rng.dirichlet(np.ones(t.n), size=(H, t.S)))
     cfg = dict(objective="sft", alpha=0.5, switch=False, importance=False)
-    out = D.Evaluator(task)(log_q, cfg)
-    tables = {name: D.target_table(task, name, 0.5) for name in D.TARGETS + ("sft",)}
-    tables["fixed_point"] = D.fixed_point(task, cfg)
+    out = evaluation.Evaluator(task)(log_q, cfg)
+    tables = {name: fixed_points.target_table(task, name, 0.5) for name in fixed_points.TARGETS + ("sft",)}
+    tables["fixed_point"] = fixed_points.fixed_point(task, cfg)
     N = 20000
     logs = {name: np.zeros(N) for name in tables}
     for i in range(N):
@@ -122,22 +122,22 @@ NO_CLOSED_FORM = [("k2", 0.0), ("k3", 0.0), ("k3-teacher", 0.0), ("k2", 0.5)]   
 
 @pytest.fixture(scope="module")
 def trained():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     configs = [dict(objective=o, alpha=a, switch=False, importance=i, clip=False) for o, a, i, _, _ in CONFIGS]
     configs += [dict(objective=o, alpha=a, switch=False, importance=False, clip=False)
                 for o, a in NO_CLOSED_FORM + [("k1", 0.0), ("k1", 1.0), ("sft", 0.5)]]
-    df = D.train_tabular(task, configs, seeds=[0, 1], steps=300, batch=64, lr=0.05, eval_every=300, seed=0)
+    df = training.train_tabular(task, configs, seeds=[0, 1], steps=300, batch=64, lr=0.05, eval_every=300, seed=0)
     last = df[df.step == 300].copy()
-    for name in D.TARGETS + ("sft", "fixed_point"):
+    for name in fixed_points.TARGETS + ("sft", "fixed_point"):
         last[f"kl_{name}"] = last[f"kl_{name}"] / task.horizon
     return task, last.groupby(["objective", "alpha", "importance"]).mean(numeric_only=True)
 
 
 def test_the_candidate_targets_are_far_apart_compared_with_the_tolerance():
-    task = D.make_task("tree", K=2, seed=0)
-    ev = D.Evaluator(task)
-    for a, b in itertools.permutations(D.TARGETS, 2):
-        assert ev(D.target_table(task, a))[f"kl_{b}"] / task.horizon > 2.9 * TOL, (a, b)
+    task = tasks.make_task("tree", K=2, seed=0)
+    ev = evaluation.Evaluator(task)
+    for a, b in itertools.permutations(fixed_points.TARGETS, 2):
+        assert ev(fixed_points.target_table(task, a))[f"kl_{b}"] / task.horizon > 2.9 * TOL, (a, b)
 
 
 @pytest.mark.parametrize("objective, alpha, importance, target, other", CONFIGS)
@@ -168,20 +168,20 @@ def test_estimator_fixed_point_closed_forms():
     """The solver against the closed forms it must reproduce: l for pooled losses on the student's samples
     or with importance weights, A for k3-teacher on the student's samples, and, routed with weights on the
     teachers' samples, SFT's fixed point (the same label distribution) at every alpha."""
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     t = task.teachers
-    l, A = D.target_table(task, "local"), D.target_table(task, "arithmetic")
+    l, A = fixed_points.target_table(task, "local"), fixed_points.target_table(task, "arithmetic")
     reached = ag.policy_occupancy(t, task.horizon, l)[:-1] > 0        # (step, state) pairs a response visits
     for obj, alpha, imp in (("k2", 1.0, False), ("k3", 1.0, False), ("k2", 0.0, True), ("k3", 0.3, True)):
-        np.testing.assert_allclose(D.estimator_fixed_point(task, obj, alpha, imp)[reached], l[reached], atol=1e-8)
-    np.testing.assert_allclose(D.estimator_fixed_point(task, "k3-teacher", 1.0)[reached], A[reached], atol=1e-8)
+        np.testing.assert_allclose(fixed_points.estimator_fixed_point(task, obj, alpha, imp)[reached], l[reached], atol=1e-8)
+    np.testing.assert_allclose(fixed_points.estimator_fixed_point(task, "k3-teacher", 1.0)[reached], A[reached], atol=1e-8)
     for alpha in (0.0, 0.3, 0.7):
-        fp, sft = D.estimator_fixed_point(task, "k3-teacher", alpha, True), D.sft_fixed_point(task, alpha)
+        fp, sft = fixed_points.estimator_fixed_point(task, "k3-teacher", alpha, True), fixed_points.sft_fixed_point(task, alpha)
         np.testing.assert_allclose(fp[reached], sft[reached], atol=1e-8)
-    unweighted = D.estimator_fixed_point(task, "k3", 0.0)
+    unweighted = fixed_points.estimator_fixed_point(task, "k3", 0.0)
     assert ag.sequence_kl(t, task.weights, task.horizon, unweighted, target=l) / task.horizon > 2 * TOL
     with pytest.raises(ValueError, match="estimator fixed point"):
-        D.estimator_fixed_point(task, "k1", 0.0)
+        fixed_points.estimator_fixed_point(task, "k1", 0.0)
 
 
 def test_sampled_token_losses_on_unweighted_teacher_samples_miss_l(trained):
@@ -195,44 +195,44 @@ def test_sampled_token_losses_on_unweighted_teacher_samples_miss_l(trained):
 def test_k1_as_a_loss_diverges_on_teacher_samples_and_does_not_move_on_the_students(trained):
     _, final = trained
     off, on = final.loc[("k1", 0.0, False)], final.loc[("k1", 1.0, False)]
-    assert off.max_logit > 0.75 * D.DIVERGED_LOGIT and off.accuracy < 1e-6       # the teacher's tokens pushed down
-    assert on.max_logit < 0.2 * D.DIVERGED_LOGIT
+    assert off.max_logit > 0.75 * evaluation.DIVERGED_LOGIT and off.accuracy < 1e-6       # the teacher's tokens pushed down
+    assert on.max_logit < 0.2 * evaluation.DIVERGED_LOGIT
 
 
 def test_divergence_is_flagged():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     cfg = dict(objective="k1", alpha=0.0, switch=False, importance=False, clip=False)
-    df = D.train_tabular(task, [cfg], seeds=[0], steps=600, batch=64, lr=0.2, eval_every=600)
+    df = training.train_tabular(task, [cfg], seeds=[0], steps=600, batch=64, lr=0.2, eval_every=600)
     last = df[df.step == 600].iloc[0]
-    assert last.diverged and last.max_logit > D.DIVERGED_LOGIT
+    assert last.diverged and last.max_logit > evaluation.DIVERGED_LOGIT
 
 
 def test_training_is_deterministic_and_runs_are_independent_of_their_neighbours():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     a = dict(objective="fkl", alpha=0.5, switch=False, importance=False, clip=True)
     b = dict(objective="rkl", alpha=0.2, switch=True, importance=False, clip=False)
-    one = D.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
-    two = D.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
+    one = training.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
+    two = training.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
     pd.testing.assert_frame_equal(one, two)
     assert one.kl_named.iloc[-1] < one.kl_named.iloc[3]                     # it learns
 
 
 def test_the_neural_student_reads_the_prefix_and_learns_fkl():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     cfg = dict(objective="fkl", alpha=0.5, switch=False, importance=False, clip=True)
-    df = D.train_neural(task, cfg, seed=0, steps=40, batch=32, eval_every=40)
+    df = training.train_neural(task, cfg, seed=0, steps=40, batch=32, eval_every=40)
     first, last = df.kl_named.iloc[0], df.kl_named.iloc[-1]
     assert last < 0.2 * first
 
 
 def test_bad_input():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     with pytest.raises(ValueError, match="alpha"):
-        D.sft_fixed_point(task, 1.5)
+        fixed_points.sft_fixed_point(task, 1.5)
     with pytest.raises(ValueError, match="target"):
-        D.target_table(task, "median")
+        fixed_points.target_table(task, "median")
     with pytest.raises(ValueError, match="kind"):
-        D.make_task("ring")
+        tasks.make_task("ring")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,12 +248,12 @@ def test_value_moments_closed_forms_and_monte_carlo():
     lq, lp = pair(0)
     q = np.exp(lq)
     kl = float(q @ (lq - lp))
-    m = E.value_moments(lq, lp)
+    m = moments.value_moments(lq, lp)
     assert m["k1"][0] == pytest.approx(kl, abs=1e-14) and m["k3"][0] == pytest.approx(kl, abs=1e-14)
     assert m["k2"][0] == pytest.approx(0.5 * q @ (lq - lp) ** 2)
     rng = np.random.default_rng(1)
     x = rng.choice(lq.size, size=200_000, p=q)
-    for name, v in E.estimator_values(lp[x] - lq[x]).items():
+    for name, v in moments.estimator_values(lp[x] - lq[x]).items():
         mean, var = m[name]
         assert abs(v.mean() - mean) < 5 * math.sqrt(var / x.size), name
         assert v.var() == pytest.approx(var, rel=0.05), name
@@ -266,14 +266,14 @@ def test_loss_gradient_expectations_are_the_derived_ones(estimator, source, impo
     lq, lp = pair(2)
     q, p = np.exp(lq), np.exp(lp)
     ref = {"rkl": q * ((lq - lp) - q @ (lq - lp)), "fkl": q - p, "zero": 0 * q, "-fkl": p - q}[expected]
-    mean, _ = E.gradient_moments(lq, lp, estimator, "loss", source, importance)
+    mean, _ = moments.gradient_moments(lq, lp, estimator, "loss", source, importance)
     np.testing.assert_allclose(mean, ref, atol=1e-14)
 
 
 def test_k1_as_a_reward_on_student_samples_is_the_rkl_gradient():
     lq, lp = pair(3)
     q = np.exp(lq)
-    mean, _ = E.gradient_moments(lq, lp, "k1", "reward", "student")
+    mean, _ = moments.gradient_moments(lq, lp, "k1", "reward", "student")
     np.testing.assert_allclose(mean, q * ((lq - lp) - q @ (lq - lp)), atol=1e-14)
 
 
@@ -294,7 +294,7 @@ def test_gradient_moments_match_monte_carlo_through_the_loss_code(estimator, sou
                                 estimator=estimator, pool="before", importance_weights=rho, reduction="sum")
     (g,) = torch.autograd.grad(loss, logits)
     g = g[:, 0].numpy()
-    mean, trace = E.gradient_moments(lq, lp, estimator, "loss", source, importance)
+    mean, trace = moments.gradient_moments(lq, lp, estimator, "loss", source, importance)
     se = np.sqrt(g.var(0) / N)
     assert np.all(np.abs(g.mean(0) - mean) < 5 * se + 1e-12)
     assert g.var(0).sum() == pytest.approx(trace, rel=0.05)
@@ -304,7 +304,7 @@ def test_sequence_importance_weight_second_moment_against_enumeration():
     rng = np.random.default_rng(5)
     next_state = rng.integers(0, 4, size=(4, 3))
     lq, lp = np.log(rng.dirichlet(np.ones(3), size=4)), np.log(rng.dirichlet(np.ones(3), size=4))
-    exact = E.sequence_is_second_moment(next_state, 0, 5, lq, lp)
+    exact = moments.sequence_is_second_moment(next_state, 0, 5, lq, lp)
     for H in range(6):
         ref = sum(math.exp(sum(2 * lq[s, a] - lp[s, a] for s, a in walk(next_state, path)))
                   for path in itertools.product(range(3), repeat=H))
@@ -320,12 +320,12 @@ def walk(next_state, path):
 
 
 def test_importance_weights_on_a_tree_with_ends():
-    task = D.make_task("tree", K=2, seed=0)
+    task = tasks.make_task("tree", K=2, seed=0)
     t = task.teachers
     rng = np.random.default_rng(6)
     lq = np.log(rng.dirichlet(np.ones(t.n), size=t.S))
     lp = np.asarray(t.log_probs[0])
-    exact = E.sequence_is_second_moment(t.next_state, t.start, 5, lq, lp)     # the tree ends after 3 tokens
+    exact = moments.sequence_is_second_moment(t.next_state, t.start, 5, lq, lp)     # the tree ends after 3 tokens
     ref = sum(math.exp(sum(2 * lq[s, a] - lp[s, a] for s, a in walk(t.next_state, path)))
               for path in itertools.product(range(t.n), repeat=3))
     assert exact[3] == pytest.approx(math.log(ref), abs=1e-10)
@@ -335,7 +335,7 @@ def test_importance_weights_on_a_tree_with_ends():
 def test_topk_k3_bias_identity_and_full_vocabulary():
     lq, lp = pair(7, n=40)
     for k in (1, 5, 20, 40):
-        e_k3, kl, tail = E.topk_k3_bias(lq, lp, k)
+        e_k3, kl, tail = moments.topk_k3_bias(lq, lp, k)
         top = np.argsort(-lq)[:k]
         qt = np.exp(lq[top]) / np.exp(lq[top]).sum()
         assert kl == pytest.approx(float(qt @ (np.log(qt) - lp[top])), abs=1e-12)
@@ -346,8 +346,8 @@ def test_topk_k3_bias_identity_and_full_vocabulary():
 
 def test_samples_needed():
     target = np.array([1.0, 0.0])
-    assert E.samples_needed(target, 2.0, target, rel_error=0.1) == pytest.approx(2.0 / 0.01)
-    assert E.samples_needed(np.array([1.2, 0.0]), 2.0, target, rel_error=0.1) == math.inf    # bias alone too big
+    assert moments.samples_needed(target, 2.0, target, rel_error=0.1) == pytest.approx(2.0 / 0.01)
+    assert moments.samples_needed(np.array([1.2, 0.0]), 2.0, target, rel_error=0.1) == math.inf    # bias alone too big
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
                  "figures/spectrum.png", "figures/spectrum_neural.png"):
         assert (out / name).exists(), name
     tab = pd.read_csv(out / "spectrum.csv")
-    assert set(tab.objective) == set(D.OBJECTIVES) and tab.switch.any() and tab.importance.any()
+    assert set(tab.objective) == set(fixed_points.OBJECTIVES) and tab.switch.any() and tab.importance.any()
     assert set(pd.read_csv(out / "robustness.csv").H) == {16}
     theory = pd.read_csv(out / "sft_theory.csv")
     assert theory.alpha.nunique() >= 11
@@ -412,13 +412,13 @@ def test_bad_arguments_exit_2_with_one_line(script, bad, tmp_path):
 
 
 def test_evaluator_equals_aggregation_sequence_kl():
-    task = D.make_task("tree", K=2, seed=2)
+    task = tasks.make_task("tree", K=2, seed=2)
     t = task.teachers
     rng = np.random.default_rng(1)
     log_q = np.log(rng.dirichlet(np.full(t.n, 0.3), size=(task.horizon, t.S)))
     cfg = dict(objective="k3", alpha=0.3, switch=False, importance=False)
-    out = D.Evaluator(task)(log_q, cfg)
-    tables = {name: D.target_table(task, name) for name in D.TARGETS} | {"fixed_point": D.fixed_point(task, cfg)}
+    out = evaluation.Evaluator(task)(log_q, cfg)
+    tables = {name: fixed_points.target_table(task, name) for name in fixed_points.TARGETS} | {"fixed_point": fixed_points.fixed_point(task, cfg)}
     for name, table in tables.items():
         ref = ag.sequence_kl(t, task.weights, task.horizon, log_q, target=table)
         assert out[f"kl_{name}"] == pytest.approx(ref, rel=1e-12, abs=1e-14), name

@@ -1,4 +1,4 @@
-"""Slow, obviously-correct NumPy twins of the kernels in ``_regret_kernels.py`` (tests compare them).
+"""Slow, obviously-correct NumPy twins of the kernels in ``_kernels.py`` (tests compare them).
 
 Same arguments, same splitmix64 stream (Python integers), the formulas written out directly: each
 prediction q_t is recomputed from scratch every round instead of being updated incrementally.

@@ -1,7 +1,6 @@
-"""The learners' and targets' labels as they appear in the CSVs, with their colours in every figure.
+"""The learners' and targets' names as they appear in the CSVs (one place, so a name is written once).
 
-One table, used by the sims (to label rows) and by ``figures/`` (to draw them), so that a label is
-written once. Colours are matplotlib colour names; nothing here imports matplotlib.
+Colours and line styles for them live in ``figures.labels``.
 """
 
 # the mechanism sims' learners (SPEC 2-3), each named with the feedback it gets per round
@@ -12,27 +11,14 @@ SEQ_RKL = "plug-in soft-Bellman, sequence-level RKL"   # not a policy gradient: 
 TOKEN_RKL = "plug-in per-token RKL (discount 0)"         # Bellman equation on its estimated rewards
 STATE_KT = "per-state KT, responses of a sampled teacher (FKL)"
 
-LEARNER_COLOURS = {
-    KT: "tab:blue",
-    FTL: "tab:orange",
-    ROLLOUT: "tab:green",
-    SEQ_RKL: "tab:red",
-    TOKEN_RKL: "tab:purple",
-    STATE_KT: "tab:blue",
-}
-
-# exact targets drawn beside learned curves: label -> (line style, legend text)
+# exact targets drawn beside learned curves
 A, G = "A", "G"
 G_SEQ = "g (sequence-level geometric)"
 L_LOCAL = "l (local geometric)"
 MIXTURE = "mixture marginal"
-TARGET_STYLES = {A: ("--", "A (FKL target)"), G: (":", "G (RKL target)"),
-                 G_SEQ: (":", "g, sequence-level geometric"), L_LOCAL: ("-.", "l, local geometric"),
-                 MIXTURE: ("--", "mixture marginal")}
-POOL_COLOURS = {A: "tab:blue", G: "tab:orange", G_SEQ: "tab:red", L_LOCAL: "tab:purple", MIXTURE: "tab:blue"}
 
 # the function-approximation learners of the regret sims
-LOGLINEAR = {                                                      # sims.learners.loglinear method -> label
+LOGLINEAR = {                                                      # learners.online.loglinear method -> name
     "OGD": "OGD, step 1/(lambda t)",
     "ONS": "ONS, HAK constants",
     "Newton-style": "Newton-style, gamma = 1 (no guarantee)",

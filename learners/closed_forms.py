@@ -18,7 +18,7 @@ import aggregation as ag
 from aggregation import examples
 from aggregation.validate import check_int
 
-from .labels import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
+from .names import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
 
 
 # ------------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 
 One kernel per learner family, ``prange`` over independent seeds; each seed draws its own uniforms
 from a splitmix64 stream started at an integer seed, so a seed's result does not depend on the
-thread that ran it. No validation here: ``sims/learners.py`` validates and prepares the tables.
-Every kernel has a slow NumPy twin in ``_regret_reference.py`` (same stream, same numbers).
+thread that ran it. No validation here: ``learners/online.py`` validates and prepares the tables.
+Every kernel has a slow NumPy twin in ``_reference.py`` (same stream, same numbers).
 
 Outputs are written at the rounds listed in ``grid`` (sorted, 1-based, last entry = n_rounds).
 """

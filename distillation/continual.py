@@ -2,18 +2,18 @@
 then is distilled on task B; what it forgets of A, how well it learns B, and how sparse its update is,
 across learning rates, schedules, the rollout mix, objectives, clipping and parameter storage.
 
-Tasks: two prefix trees of the same shape (depth 3 over 3 tokens, 13 states) with different teachers:
-A has one teacher (the skill the student has), B has K = 2 (the distillation target). Students:
+Tasks: a ``tasks.Pair``, two prefix trees of the same shape (depth 3 over 3 tokens, 13 states) with
+different teachers: A has one teacher (the skill the student has), B has K = 2. Students:
 
     log-linear   logits(task, s) = W phi(task, s), phi = [shared features of the tree position (d_shared,
                  the same for both tasks); a one-hot of (task, s)]: every run of a sweep in one tensor
                  W (R, n, d), trained by an elementwise Adam with a per-run learning rate
     neural       a tiny Qwen2 whose first input token names the task (n for A, n + 1 for B)
 
-Both are trained by the spectrum's sampler and losses (sims.distill), and measured exactly:
+Both are trained by the spectrum's sampler and losses (``training``), and measured exactly:
 
     forgetting   KL_seq(P_A || q_A) after B minus before B: the increase of the student's loss on A's
-                 own responses (P_A the teacher of A; aggregation.sequence_kl)
+                 own responses (P_A the teacher of A; ``evaluation.loss_on``)
     quality      KL_seq(q_B || the objective's target on B) per position, on the student's rollouts
     sparsity     the fraction of parameters with |theta_T - theta_0| > 1e-6 (1 + |theta_0|) (SPEC 5),
                  and the fraction whose bfloat16 value changed
@@ -24,19 +24,26 @@ rounded back, so updates below half an ulp vanish); 'float32' keeps them in floa
 
 import copy
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 
 import aggregation as ag
-from sims import distill as D
+
+from .evaluation import Evaluator, forgetting_reference, loss_on
+from .fixed_points import OBJECTIVES, TARGET_OF
+from .students import BETAS, EPS, adam_step, clip_scale, loglinear_tables, round_bf16, student_table
+from .training import Batch, neural_step, position_losses, rollouts
+
 
 SCHEDULES = ("constant", "linear", "cosine")
+
+
 STORAGES = ("float32", "bf16")
+
+
 WARMUP = 0.1                    # the warm-up's share of the steps (a linear ramp from 0)
-BETAS, EPS = (0.9, 0.999), 1e-8
 
 
 def learning_rates(lr, schedule, warmup, steps):
@@ -54,11 +61,6 @@ def learning_rates(lr, schedule, warmup, steps):
     return lr * ramp * decay[schedule]
 
 
-def round_bf16(x):
-    """x rounded to bfloat16 and back (round to nearest even)."""
-    return x.to(torch.bfloat16).to(x.dtype)
-
-
 def update_sparsity(theta0, theta1):
     """(fraction of entries with |theta1 - theta0| > 1e-6 (1 + |theta0|), fraction whose bfloat16 value
     changed): over a 1-d parameter vector (floats), or per run over (R, ...) tensors ((R,) arrays)."""
@@ -69,52 +71,6 @@ def update_sparsity(theta0, theta1):
     changed = ((t1 - t0).abs() > 1e-6 * (1 + t0.abs())).double().mean(dims)
     changed_bf16 = (round_bf16(t1) != round_bf16(t0)).double().mean(dims)
     return changed.numpy(), changed_bf16.numpy()
-
-
-@dataclass
-class Pair:
-    """Task A (one teacher), task B (K teachers) on trees of the same shape, and the log-linear
-    student's features (2, S, d): [shared features of the tree position; one-hot of (task, s)]."""
-    A: D.Task
-    B: D.Task
-    features: np.ndarray
-
-    @property
-    def tasks(self):
-        return (self.A, self.B)
-
-
-def make_pair(seed=0, K=2, d_shared=8):
-    A = D.make_task("tree", K=1, seed=2000 + seed)
-    B = D.make_task("tree", K=K, seed=3000 + seed)
-    if not np.array_equal(A.teachers.next_state, B.teachers.next_state):
-        raise ValueError("tasks A and B must share the tree's shape")
-    S = A.teachers.S
-    rng = np.random.default_rng(4000 + seed)
-    shared = rng.normal(size=(S, d_shared)) / math.sqrt(d_shared)
-    own = np.eye(2 * S).reshape(2, S, 2 * S)
-    return Pair(A, B, np.concatenate([np.broadcast_to(shared, (2, S, d_shared)), own], axis=-1))
-
-
-def forgetting_reference(task):
-    """P_A, the task's one teacher, as a tabular policy (S, n) log-probs: the responses the student's
-    forgetting is measured on are P_A's."""
-    return np.asarray(task.teachers.log_probs[0])
-
-
-def loss_on(task, log_q):
-    """KL_seq(P || q) of a student table (S, n) or (H, S, n) on the task's one teacher P: the excess
-    loss of the student on P's own responses."""
-    t = task.teachers
-    return ag.sequence_kl(t, None, task.horizon, forgetting_reference(task), target=log_q)
-
-
-# ------------------------------------------------------------------------------------------------
-# the log-linear student: every run of a sweep in one tensor
-# ------------------------------------------------------------------------------------------------
-def loglinear_tables(W, features):
-    """log-probs (R, S, n) of runs W (R, n, d) at the states of one task (features (S, d))."""
-    return torch.log_softmax(torch.einsum("rnd,sd->rsn", W, torch.as_tensor(features, dtype=W.dtype)), -1)
 
 
 def learn_a(pair, seeds, steps=400, lr=0.1):
@@ -139,21 +95,11 @@ def learn_a(pair, seeds, steps=400, lr=0.1):
     return out
 
 
-def adam_step(W, grad, m, v, step, lr):
-    """One elementwise Adam step with a per-run learning rate lr (R,), in place on m, v; returns the
-    new W (float32)."""
-    m.mul_(BETAS[0]).add_(grad, alpha=1 - BETAS[0])
-    v.mul_(BETAS[1]).addcmul_(grad, grad, value=1 - BETAS[1])
-    mhat = m / (1 - BETAS[0] ** step)
-    vhat = v / (1 - BETAS[1] ** step)
-    return W - lr.view(-1, *[1] * (W.ndim - 1)) * mhat / (vhat.sqrt() + EPS)
-
-
 def check_config(config):
     """ValueError unless a phase-2 config names a known objective, storage and schedule, a learning rate
     >= 0 and alpha in [0, 1]."""
-    if config["objective"] not in D.OBJECTIVES or config["storage"] not in STORAGES:
-        raise ValueError(f"config {config}: objective must be one of {D.OBJECTIVES}, storage one of {STORAGES}")
+    if config["objective"] not in OBJECTIVES or config["storage"] not in STORAGES:
+        raise ValueError(f"config {config}: objective must be one of {OBJECTIVES}, storage one of {STORAGES}")
     if not 0.0 <= float(config["alpha"]) <= 1.0:
         raise ValueError(f"config {config}: alpha must lie in [0, 1]")
     learning_rates(config["lr"], config["schedule"], config["warmup"], 1)
@@ -185,18 +131,18 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
     for step in range(steps):
         Wg = W.clone().requires_grad_()
         table = loglinear_tables(Wg, feats_b)                                           # (R, S, n)
-        b = D.rollouts(B, lambda h, s, _tok: table.detach()[row_run, s], alpha, False, R * batch, gen,
+        b = rollouts(B, lambda h, s, _tok: table.detach()[row_run, s], alpha, False, R * batch, gen,
                        labels="sft" in rows_of)
         logits = table[row_run[:, None], b.states]                                      # (N, H, n) log-probs
         per_run = torch.zeros(R)
         for objective, idx in rows_of.items():
-            sub = D.Batch(**{k: getattr(b, k)[idx] for k in D.Batch.__dataclass_fields__})
-            pos = D.position_losses(objective, logits[idx], sub, B, False, groups=row_run[idx])
+            sub = Batch(**{k: getattr(b, k)[idx] for k in Batch.__dataclass_fields__})
+            pos = position_losses(objective, logits[idx], sub, B, False, groups=row_run[idx])
             per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
         (grad,) = torch.autograd.grad(per_run.sum(), Wg)
         grad = grad.nan_to_num(0.0, 0.0, 0.0)
         norms = grad.flatten(1).norm(dim=1)
-        scale = torch.where(clip, D.clip_scale(norms, clip_norm), torch.ones_like(norms))
+        scale = torch.where(clip, clip_scale(norms, clip_norm), torch.ones_like(norms))
         grad = grad * scale[:, None, None]
         W = adam_step(W, grad, m, v, step + 1, lrs[:, step])
         W = torch.where(bf16[:, None, None], round_bf16(W), W)
@@ -209,7 +155,7 @@ def _outcomes(pair, runs, W0, W):
         qa0, qa = (loglinear_tables(x.double(), pair.features[0]).numpy() for x in (W0, W))
         qb = loglinear_tables(W.double(), pair.features[1]).numpy()
     sparsity, sparsity_bf16 = update_sparsity(W0, W)
-    evaluate = D.Evaluator(B, fixed_points=False)
+    evaluate = Evaluator(B, fixed_points=False)
     return pd.DataFrame([outcome_row(pair, c, s, qa0[r], qa[r], np.broadcast_to(qb[r], (B.horizon,) + qb[r].shape),
                                      sparsity[r], sparsity_bf16[r], evaluate)
                          for r, (c, s) in enumerate(runs)])
@@ -220,17 +166,14 @@ def outcome_row(pair, config, seed, q_a_before, q_a_after, q_b, sparsity, sparsi
     the config, seed, loss on A before and after, forgetting, quality (KL per position to the objective's
     target on B, on the student's rollouts), kl_arithmetic_b, accuracy_b and the two sparsities."""
     A, B = pair.A, pair.B
-    out = (evaluate or D.Evaluator(B, fixed_points=False))(q_b, config)
+    out = (evaluate or Evaluator(B, fixed_points=False))(q_b, config)
     before, after = loss_on(A, q_a_before), loss_on(A, q_a_after)
     return dict(config, seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
-                quality=out[f"kl_{D.TARGET_OF[config['objective']]}"] / B.horizon,
+                quality=out[f"kl_{TARGET_OF[config['objective']]}"] / B.horizon,
                 kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
                 sparsity=float(sparsity), sparsity_bf16=float(sparsity_bf16))
 
 
-# ------------------------------------------------------------------------------------------------
-# the neural student: a tiny Qwen2 that reads which task it is on from its first input token
-# ------------------------------------------------------------------------------------------------
 def neural_student(pair, seed, steps=300, batch=64, lr=3e-3):
     """Phase 1 for the tiny Qwen2: FKL with the full conditionals on A's teacher rollouts (first token
     n). Returns the trained model."""
@@ -241,7 +184,7 @@ def neural_student(pair, seed, steps=300, batch=64, lr=3e-3):
     gen = torch.Generator().manual_seed(6000 + seed)
     config = dict(objective="fkl", alpha=0.0, switch=False, importance=False, clip=True)
     for _ in range(steps):
-        D.neural_step(model, opt, pair.A, config, batch, gen, bos=n)
+        neural_step(model, opt, pair.A, config, batch, gen, bos=n)
     return model
 
 
@@ -260,7 +203,7 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
             for p in params:
                 p.copy_(round_bf16(p))
     theta0 = torch.cat([p.detach().flatten() for p in params]).clone()
-    table_a0 = D.student_table(model, A, bos=n)
+    table_a0 = student_table(model, A, bos=n)
     opt = torch.optim.Adam(params, lr=config["lr"], betas=BETAS, eps=EPS)
     gen = torch.Generator().manual_seed(7000 + seed)
     spectrum = dict(objective=config["objective"], alpha=config["alpha"], switch=False, importance=False,
@@ -268,12 +211,12 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
     for step, lr in enumerate(learning_rates(config["lr"], config["schedule"], config["warmup"], steps)):
         for group in opt.param_groups:
             group["lr"] = float(lr)
-        D.neural_step(model, opt, B, spectrum, batch, gen, bos=n + 1)
+        neural_step(model, opt, B, spectrum, batch, gen, bos=n + 1)
         if bf16:
             with torch.no_grad():
                 for p in params:
                     p.copy_(round_bf16(p))
     theta1 = torch.cat([p.detach().flatten() for p in params])
     sparsity, sparsity_bf16 = update_sparsity(theta0, theta1)
-    return outcome_row(pair, config, seed, table_a0, D.student_table(model, A, bos=n),
-                       D.student_table(model, B, bos=n + 1), sparsity, sparsity_bf16)
+    return outcome_row(pair, config, seed, table_a0, student_table(model, A, bos=n),
+                       student_table(model, B, bos=n + 1), sparsity, sparsity_bf16)

@@ -1,14 +1,14 @@
 """Online learners for multi-teacher distillation and their regret (SPEC section 3).
 
 Each public function validates its arguments, prepares log-space tables and runs one numba kernel
-from ``_regret_kernels.py`` with ``prange`` over seeds. Results are arrays ``(R, G)``: one row per
+from ``_kernels.py`` with ``prange`` over seeds. Results are arrays ``(R, G)``: one row per
 seed, one column per round of ``grid`` (a log grid of rounds, 1-based, ending at ``n_rounds``).
 
 Off-policy (FKL, log loss)       add_beta_tabular, add_beta_sequence
 On-policy (RKL)                  rkl_tabular (FTL / exponentiated gradient), rkl_sequence (plug-in)
 Function approximation           loglinear (OGD, online Newton step, on-policy OGD)
 Learned curves                   learn_one_context, learn_prefix: q_t of the mechanism learners
-The closed forms they are compared with are in ``sims.theory``; grids and slopes in ``sims.analysis``.
+The closed forms they are compared with are in ``learners.closed_forms``; grids and slopes in ``analysis``.
 """
 
 import math
@@ -20,9 +20,9 @@ from scipy.special import logsumexp
 import aggregation as ag
 from aggregation.validate import check_int, check_probs, check_token_ids, check_weights
 
-from . import _regret_kernels as _k
-from .analysis import log_grid
-from .labels import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
+from . import _kernels
+from analysis import log_grid
+from .names import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
 
 __all__ = [
     "add_beta_tabular", "add_beta_sequence", "rkl_tabular", "rkl_sequence", "loglinear",
@@ -170,7 +170,7 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     prob, index = alias_tables(mix[None, None, :])
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    tracked = _tracked_call(_k.add_beta_kernel, (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), joint,
+    tracked = _tracked_call(_kernels.add_beta_kernel, (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), joint,
                                                  neg_entropy, log_num, log_den, forced, seeds, grid, regret, pseudo),
                             track, seeds.size, grid.size)
     out = {"regret": regret, "pseudo": pseudo, "grid": grid}
@@ -221,7 +221,7 @@ def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=No
     prob, index = alias_tables(np.exp(teachers.log_probs))
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    tracked = _tracked_call(_k.add_beta_kernel, (teachers.next_state, teachers.start, horizon, prob, index,
+    tracked = _tracked_call(_kernels.add_beta_kernel, (teachers.next_state, teachers.start, horizon, prob, index,
                                                  _teacher_cdf(w), joint, neg_entropy, log_num, log_den,
                                                  np.zeros(0, np.int64), seeds, grid, regret, pseudo),
                             track, seeds.size, grid.size)
@@ -273,7 +273,7 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
     log_target = np.ascontiguousarray(pooled - logsumexp(pooled))
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    tracked = _tracked_call(_k.rkl_tabular_kernel, (lp, _teacher_cdf(w), pooled, log_target, FEEDBACK[feedback],
+    tracked = _tracked_call(_kernels.rkl_tabular_kernel, (lp, _teacher_cdf(w), pooled, log_target, FEEDBACK[feedback],
                                                     SCHEDULES[schedule], float(eta0), seeds, grid, regret, pseudo),
                             track, seeds.size, grid.size)
     out = {"regret": regret, "pseudo": pseudo, "grid": grid}
@@ -315,7 +315,7 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, t
     log_g = np.ascontiguousarray(ag.sequence_geometric_conditionals(teachers, w, horizon))
     log_l = np.ascontiguousarray(ag.local_geometric_conditionals(teachers, w))
     out = np.zeros((3, seeds.size, grid.size))
-    tracked = _tracked_call(_k.rkl_sequence_kernel, (teachers.next_state, teachers.start, horizon, lp,
+    tracked = _tracked_call(_kernels.rkl_sequence_kernel, (teachers.next_state, teachers.start, horizon, lp,
                                                      _teacher_cdf(w[keep]), log_g, log_l, 0 if mode == "sequence" else 1,
                                                      seeds, grid, out[0], out[1], out[2]),
                             track, seeds.size, grid.size)
@@ -435,7 +435,7 @@ def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None,
     loss = np.zeros((seeds.size, grid.size))
     counts = np.zeros((seeds.size, grid.size) + phi.shape[:2], np.int64)
     theta = np.zeros((seeds.size, grid.size, phi.shape[2]))
-    _k.loglinear_kernel(phi, lp, _teacher_cdf(w), pooled, on_policy, update, float(lam), float(eta0), const["R"],
+    _kernels.loglinear_kernel(phi, lp, _teacher_cdf(w), pooled, on_policy, update, float(lam), float(eta0), const["R"],
                         float(gamma), eps, seeds, grid, loss, counts, theta)
     rng = np.random.default_rng(12345)
     regret = np.empty_like(loss)
