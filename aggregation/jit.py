@@ -1,6 +1,6 @@
 """numba building blocks shared by the project's kernels (this package's and the sims').
 
-Public so that kernels elsewhere (``sims/_regret_kernels.py``) reuse them instead of copying them;
+Public so that kernels elsewhere (``learners/_kernels.py``) reuse them instead of copying them;
 call them only from ``@njit`` code. No validation: plain contiguous arrays in, arrays out.
 
 Vectorised exp and log

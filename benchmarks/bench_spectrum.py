@@ -1,4 +1,4 @@
-"""Speed of the rollout-spectrum students (sims/distill.py), side by side with plain PyTorch loops.
+"""Speed of the rollout-spectrum students (distillation/training.py), side by side with plain PyTorch loops.
 
     python benchmarks/bench_spectrum.py            # or: make bench
     python benchmarks/bench_spectrum.py --quick
@@ -53,14 +53,15 @@ def tabular(steps, repeats):
 
 def neural(steps, repeats, batch=64):
     from llm_bridge.losses import forward_kl
-    from llm_bridge.models import tiny_model
     from distillation import tasks, training
+    from distillation.configs import SpectrumConfig
+    from llm_bridge.models import tiny_model
     task = tasks.make_task("tree", K=2, seed=0)
     t, H, n = task.teachers, task.horizon, task.teachers.n
     next_state = torch.as_tensor(np.array(t.next_state))
     teacher_lp = torch.as_tensor(np.array(t.log_probs), dtype=torch.float32)
     w = torch.as_tensor(task.weights, dtype=torch.float32)
-    config = dict(objective="fkl", alpha=1.0, switch=False, importance=False, clip=True)
+    config = SpectrumConfig(objective="fkl", alpha=1.0, switch=False, importance=False, clip=True)
 
     def make():
         model = tiny_model("qwen2", vocab_size=n + 1, seed=0)

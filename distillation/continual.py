@@ -32,15 +32,14 @@ import torch
 import aggregation as ag
 
 from .evaluation import Evaluator, forgetting_reference, loss_on
-from .fixed_points import OBJECTIVES, TARGET_OF
-from .students import BETAS, EPS, adam_step, clip_scale, loglinear_tables, round_bf16, student_table
-from .training import Batch, neural_step, position_losses, rollouts
+from .configs import SCHEDULES, SpectrumConfig
+from .fixed_points import TARGET_OF
+from .students import BETAS, EPS, adam_step, clip_per_run, loglinear_tables, round_bf16, student_table
+from .training import neural_step, partition_rows, per_run_losses, position_losses, rollouts
 
 
-SCHEDULES = ("constant", "linear", "cosine")
 
 
-STORAGES = ("float32", "bf16")
 
 
 WARMUP = 0.1                    # the warm-up's share of the steps (a linear ramp from 0)
@@ -95,37 +94,24 @@ def learn_a(pair, seeds, steps=400, lr=0.1):
     return out
 
 
-def check_config(config):
-    """ValueError unless a phase-2 config names a known objective, storage and schedule, a learning rate
-    >= 0 and alpha in [0, 1]."""
-    if config["objective"] not in OBJECTIVES or config["storage"] not in STORAGES:
-        raise ValueError(f"config {config}: objective must be one of {OBJECTIVES}, storage one of {STORAGES}")
-    if not 0.0 <= float(config["alpha"]) <= 1.0:
-        raise ValueError(f"config {config}: alpha must lie in [0, 1]")
-    learning_rates(config["lr"], config["schedule"], config["warmup"], 1)
-
-
 def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, seed=0):
-    """Phase 2 for every run at once: runs is a list of (config, seed); config has lr, schedule, warmup,
-    alpha, objective, clip, storage. W_start {seed: W (n, d)} from :func:`learn_a`. Returns one row per
+    """Phase 2 for every run at once: runs is a list of (``configs.ContinualConfig``, seed). W_start {seed: W (n, d)} from :func:`learn_a`. Returns one row per
     run: the config, seed, forgetting, quality (KL per position to the objective's target on B),
     kl_arithmetic_b, sparsity, sparsity_bf16, loss_a before and after."""
     B, R = pair.B, len(runs)
     configs = [c for c, _ in runs]
-    for c in configs:
-        check_config(c)
-    bf16 = torch.tensor([c["storage"] == "bf16" for c in configs])
+    bf16 = torch.tensor([c.storage == "bf16" for c in configs])
     W0 = torch.stack([W_start[s] for _, s in runs])
     W0 = torch.where(bf16[:, None, None], round_bf16(W0), W0)
     W = W0.clone()
     m, v = torch.zeros_like(W), torch.zeros_like(W)
-    lrs = torch.as_tensor(np.stack([learning_rates(c["lr"], c["schedule"], c["warmup"], steps) for c in configs]),
+    lrs = torch.as_tensor(np.stack([learning_rates(c.lr, c.schedule, c.warmup, steps) for c in configs]),
                           dtype=torch.float32)                                          # (R, steps)
-    clip = torch.tensor([bool(c["clip"]) for c in configs])
+    clip = torch.tensor([c.clip for c in configs])
     row_run = torch.arange(R).repeat_interleave(batch)
-    alpha = torch.tensor([float(c["alpha"]) for c in configs])[row_run]
-    objective_of = np.array([c["objective"] for c in configs])[row_run.numpy()]
-    rows_of = {o: torch.as_tensor(np.nonzero(objective_of == o)[0]) for o in sorted(set(objective_of))}
+    alpha = torch.tensor([float(c.alpha) for c in configs])[row_run]
+    objective_of = np.array([c.objective for c in configs])[row_run.numpy()]
+    rows_of = partition_rows(objective_of)
     feats_b = pair.features[1]
     gen = torch.Generator().manual_seed(seed)
     for step in range(steps):
@@ -134,16 +120,9 @@ def distil_loglinear(pair, runs, W_start, steps=150, batch=32, clip_norm=1.0, se
         b = rollouts(B, lambda h, s, _tok: table.detach()[row_run, s], alpha, False, R * batch, gen,
                        labels="sft" in rows_of)
         logits = table[row_run[:, None], b.states]                                      # (N, H, n) log-probs
-        per_run = torch.zeros(R)
-        for objective, idx in rows_of.items():
-            sub = Batch(**{k: getattr(b, k)[idx] for k in Batch.__dataclass_fields__})
-            pos = position_losses(objective, logits[idx], sub, B, False, groups=row_run[idx])
-            per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
-        (grad,) = torch.autograd.grad(per_run.sum(), Wg)
-        grad = grad.nan_to_num(0.0, 0.0, 0.0)
-        norms = grad.flatten(1).norm(dim=1)
-        scale = torch.where(clip, clip_scale(norms, clip_norm), torch.ones_like(norms))
-        grad = grad * scale[:, None, None]
+        per_run = per_run_losses(R, row_run, rows_of, lambda objective, idx: position_losses(
+            objective, logits[idx], b.take(idx), B, False, groups=row_run[idx]), batch)
+        (grad,) = clip_per_run(torch.autograd.grad(per_run.sum(), Wg), clip_norm, active=clip)
         W = adam_step(W, grad, m, v, step + 1, lrs[:, step])
         W = torch.where(bf16[:, None, None], round_bf16(W), W)
     return _outcomes(pair, runs, W0, W)
@@ -166,10 +145,10 @@ def outcome_row(pair, config, seed, q_a_before, q_a_after, q_b, sparsity, sparsi
     the config, seed, loss on A before and after, forgetting, quality (KL per position to the objective's
     target on B, on the student's rollouts), kl_arithmetic_b, accuracy_b and the two sparsities."""
     A, B = pair.A, pair.B
-    out = (evaluate or Evaluator(B, fixed_points=False))(q_b, config)
+    out = (evaluate or Evaluator(B, fixed_points=False))(q_b, config.spectrum())
     before, after = loss_on(A, q_a_before), loss_on(A, q_a_after)
-    return dict(config, seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
-                quality=out[f"kl_{TARGET_OF[config['objective']]}"] / B.horizon,
+    return dict(config.as_dict(), seed=seed, loss_a_before=before, loss_a_after=after, forgetting=after - before,
+                quality=out[f"kl_{TARGET_OF[config.objective]}"] / B.horizon,
                 kl_arithmetic_b=out["kl_arithmetic"] / B.horizon, accuracy_b=out["accuracy"],
                 sparsity=float(sparsity), sparsity_bf16=float(sparsity_bf16))
 
@@ -182,7 +161,7 @@ def neural_student(pair, seed, steps=300, batch=64, lr=3e-3):
     model = tiny_model("qwen2", vocab_size=n + 2, seed=seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(6000 + seed)
-    config = dict(objective="fkl", alpha=0.0, switch=False, importance=False, clip=True)
+    config = SpectrumConfig("fkl", clip=True)
     for _ in range(steps):
         neural_step(model, opt, pair.A, config, batch, gen, bos=n)
     return model
@@ -192,11 +171,10 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
     """Phase 2 for one neural run from the phase-1 model ``start`` (copied): the config's learning-rate
     schedule, objective, alpha, clipping and storage on task B (first token n + 1). Returns the outcome
     row as :func:`distil_loglinear` does."""
-    check_config(config)
     A, B = pair.A, pair.B
     n = A.teachers.n
     model = copy.deepcopy(start)
-    bf16 = config["storage"] == "bf16"
+    bf16 = config.storage == "bf16"
     params = list(model.parameters())
     with torch.no_grad():
         if bf16:
@@ -204,11 +182,10 @@ def distil_neural(pair, config, seed, start, steps=150, batch=32):
                 p.copy_(round_bf16(p))
     theta0 = torch.cat([p.detach().flatten() for p in params]).clone()
     table_a0 = student_table(model, A, bos=n)
-    opt = torch.optim.Adam(params, lr=config["lr"], betas=BETAS, eps=EPS)
+    opt = torch.optim.Adam(params, lr=config.lr, betas=BETAS, eps=EPS)
     gen = torch.Generator().manual_seed(7000 + seed)
-    spectrum = dict(objective=config["objective"], alpha=config["alpha"], switch=False, importance=False,
-                    clip=config["clip"])
-    for step, lr in enumerate(learning_rates(config["lr"], config["schedule"], config["warmup"], steps)):
+    spectrum = config.spectrum()
+    for step, lr in enumerate(learning_rates(config.lr, config.schedule, config.warmup, steps)):
         for group in opt.param_groups:
             group["lr"] = float(lr)
         neural_step(model, opt, B, spectrum, batch, gen, bos=n + 1)

@@ -33,8 +33,7 @@ class Evaluator:
         self._cache = {}
 
     def _table(self, kind, config):
-        key = (kind, config["objective"], float(config.get("alpha", 0.0)), bool(config.get("switch")),
-               bool(config.get("importance")))
+        key = (kind, config.objective, float(config.alpha), config.switch, config.importance)
         if key not in self._cache:
             self._cache[key] = (fixed_point(self.task, config) if kind == "fixed_point" else
                                 None if key[3] else sft_fixed_point(self.task, key[2]))
@@ -42,13 +41,13 @@ class Evaluator:
 
     def __call__(self, log_q, config=None):
         """log_q (H, S, n): KL_seq(q || P) per response on q's own rollouts for every target P, and with a
-        spectrum ``config``: kl_sft (SFT's fixed point at its alpha; NaN for the switch variant or another
+        ``configs.SpectrumConfig``: kl_sft (SFT's fixed point at its alpha; NaN for the switch variant or another
         objective) and kl_fixed_point (the config's derived fixed point; NaN where none); ``accuracy``
         the probability of the correct first token."""
         t, H = self.task.teachers, self.task.horizon
         tables = dict(self.tables)
         if config is not None:
-            tables["sft"] = self._table("sft", config) if config["objective"] == "sft" else None
+            tables["sft"] = self._table("sft", config) if config.objective == "sft" else None
             tables["fixed_point"] = self._table("fixed_point", config) if self.fixed_points else None
         occ = ag.policy_occupancy(t, H, log_q)[:H, :, None]                # q's occupancy, once for every target
         q = np.exp(log_q)
@@ -59,8 +58,8 @@ class Evaluator:
 
 
 def _outcome_row(config, seed, step, loss, evaluation, **extra):
-    named = TARGET_OF[config["objective"]]
-    return dict(config, seed=seed, step=step, loss=loss, kl_named=evaluation.get(f"kl_{named}", math.nan)
+    named = TARGET_OF[config.objective]
+    return dict(config.as_dict(), seed=seed, step=step, loss=loss, kl_named=evaluation.get(f"kl_{named}", math.nan)
                 if named else math.nan, **extra, **evaluation)
 
 

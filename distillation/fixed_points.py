@@ -164,15 +164,14 @@ def _step_occupancy(t, d, q):
 
 
 def fixed_point(task, config):
-    """The derived fixed point (H, S, n) of a tabular student under one spectrum configuration, or None
+    """The derived fixed point (H, S, n) of a tabular student under one ``configs.SpectrumConfig``, or None
     where none is derived: fkl -> A and rkl -> l (any sampling); sft -> :func:`sft_fixed_point`; k2, k3,
     k3-teacher -> :func:`estimator_fixed_point`; pg0 / pg1 on the student's samples (or with the
     sequence-level importance weights) -> l / g. None for k1 (no stable point: its expected gradient on
     the teachers' samples pushes q away from their token distribution), for the policy gradients on
     unweighted teacher samples (the leave-one-out baseline couples the states) and for the switch
     variant of the sampled-token objectives."""
-    obj, alpha = config["objective"], float(config.get("alpha", 0.0))
-    switch, importance = bool(config.get("switch")), bool(config.get("importance"))
+    obj, alpha, switch, importance = config.objective, float(config.alpha), config.switch, config.importance
     if obj in ("fkl", "rkl"):
         return target_table(task, TARGET_OF[obj])
     if switch or obj == "k1":

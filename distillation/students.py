@@ -46,6 +46,21 @@ def clip_scale(norms, clip_norm):
     return (clip_norm / norms.clamp(min=1e-12)).clamp(max=1.0)
 
 
+def clip_per_run(grads, clip_norm, active=None):
+    """Each run's gradient clipped to global norm ``clip_norm``: grads a list of (R, ...) tensors (one per
+    parameter, run axis first), NaN entries set to 0, each run's entries scaled by min(1, clip_norm / |g_r|)
+    where ``active`` (R,) bool (default: every run). Returns the scaled list."""
+    grads = [g.nan_to_num(0.0, 0.0, 0.0) for g in grads]
+    if len(grads) == 1:
+        norms = grads[0].flatten(1).norm(dim=1)
+    else:
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
+    scale = clip_scale(norms, clip_norm)
+    if active is not None:
+        scale = torch.where(active, scale, torch.ones_like(scale))
+    return [g * scale.view(-1, *[1] * (g.ndim - 1)) for g in grads]
+
+
 def student_table(model, task, bos=None):
     """The neural student's conditionals at every state of a prefix-tree task, as a tabular policy
     (H, S, n) log-probs (each state is reached by one prefix); ``bos`` the first input token (default n,
@@ -86,8 +101,7 @@ class LogLinearStudents:
 
     def step(self, loss):
         """One update from ``loss`` (the sum of the runs' losses, built from the last :meth:`tables`)."""
-        (grad,) = torch.autograd.grad(loss, self._W)
-        grad = grad * clip_scale(grad.flatten(1).norm(dim=1), self.clip_norm)[:, None, None]
+        (grad,) = clip_per_run(torch.autograd.grad(loss, self._W), self.clip_norm)
         self.t += 1
         self.W = adam_step(self.W, grad, self.m, self.v, self.t, torch.full((self.W.shape[0],), self.lr))
 
@@ -143,11 +157,8 @@ class NeuralStudents:
 
     def step(self, loss):
         trained = [p for p in self.params.values() if p.requires_grad]
-        grads = torch.autograd.grad(loss, trained)
-        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads))
-        scale = clip_scale(norms, self.clip_norm)
-        for p, g in zip(trained, grads):
-            p.grad = g * scale.view(-1, *[1] * (g.ndim - 1))
+        for p, g in zip(trained, clip_per_run(torch.autograd.grad(loss, trained), self.clip_norm)):
+            p.grad = g
         self.opt.step()
 
     def log_probs(self):

@@ -18,58 +18,108 @@ import torch
 from llm_bridge.losses import forward_kl, kl_estimator_loss, reverse_kl, rkl_policy_gradient, token_log_probs
 
 from .evaluation import DIVERGED_LOGIT, TARGETS, Evaluator, _outcome_row
-from .students import clip_scale, student_table
+from .students import clip_per_run, student_table
 
 
 @dataclass
 class Batch:
-    """N sequences of H steps: states, tokens, whether the student generated each token, the generating
-    policy's log-prob of it, the teacher that generated (or, for student sequences, scores) each sequence,
-    and the SFT label of each position."""
+    """N sequences of H steps, as a sampler recorded them: states, tokens and mask (N, H) (True at the
+    positions a sequence reaches); the spectrum's sampler adds whether the student generated each token,
+    the generating policy's log-prob of it and the SFT label of each position (N, H), and the teacher
+    that generated (or, for student sequences, scores) each sequence (N,); the goal tasks' sampler adds
+    whether each sequence reached the goal (N,). Fields a sampler does not record are None."""
     states: torch.Tensor
     tokens: torch.Tensor
-    by_student: torch.Tensor
-    gen_logp: torch.Tensor
-    teacher: torch.Tensor
-    labels: torch.Tensor
     mask: torch.Tensor
+    by_student: torch.Tensor = None
+    gen_logp: torch.Tensor = None
+    labels: torch.Tensor = None
+    teacher: torch.Tensor = None
+    correct: torch.Tensor = None
+
+    def take(self, rows):
+        """The sequences ``rows`` (indices or a mask)."""
+        return Batch(**{k: None if v is None else v[rows] for k, v in vars(self).items()})
+
+    @staticmethod
+    def cat(parts):
+        """The sequences of several batches, in order."""
+        return Batch(**{k: None if getattr(parts[0], k) is None else torch.cat([getattr(p, k) for p in parts])
+                        for k in Batch.__dataclass_fields__})
+
+
+def sample(next_state, states, steps, policy, gen, finished, record=None):
+    """The one sampler of the finite-state tasks: N sequences from start ``states`` (N,) for ``steps``
+    steps on the machine ``next_state`` (S, n) (a negative entry ends a sequence).
+
+    At step h a sequence still running (not ``finished(h, states)``) draws its token from
+    ``policy(h, states, tokens)`` ((N, n) log-probs; ``tokens`` (N, h) the sequence so far) and moves on;
+    a finished one keeps its state (its draws are masked out). ``record(h, states, tokens, rows)`` returns
+    more per-step fields to keep (drawn after the token, in this order). Returns ({field: (N, steps)}
+    with states, tokens, mask and the recorded ones, the final states (N,))."""
+    N = states.shape[0]
+    rec = {"states": [], "tokens": [], "mask": []}
+    s = states
+    for h in range(steps):
+        alive = ~finished(h, s)
+        safe = s.clamp(min=0)
+        prefix = torch.stack(rec["tokens"], dim=1) if h else torch.zeros(N, 0, dtype=torch.long)
+        rows = policy(h, safe, prefix)
+        token = torch.multinomial(rows.exp(), 1, generator=gen)[:, 0]
+        for key, value in (("states", safe), ("tokens", token), ("mask", alive)):
+            rec[key].append(value)
+        for key, value in (record(h, safe, token, rows) if record else {}).items():
+            rec.setdefault(key, []).append(value)
+        s = torch.where(alive, next_state[safe, token], s)
+    return {k: torch.stack(v, dim=1) for k, v in rec.items()}, s
 
 
 def rollouts(task, student_logp, alpha, switch, n_sequences, gen, labels=True):
-    """Sample the batch. student_logp(h, states (N,), tokens (N, h)) -> (N, n) log-probs of the student at
-    step h (a tabular student reads the states, a neural one the tokens so far).
-    ``alpha`` (N,) or a float: the probability that a sequence is the student's; ``switch``: the teacher
-    writes up to a uniform position m in {0..H}, the student after (alpha is then ignored); ``labels``:
-    draw SFT's label for each student token (else the labels are the tokens)."""
-    t = task.teachers
+    """A training batch over the rollout spectrum (:func:`sample`). student_logp(h, states (N,), tokens
+    (N, h)) -> (N, n) log-probs of the student at step h (a tabular student reads the states, a neural one
+    the tokens so far). ``alpha`` (N,) or a float: the probability that a sequence is the student's;
+    ``switch``: the teacher writes up to a uniform position m in {0..H}, the student after (alpha is then
+    ignored); ``labels``: draw SFT's label for each student token from a teacher k ~ w (else the labels
+    are the tokens)."""
     N, H = n_sequences, task.horizon
     next_state, teacher_logp, _ = task.tensors
     teacher = torch.multinomial(torch.as_tensor(task.weights, dtype=torch.float32), N, replacement=True, generator=gen)
     if switch:
         m = torch.randint(0, H + 1, (N,), generator=gen)
-        student_seq = None
     else:
-        a = torch.as_tensor(alpha, dtype=torch.float32).expand(N)
-        student_seq = torch.rand(N, generator=gen) < a
-    s = torch.full((N,), t.start, dtype=torch.long)
-    alive = torch.ones(N, dtype=torch.bool)
-    rec = {k: [] for k in ("states", "tokens", "by_student", "gen_logp", "labels", "mask")}
-    for h in range(H):
-        safe = s.clamp(min=0)
-        by_student = (h >= m) if switch else student_seq
-        prefix = torch.stack(rec["tokens"], dim=1) if h else torch.zeros(N, 0, dtype=torch.long)
-        t_rows = teacher_logp[teacher, safe]                       # student tokens: a teacher labels the state
-        rows = torch.where(by_student[:, None], student_logp(h, safe, prefix), t_rows)
-        token = torch.multinomial(rows.exp(), 1, generator=gen)[:, 0]
-        label = torch.where(by_student, torch.multinomial(t_rows.exp(), 1, generator=gen)[:, 0], token) if labels \
-            else token
-        for key, value in (("states", safe), ("tokens", token), ("by_student", by_student),
-                           ("gen_logp", rows.gather(1, token[:, None])[:, 0]), ("labels", label), ("mask", alive)):
-            rec[key].append(value)
-        s = torch.where(alive, next_state[safe, token], s)
-        alive = alive & (s >= 0)
-    stack = {k: torch.stack(v, dim=1) for k, v in rec.items()}
-    return Batch(teacher=teacher, **stack)
+        student_seq = torch.rand(N, generator=gen) < torch.as_tensor(alpha, dtype=torch.float32).expand(N)
+
+    def by_student(h):
+        return (h >= m) if switch else student_seq
+
+    def policy(h, states, prefix):
+        return torch.where(by_student(h)[:, None], student_logp(h, states, prefix), teacher_logp[teacher, states])
+
+    def record(h, states, token, rows):
+        b = by_student(h)                                       # student tokens: a teacher labels the state
+        label = torch.where(b, torch.multinomial(teacher_logp[teacher, states].exp(), 1, generator=gen)[:, 0],
+                            token) if labels else token
+        return {"by_student": b, "gen_logp": rows.gather(1, token[:, None])[:, 0], "labels": label}
+    start = torch.full((N,), task.teachers.start, dtype=torch.long)
+    fields, _ = sample(next_state, start, H, policy, gen, lambda h, s: s < 0, record)
+    return Batch(teacher=teacher, **fields)
+
+
+def partition_rows(keys):
+    """{key: the rows (a LongTensor) whose key it is}, keys in sorted order: the sub-batches of a batch
+    whose rows belong to runs with different objectives."""
+    keys = np.asarray(keys)
+    return {k: torch.as_tensor(np.nonzero(keys == k)[0]) for k in sorted(set(keys.tolist()))}
+
+
+def per_run_losses(n_runs, row_run, parts, position_loss, batch):
+    """(n_runs,) float32: each run's loss, the sum over its rows of ``position_loss(key, rows)`` ((len(rows),
+    H) per-position losses of the sub-batch ``rows``) divided by ``batch``, for every ``key, rows`` of
+    ``parts`` (:func:`partition_rows`); ``row_run`` (N,) the run of each row."""
+    per_run = torch.zeros(n_runs)
+    for key, rows in parts.items():
+        per_run = per_run.index_add(0, row_run[rows], position_loss(key, rows).sum(1).float() / batch)
+    return per_run
 
 
 def position_losses(objective, logits, batch, task, importance=False, groups=None):
@@ -110,7 +160,7 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
     """Train one tabular student per (config, seed), all at once: theta (R, H, S, n), Adam (elementwise,
     so the runs stay independent), gradient norm clipped per run when the config says ``clip``.
 
-    configs: list of dicts with ``objective``, ``alpha``, ``switch``, ``importance``, ``clip``. Returns
+    configs: a list of ``configs.SpectrumConfig``. Returns
     a tidy DataFrame: one row per run and evaluation step with the config, seed, step, loss and the
     exact outcomes of :class:`Evaluator` (KL to every target, ``kl_named`` to the objective's nominal
     target, ``kl_fixed_point`` to the configuration's derived fixed point unless ``fixed_points`` is
@@ -124,15 +174,15 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
     with torch.no_grad():
         theta.normal_(0.0, 0.1, generator=gen)
     opt = torch.optim.Adam([theta], lr=lr)
-    clip = torch.tensor([bool(c.get("clip", False)) for c, _ in runs])
+    clip = torch.tensor([c.clip for c, _ in runs])
     # rows: ``batch`` sequences per run, the plain runs' first and the switch-point runs' after them
-    switch = torch.tensor([bool(c.get("switch")) for c, _ in runs])
+    switch = torch.tensor([c.switch for c, _ in runs])
     row_run = torch.cat([torch.nonzero(~switch)[:, 0], torch.nonzero(switch)[:, 0]]).repeat_interleave(batch)
     n_plain = int((~switch).sum()) * batch
-    alpha = torch.tensor([float(c.get("alpha", 0.0)) for c, _ in runs])[row_run[:n_plain]]
-    weighted = torch.tensor([bool(c.get("importance")) for c, _ in runs])[row_run]
-    objective_of = np.array([c["objective"] for c, _ in runs])[row_run.numpy()]
-    rows_of = {obj: torch.as_tensor(np.nonzero(objective_of == obj)[0]) for obj in sorted(set(objective_of))}
+    alpha = torch.tensor([float(c.alpha) for c, _ in runs])[row_run[:n_plain]]
+    weighted = torch.tensor([c.importance for c, _ in runs])[row_run]
+    objective_of = np.array([c.objective for c, _ in runs])[row_run.numpy()]
+    rows_of = partition_rows(objective_of)
     sft = "sft" in rows_of                                    # draw SFT's labels only when a run needs them
     rows = []
 
@@ -163,23 +213,15 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
         parts = [rollouts(task, student_logp(slice(0, n_plain)), alpha, False, n_plain, gen, sft)] if n_plain else []
         if n_plain < R * batch:
             parts.append(rollouts(task, student_logp(slice(n_plain, None)), 0.0, True, R * batch - n_plain, gen, sft))
-        b = parts[0] if len(parts) == 1 else Batch(**{k: torch.cat([getattr(p, k) for p in parts])
-                                                     for k in Batch.__dataclass_fields__})
+        b = Batch.cat(parts)
         h_idx = torch.arange(H).expand(R * batch, H)
         logits = theta[row_run[:, None], h_idx, b.states]                              # (N, H, n)
-        per_run = torch.zeros(R)
-        for objective, idx in rows_of.items():
-            sub = Batch(**{k: getattr(b, k)[idx] for k in Batch.__dataclass_fields__})
-            pos = position_losses(objective, logits[idx], sub, task, weighted[idx], groups=row_run[idx])
-            per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
+        per_run = per_run_losses(R, row_run, rows_of, lambda objective, idx: position_losses(
+            objective, logits[idx], b.take(idx), task, weighted[idx], groups=row_run[idx]), batch)
         opt.zero_grad()
         per_run.sum().backward()
         with torch.no_grad():
-            g = theta.grad
-            g.nan_to_num_(0.0, 0.0, 0.0)
-            norms = g.flatten(1).norm(dim=1)
-            scale = torch.where(clip, clip_scale(norms, clip_norm), torch.ones_like(norms))
-            g.mul_(scale[:, None, None, None])
+            (theta.grad,) = clip_per_run([theta.grad], clip_norm, active=clip)
         opt.step()
         losses = per_run.detach().numpy()
     return pd.DataFrame(rows)
@@ -196,14 +238,13 @@ def neural_step(model, opt, task, config, batch, gen, clip_norm=1.0, bos=None):
         ids = torch.cat([torch.full((tokens.shape[0], 1), bos, dtype=torch.long), tokens], dim=1)
         with torch.no_grad():
             return torch.log_softmax(model(input_ids=ids).logits[:, -1, :n].float(), -1)
-    b = rollouts(task, student_logp, config.get("alpha", 0.0), bool(config.get("switch")), batch, gen,
-                 labels=config["objective"] == "sft")
+    b = rollouts(task, student_logp, config.alpha, config.switch, batch, gen, labels=config.objective == "sft")
     inputs = torch.cat([torch.full((batch, 1), bos, dtype=torch.long), b.tokens[:, :-1]], dim=1)
     logits = model(input_ids=inputs).logits[..., :n]
-    loss = position_losses(config["objective"], logits, b, task, bool(config.get("importance"))).sum(1).mean()
+    loss = position_losses(config.objective, logits, b, task, config.importance).sum(1).mean()
     opt.zero_grad()
     loss.backward()
-    if config.get("clip"):
+    if config.clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     opt.step()
     return float(loss.detach())

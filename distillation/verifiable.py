@@ -7,7 +7,6 @@ student generated. An offline method pays for its pool of teacher traces once, b
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -16,43 +15,20 @@ from llm_bridge.losses import forward_kl, reverse_kl
 
 from .evaluation import evaluate
 from .tasks import GOAL
+from .training import Batch, partition_rows, per_run_losses, sample
 
-
-ROLLOUTS = ("offline", "on-policy")
-
-
-OBJECTIVES = ("fkl", "rkl")
-
-
-@dataclass
-class Traces:
-    """N responses: states, tokens, mask (N, H) (True at the positions before the goal and the
-    horizon), whether each reached the goal (N,)."""
-    states: torch.Tensor
-    tokens: torch.Tensor
-    mask: torch.Tensor
-    correct: torch.Tensor
-
-    def take(self, idx):
-        return Traces(self.states[idx], self.tokens[idx], self.mask[idx], self.correct[idx])
+LOSSES = {"fkl": forward_kl, "rkl": reverse_kl}           # a goal-task method's objective -> its loss
 
 
 def rollouts(task, tables, starts, gen, horizon=None):
-    """Sample one response per row: tables (N, S, n) log-probs of the policy generating each row, starts
-    (N,). Responses are padded to ``horizon`` (default the longest of the rows)."""
-    next_state = torch.as_tensor(task.next_state)
+    """One response per row (``training.sample``): tables (N, S, n) log-probs of the policy generating each
+    row, starts (N,); a response ends at the goal or at its context's horizon, and is padded to
+    ``horizon`` (default the longest of the rows). Returns a ``training.Batch`` with ``correct``."""
     H = torch.as_tensor(task.horizons(starts.numpy()))
-    steps = int(H.max()) if horizon is None else horizon
-    N = starts.shape[0]
-    s, rows = starts.clone(), torch.arange(N)
-    rec = {"states": [], "tokens": [], "mask": []}
-    for h in range(steps):
-        alive = (s != GOAL) & (h < H)
-        tok = torch.multinomial(tables[rows, s].exp(), 1, generator=gen)[:, 0]
-        for key, value in (("states", s), ("tokens", tok), ("mask", alive)):
-            rec[key].append(value)
-        s = torch.where(alive, next_state[s, tok], s)
-    return Traces(**{k: torch.stack(v, dim=1) for k, v in rec.items()}, correct=s == GOAL)
+    rows = torch.arange(starts.shape[0])
+    fields, last = sample(torch.as_tensor(task.next_state), starts.clone(), int(H.max()) if horizon is None else horizon,
+                          lambda h, s, _tokens: tables[rows, s], gen, lambda h, s: (s == GOAL) | (h >= H))
+    return Batch(**fields, correct=last == GOAL)
 
 
 def _id_starts(task, size, gen):
@@ -71,7 +47,7 @@ def teacher_traces(task, size, gen):
 
 def _record(task, students, runs, stage, step, costs):
     out = evaluate(task, students.log_probs())
-    return [dict(method, seed=s, stage=stage, step=step, teacher_tokens=int(costs[0][r]),
+    return [dict(method.as_dict(), seed=s, stage=stage, step=step, teacher_tokens=int(costs[0][r]),
                  student_tokens=int(costs[1][r]), **{k: float(v[r]) for k, v in out.items()})
             for r, (method, s) in enumerate(runs)]
 
@@ -87,28 +63,22 @@ def checkpoints(steps, per_decade=10):
 
 def distil(task, runs, students, steps=300, batch=32, seed=0):
     """Distil every run at once (``students`` one per run, trained in place): runs is a list of (method,
-    seed), method a dict with ``objective`` (fkl, rkl, or '': no distillation), ``rollouts`` (offline:
+    seed), method a ``configs.Method`` with ``objective`` (fkl, rkl, or '': no distillation), ``rollouts`` (offline:
     minibatches from a pool of ``pool`` teacher traces drawn once per seed and shared by that seed's
     offline methods; on-policy: the student's own responses) and ``pool``. Returns (rows of the exact
     outcomes at the :func:`checkpoints` with the cumulative costs, the final costs (teacher_tokens,
     student_tokens) (R,))."""
-    for method, _ in runs:
-        if method["objective"] not in ("",) + OBJECTIVES or (method["objective"] and method["rollouts"] not in ROLLOUTS):
-            raise ValueError(f"method {method}: objective must be one of {('',) + OBJECTIVES} and rollouts one of "
-                             f"{ROLLOUTS}")
-        if method["objective"] and method["rollouts"] == "offline" and not method["pool"] >= 1:
-            raise ValueError(f"method {method}: an offline method needs a pool of at least 1 trace")
     R = len(runs)
     gen = torch.Generator().manual_seed(seed)
-    offline = [r for r, (m, _) in enumerate(runs) if m["objective"] and m["rollouts"] == "offline"]
-    online = [r for r, (m, _) in enumerate(runs) if m["objective"] and m["rollouts"] == "on-policy"]
+    offline = [r for r, (m, _) in enumerate(runs) if m.offline]
+    online = [r for r, (m, _) in enumerate(runs) if m.on_policy]
     pools = {}
     teacher_tokens, student_tokens = np.zeros(R), np.zeros(R)
     for r in offline:
         method, s = runs[r]
-        key = (s, method["pool"])
+        key = (s, method.pool)
         if key not in pools:
-            pools[key] = teacher_traces(task, method["pool"], torch.Generator().manual_seed(10_000 + s))
+            pools[key] = teacher_traces(task, method.pool, torch.Generator().manual_seed(10_000 + s))
         teacher_tokens[r] = task.K * float(pools[key].mask.sum())      # generated and scored once, up front
     lp = torch.as_tensor(task.teacher_logp, dtype=torch.float32)
     w = torch.as_tensor(task.weights)
@@ -123,7 +93,7 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
         parts, owner = [], []
         for r in offline:
             method, s = runs[r]
-            pool = pools[(s, method["pool"])]
+            pool = pools[(s, method.pool)]
             parts.append(pool.take(torch.randint(pool.mask.shape[0], (batch,), generator=gen)))
             owner.append(r)
         if online:
@@ -134,18 +104,13 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
             teacher_tokens[online] += task.K * lengths
             parts.append(b)
             owner.extend(online)
-        tr = Traces(*(torch.cat([getattr(p, f) for p in parts]) for f in ("states", "tokens", "mask", "correct")))
+        tr = Batch.cat(parts)
         row_run = torch.as_tensor(owner).repeat_interleave(batch)
         logits = table[row_run[:, None], tr.states]                                       # (N, H, n)
         lp_rows = lp[:, tr.states]                                                        # (K, N, H, n)
-        fkl = np.array([runs[r][0]["objective"] == "fkl" for r in owner]).repeat(batch)
-        per_run = torch.zeros(R)
-        for use, loss in ((fkl, forward_kl), (~fkl, reverse_kl)):
-            idx = torch.as_tensor(np.nonzero(use)[0])
-            if len(idx):
-                pos = loss(logits[idx], lp_rows[:, idx], w, tr.mask[idx], reduction="none", metrics=False)[0]
-                per_run = per_run.index_add(0, row_run[idx], pos.sum(1).float() / batch)
-        students.step(per_run.sum())
+        objective_of = np.array([runs[r][0].objective for r in owner]).repeat(batch)
+        students.step(per_run_losses(R, row_run, partition_rows(objective_of), lambda objective, idx: LOSSES[objective](
+            logits[idx], lp_rows[:, idx], w, tr.mask[idx], reduction="none", metrics=False)[0], batch).sum())
         if step in record_at:
             rows += _record(task, students, runs, "distil", step, (teacher_tokens, student_tokens))
     return rows, (teacher_tokens, student_tokens)

@@ -35,6 +35,7 @@ import pandas as pd  # noqa: E402
 import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import continual, tasks  # noqa: E402
+from distillation.configs import SCHEDULES, STORAGES, ContinualConfig  # noqa: E402
 
 EXPERIMENTS = ("loglinear", "neural")
 DEFAULT_OUT = os.path.join("results", "forgetting")
@@ -51,12 +52,12 @@ SIZES = {                                    # default / --quick / --full
 }
 FACTORS = {
     "lr": (1e-4, 5.6e-4, 3.2e-3, 1.8e-2, 1e-1),
-    "schedule": continual.SCHEDULES,
+    "schedule": SCHEDULES,
     "warmup": (False, True),
     "alpha": (0.0, 0.5, 1.0),
     "objective": ("fkl", "rkl", "pg1"),
     "clip": (False, True),
-    "storage": continual.STORAGES,
+    "storage": STORAGES,
 }
 QUICK = dict(FACTORS, lr=(1e-3, 1e-1), schedule=("constant", "cosine"), alpha=(0.0, 1.0), objective=("fkl", "rkl"))
 NEURAL = dict(FACTORS, schedule=("constant", "cosine"), warmup=(False,), alpha=(0.0, 1.0), objective=("fkl", "rkl"),
@@ -68,9 +69,10 @@ FLOOR = 1e-6                                 # log10(max(value, FLOOR)) for the 
 
 
 def grid(factors):
-    """Every combination of the factors' levels, as config dicts."""
+    """Every combination of the factors' levels, as configurations."""
     names = list(factors)
-    return [dict(zip(names, values)) for values in itertools.product(*(factors[n] for n in names))]
+    return [ContinualConfig.from_dict(dict(zip(names, values)))
+            for values in itertools.product(*(factors[n] for n in names))]
 
 
 def cells_for(size, mode, only, base_seed=0):

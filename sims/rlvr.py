@@ -38,6 +38,7 @@ import pandas as pd  # noqa: E402
 import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
+from distillation.configs import Method  # noqa: E402
 from distillation.students import STUDENTS  # noqa: E402
 
 EXPERIMENTS = ("shared", "unshared")              # the conditions
@@ -56,17 +57,17 @@ SIZES = {                                    # default / --quick / --full
 }
 CONDITIONS = {"shared": dict(signal=1.0), "unshared": dict(signal=0.0)}
 METHODS = (
-    dict(method="offline FKL", objective="fkl", rollouts="offline", pool=1024),
-    dict(method="offline FKL, 256 traces", objective="fkl", rollouts="offline", pool=256),
-    dict(method="offline FKL, 4096 traces", objective="fkl", rollouts="offline", pool=4096),
-    dict(method="offline RKL", objective="rkl", rollouts="offline", pool=1024),
-    dict(method="on-policy FKL", objective="fkl", rollouts="on-policy", pool=0),
-    dict(method="on-policy RKL", objective="rkl", rollouts="on-policy", pool=0),
-    dict(method="no distillation", objective="", rollouts="", pool=0),
+    Method("offline FKL", "fkl", "offline", 1024),
+    Method("offline FKL, 256 traces", "fkl", "offline", 256),
+    Method("offline FKL, 4096 traces", "fkl", "offline", 4096),
+    Method("offline RKL", "rkl", "offline", 1024),
+    Method("on-policy FKL", "fkl", "on-policy"),
+    Method("on-policy RKL", "rkl", "on-policy"),
+    Method("no distillation"),
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
-                   "neural": tuple(m for m in METHODS if m["pool"] in (0, 1024))}
+                   "neural": tuple(m for m in METHODS if m.pool in (0, 1024))}
 TRAINING = dict(batch=32, contexts=8, group=8)
 LEARNING_RATES = {"loglinear": (0.03, 0.03), "neural": (3e-3, 1e-3)}   # (distillation, RL): Adam
 

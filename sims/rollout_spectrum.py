@@ -35,6 +35,7 @@ import pandas as pd  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
 from distillation import evaluation, fixed_points, tasks, training  # noqa: E402
+from distillation.configs import SpectrumConfig  # noqa: E402
 
 EXPERIMENTS = ("tabular", "neural", "robustness", "theory")
 DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
@@ -68,9 +69,9 @@ def spectrum_configs(alphas, objectives=fixed_points.OBJECTIVES, clip=False, swi
             for a in alphas:
                 if imp and a == 1.0:
                     continue                      # student samples: importance weights are all 1
-                out.append(dict(objective=obj, alpha=float(a), switch=False, importance=imp, clip=clip))
+                out.append(SpectrumConfig(obj, float(a), importance=imp, clip=clip))
             if switch:
-                out.append(dict(objective=obj, alpha=float("nan"), switch=True, importance=imp, clip=clip))
+                out.append(SpectrumConfig(obj, float("nan"), switch=True, importance=imp, clip=clip))
     return out
 
 
@@ -126,7 +127,7 @@ def run_tabular(cell):
 
 def run_neural(cell):
     task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
-    config = dict(objective=cell["objective"], alpha=cell["alpha"], switch=False, importance=False, clip=True)
+    config = SpectrumConfig(cell["objective"], cell["alpha"], clip=True)
     frames = [training.train_neural(task, config, seed, steps=cell["steps"], batch=BATCH, lr=NEURAL_LR,
                              eval_every=max(cell["steps"] // 4, 1)) for seed in cell["seeds"]]
     return pd.concat(frames, ignore_index=True).assign(K=cell["K"], task=task.name, horizon=task.horizon)

@@ -1,28 +1,45 @@
-"""The three mechanisms (SPEC 1-3, claims T6-T8) through sims/mechanisms.py: SPEC values, learned
-values against the exact targets, the random prefix-bias family, and the command line."""
+"""The theory's closed forms (learners/closed_forms.py) pinned from SPEC 1-3, and the learned values of
+learners/online.py approaching them at the rate of SPEC 3."""
 
 import math
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 
 import aggregation as ag
-from aggregation import examples
-from harness import cell_seeds, sizes
-from harness.storage import FLOAT_FORMAT
 import analysis
+from aggregation import examples
+from harness import cell_seeds
 from learners import closed_forms, names, online
-
 from sims import mechanisms as M
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "sims", "mechanisms.py")
 Z = 4.0          # tolerance in s.d. of the mean over seeds (the seeds are fixed: this is a margin, not a p-value)
+
+
+# ------------------------------------------------------------------------------------------------
+# theory values pinned from SPEC 3
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, T, value", [(2, 10, 1.7362), (2, 1000, 4.0264), (3, 1000, 7.6014), (4, 300, 9.1318)])
+def test_kt_worst_case_spec_values(n, T, value):
+    assert closed_forms.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
+
+
+@pytest.mark.parametrize("n, T, value", [(2, 1000, 3.6964), (3, 1000, 6.9473)])
+def test_shtarkov_spec_values_and_kt_gap(n, T, value):
+    log_c = closed_forms.shtarkov_log_complexity(T, n)
+    assert log_c == pytest.approx(value, abs=5e-5)
+    gap = closed_forms.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
+    assert 0 < gap < (n - 1) / 2 * math.log(2)
+
+
+@pytest.mark.parametrize("e, c", [(0.1, 0.6035), (1e-2, 2.6394), (1e-3, 5.963), (1e-4, 10.604), (1e-6, 23.859)])
+def test_alternating_constant_spec_values(e, c):
+    assert closed_forms.alternating_constant(e) == pytest.approx(c, abs=6e-4)
+    lp = np.log([[1 - e, e], [e, 1 - e]])
+    assert closed_forms.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(closed_forms.alternating_constant(e), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,62 +272,3 @@ def test_prefix_learner_sd_against_monte_carlo_over_seeds():
     lc = np.log(np.asarray(cont1))
     local = ag.geometric_pool(np.asarray(cont1), np.asarray(w1))
     assert np.allclose((lc - np.asarray(w1) @ lc) @ local, 0.0, atol=1e-12)
-
-
-# ------------------------------------------------------------------------------------------------
-# the sim: cells, determinism, command line
-# ------------------------------------------------------------------------------------------------
-def test_same_seed_same_rows_other_seed_differs():
-    size = sizes(M.SIZES, quick=True)
-    cell = next(c for c in M.cells_for("prefix-bias", size) if c["part"] == "learned")
-    a, b = M.run_cell(cell), M.run_cell(cell)
-    assert a.to_csv(float_format=FLOAT_FORMAT) == b.to_csv(float_format=FLOAT_FORMAT)
-    other = M.cells_for("prefix-bias", size, base_seed=1)
-    c = M.run_cell(next(x for x in other if x["part"] == "learned"))
-    assert not a.value.equals(c.value)
-    assert list(a.columns) == M.COLUMNS
-
-
-@pytest.mark.integration
-def test_quick_run_end_to_end_and_resume(quick_mechanisms, tmp_path):
-    out = tmp_path / "m"
-    shutil.copytree(quick_mechanisms, out)
-    for name in M.MECHANISMS:
-        df = pd.read_csv(out / f"{name}.csv")
-        assert list(df.columns) == M.COLUMNS
-        assert {"exact", "learned", "target"} <= set(df.part)
-        assert (out / "figures" / f"mechanism_{name}.png").exists()         # content: tests/test_figures.py
-        assert (out / "figures" / f"mechanism_{name}_learned.png").exists()
-    lp = pd.read_csv(out / "low-prob.csv")
-    spec = lp[(lp.part == "spec") & (lp.learner == "G")].set_index("x").value
-    assert spec[0.01] == pytest.approx(0.4833, abs=1e-4) and spec[0.0] == 0.0
-    pb = pd.read_csv(out / "prefix-bias.csv")
-    fam = pb[(pb.part == "random-family") & (pb.x == 0)]
-    assert len(fam) == len(M.PB_SIGMAS) and (fam.value == 0).all()
-    before = {name: (out / f"{name}.csv").read_bytes() for name in M.MECHANISMS}
-    again = subprocess.run([sys.executable, SCRIPT, "low-prob", "--quick", "--out", str(out), "--quiet",
-                            "--no-figures"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "resumed" in again.stderr
-    assert (out / "low-prob.csv").read_bytes() == before["low-prob"]
-
-
-@pytest.mark.parametrize("bad", [["nope"], ["all", "--seeds", "0"], ["--bogus"], ["low-prob", "prefix-bias"],
-                                 ["--base-seed", "x"], ["--out", ""]])
-def test_bad_arguments_exit_2_with_one_line(bad, capsys):
-    with pytest.raises(SystemExit) as exc:
-        M.parse_args(bad)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "error" in err[0]
-
-
-@pytest.mark.integration
-def test_bad_out_folder_exits_2_from_the_command_line(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    for out in (blocker, blocker / "sub"):
-        proc = subprocess.run([sys.executable, SCRIPT, "low-prob", "--quick", "--out", str(out)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "--out" in lines[0] and "Traceback" not in proc.stderr

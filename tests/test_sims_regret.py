@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+
 from conftest import assert_usage_error
 
 pytestmark = pytest.mark.integration

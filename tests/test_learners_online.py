@@ -1,4 +1,5 @@
-"""Regret learners (SPEC 3): closed forms, the FTL identity, slopes, kernel vs NumPy twin, bad input."""
+"""The online learners (learners/online.py) against closed forms and brute force, and their numba kernels
+against the NumPy twins (learners/_kernels.py, learners/_reference.py)."""
 
 import math
 
@@ -7,36 +8,9 @@ import pytest
 from scipy.special import gammaln, logsumexp
 
 import aggregation as ag
-from aggregation import examples
-from learners import _kernels
-from learners import _reference
-from harness import cell_seeds
 import analysis
-from learners import closed_forms
-from learners import online
-
-
-# ------------------------------------------------------------------------------------------------
-# theory values pinned from SPEC 3
-# ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("n, T, value", [(2, 10, 1.7362), (2, 1000, 4.0264), (3, 1000, 7.6014), (4, 300, 9.1318)])
-def test_kt_worst_case_spec_values(n, T, value):
-    assert closed_forms.kt_worst_case(T, n) == pytest.approx(value, abs=5e-5)
-
-
-@pytest.mark.parametrize("n, T, value", [(2, 1000, 3.6964), (3, 1000, 6.9473)])
-def test_shtarkov_spec_values_and_kt_gap(n, T, value):
-    log_c = closed_forms.shtarkov_log_complexity(T, n)
-    assert log_c == pytest.approx(value, abs=5e-5)
-    gap = closed_forms.kt_worst_case(T, n) - log_c                     # KT is minimax up to (n-1)/2 ln 2
-    assert 0 < gap < (n - 1) / 2 * math.log(2)
-
-
-@pytest.mark.parametrize("e, c", [(0.1, 0.6035), (1e-2, 2.6394), (1e-3, 5.963), (1e-4, 10.604), (1e-6, 23.859)])
-def test_alternating_constant_spec_values(e, c):
-    assert closed_forms.alternating_constant(e) == pytest.approx(c, abs=6e-4)
-    lp = np.log([[1 - e, e], [e, 1 - e]])
-    assert closed_forms.ftl_constant(lp, [0.5, 0.5]) == pytest.approx(closed_forms.alternating_constant(e), rel=1e-12)
+from aggregation import examples
+from learners import _kernels, _reference, closed_forms, online
 
 
 # ------------------------------------------------------------------------------------------------
@@ -302,33 +276,6 @@ def test_a_norm_projection_is_the_constrained_minimiser():
 
 
 # ------------------------------------------------------------------------------------------------
-# slope fit
-# ------------------------------------------------------------------------------------------------
-def test_fit_slope_on_synthetic_data():
-    t = analysis.log_grid(10**6)
-    exact = 3.0 + 1.25 * np.log(t)
-    s, lo, hi = analysis.fit_slope(t, exact)
-    assert s == pytest.approx(1.25, abs=1e-12) and lo == hi == s
-    rng = np.random.default_rng(0)
-    slopes = 1.25 + 0.1 * rng.normal(size=30)
-    noisy = 2.0 + slopes[:, None] * np.log(t)[None] + 0.01 * rng.normal(size=(30, t.size))
-    s, lo, hi = analysis.fit_slope(t, noisy)
-    assert lo < 1.25 < hi and hi - lo < 0.2
-    # only the last two decades count: a kink before 1e4 does not move the fit
-    kinked = np.where(t < 1e4, 10 * np.log(t), 10 * np.log(1e4) + 0.5 * (np.log(t) - np.log(1e4)))
-    assert analysis.fit_slope(t, kinked)[0] == pytest.approx(0.5, abs=1e-12)
-
-
-def test_log_grid_and_cell_seeds():
-    g = analysis.log_grid(1000)
-    assert g[0] == 1 and g[-1] == 1000 and np.all(np.diff(g) > 0)
-    assert analysis.log_grid(1234)[-1] == 1234
-    a, b = cell_seeds(0, "x", 3), cell_seeds(0, "x", 5)
-    assert np.array_equal(a, b[:3]) and len(set(b.tolist())) == 5
-    assert not np.array_equal(cell_seeds(0, "y", 3), a)
-
-
-# ------------------------------------------------------------------------------------------------
 # kernels vs their NumPy twins
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.nojit
@@ -538,144 +485,3 @@ def test_public_tracking_closed_forms_and_unchanged_results():
 def test_bad_input_raises_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
-
-
-# ------------------------------------------------------------------------------------------------
-# independent brute force: every response enumerated (no recursion shared with the kernels)
-# ------------------------------------------------------------------------------------------------
-def _responses(teachers, horizon):
-    """Every complete response from the start state (tokens, states visited), by enumeration."""
-    out = []
-
-    def walk(s, tokens, states):
-        if len(tokens) == horizon or s < 0:
-            out.append((tuple(tokens), tuple(states)))
-            return
-        for a in range(teachers.n):
-            walk(teachers.next_state[s, a], tokens + [a], states + [s])
-    walk(teachers.start, [], [])
-    return out
-
-
-def test_sequence_kl_of_l_to_g_on_the_prefix_bias_machine_by_enumeration():
-    """KL_seq(l || G_seq) = 0.30945 nats per response on SPEC row 1 with H = 5 (the per-round pseudo-regret
-    of the per-token learner), by summing over all 2^5 responses."""
-    teachers = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
-    w, H = np.array([0.5, 0.5]), 5
-    lp = teachers.log_probs
-    pooled = w[0] * lp[0] + w[1] * lp[1]
-    log_local = pooled - logsumexp(pooled, axis=1, keepdims=True)
-    ys = _responses(teachers, H)
-    log_lseq = np.array([sum(log_local[s, a] for a, s in zip(y, st)) for y, st in ys])
-    log_gseq = np.array([sum(pooled[s, a] for a, s in zip(y, st)) for y, st in ys])
-    log_gseq -= logsumexp(log_gseq)
-    brute = float(np.sum(np.exp(log_lseq) * (log_lseq - log_gseq)))
-    assert brute == pytest.approx(0.30945, abs=5e-6)
-    assert ag.sequence_kl(teachers, w, H, ag.local_geometric_conditionals(teachers, w)) == pytest.approx(brute, rel=1e-12)
-
-
-def test_sequence_kl_to_a_policy_array_and_policy_occupancy_by_enumeration():
-    """KL_seq(q || P) with P given as a step-dependent table, and q's occupancy, summed over every response."""
-    teachers = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
-    H, rng = 4, np.random.default_rng(0)
-    log_q = np.log(rng.dirichlet(np.ones(teachers.n), size=(H, teachers.S)))
-    log_p = np.log(rng.dirichlet(np.ones(teachers.n), size=(H, teachers.S)))
-    brute, occ = 0.0, np.zeros((H + 1, teachers.S))
-    for y, st in _responses(teachers, H):
-        lq = sum(log_q[h, s, a] for h, (a, s) in enumerate(zip(y, st)))
-        lp = sum(log_p[h, s, a] for h, (a, s) in enumerate(zip(y, st)))
-        brute += np.exp(lq) * (lq - lp)
-        for h, s in enumerate(st):
-            occ[h, s] += np.exp(lq)
-    assert ag.sequence_kl(teachers, None, H, log_q, target=log_p) == pytest.approx(brute, rel=1e-12)
-    np.testing.assert_allclose(ag.policy_occupancy(teachers, H, log_q)[:H], occ[:H], atol=1e-14)
-    with pytest.raises(ValueError, match="target must have shape"):
-        ag.sequence_kl(teachers, None, H, log_q, target=log_p[:, :1])
-
-
-@pytest.mark.parametrize("mode", ["sequence", "token"])
-def test_rkl_sequence_against_enumeration(mode):
-    """Each round's policy from its definition over whole responses (sequence mode: q(y) ∝ exp sum_h
-    rhat(s_h, y_h), the soft-optimal policy, without any backward recursion; token mode: per-state
-    softmax), its losses as sums over every response, the hindsight comparator as -T ln Z of the
-    empirical teacher mixture by enumeration; the random draws replayed from the same stream."""
-    teachers = examples.prefix_tree(2, 3, 2, seed=8)
-    w, H, T, seed = np.array([0.3, 0.7]), 3, 25, 4
-    res = online.rkl_sequence(teachers, w, H, mode, T, [seed], grid=np.arange(1, T + 1))
-    lp = teachers.log_probs
-    ys = _responses(teachers, H)
-    pooled = w @ lp.reshape(2, -1)
-    pooled = pooled.reshape(lp.shape[1:])
-    local = pooled - logsumexp(pooled, axis=1, keepdims=True)
-
-    def seq_logp(table, y, st):
-        return sum(table[s, a] for a, s in zip(y, st))
-    log_g = np.array([seq_logp(pooled, y, st) for y, st in ys])
-    log_g -= logsumexp(log_g)
-    rhat, seen, n_teacher = np.zeros(lp.shape[1:]), np.zeros(lp.shape[1:], int), np.zeros(2, int)
-    stream, loss, pseudo, token = _reference.Stream(online._seeds([seed])[0]), 0.0, 0.0, 0.0
-    want = []
-    for t in range(1, T + 1):
-        if mode == "sequence":
-            log_q = np.array([seq_logp(rhat, y, st) for y, st in ys])
-            log_q -= logsumexp(log_q)
-        else:
-            per_state = rhat - logsumexp(rhat, axis=1, keepdims=True)
-            log_q = np.array([seq_logp(per_state, y, st) for y, st in ys])
-        q = np.exp(log_q)
-        k = _reference._pick(np.cumsum(w), stream.uniform())
-        n_teacher[k] += 1
-        loss += float(q @ (log_q - [seq_logp(lp[k], y, st) for y, st in ys]))
-        pseudo += float(q @ (log_q - log_g))
-        # per-token regret: at every visited prefix, KL(q(.|prefix) || l(.|state)) weighted by q(prefix)
-        prefixes = {}
-        for (y, st), qy in zip(ys, q):
-            for h in range(len(y)):
-                prefixes.setdefault((y[:h], st[h]), np.zeros(teachers.n))[y[h]] += qy
-        for (_, s), mass in prefixes.items():
-            cond = mass / mass.sum()
-            token += float(np.sum(np.where(cond > 0, mass * (np.log(np.maximum(cond, 1e-300)) - local[s]), 0.0)))
-        # the rollout: token by token from q's conditionals, with the kernel's inverse-CDF rule
-        s, prefix = teachers.start, ()
-        for h in range(H):
-            mass = prefixes[(prefix, s)]
-            cond, u = mass / mass.sum(), stream.uniform()
-            a = int(np.searchsorted(np.cumsum(cond), u, side="right"))
-            a = min(a, teachers.n - 1)
-            seen[s, a] += 1
-            rhat[s, a] += (lp[k, s, a] - rhat[s, a]) / seen[s, a]
-            prefix, s = prefix + (a,), teachers.next_state[s, a]
-            if s < 0:
-                break
-        emp = (n_teacher / t) @ lp.reshape(2, -1)
-        emp = emp.reshape(lp.shape[1:])
-        log_z = logsumexp([seq_logp(emp, y, st) for y, st in ys])
-        want.append((loss + t * log_z, pseudo, token))
-    want = np.array(want).T
-    np.testing.assert_allclose(res["regret"][0], want[0], rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(res["pseudo"][0], want[1], rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(res["token"][0], want[2], rtol=1e-9, atol=1e-9)
-
-
-def test_rkl_tabular_regret_against_a_direct_hindsight_minimisation():
-    """The kernel's regret uses the closed form min_q sum_t KL(q || p_{k_t}) = -T lse(mean ln p_k);
-    here the minimum is found by scipy over the simplex instead."""
-    from scipy import optimize
-    lp = np.log(np.random.default_rng(9).dirichlet(np.ones(3), size=3))
-    w, T = np.array([0.2, 0.5, 0.3]), 30
-    res = online.rkl_tabular(lp, w, "sample", "1/t", T, [3], grid=np.arange(1, T + 1))
-    stream = _reference.Stream(online._seeds([3])[0])
-    ks = [_reference._pick(np.cumsum(w), stream.uniform()) for _ in range(T)]
-    loss = 0.0
-    for t, k in enumerate(ks):
-        theta = lp[ks[:t]].mean(axis=0) if t else np.zeros(3)
-        log_q = theta - logsumexp(theta)
-        loss += float(np.exp(log_q) @ (log_q - lp[k]))
-
-    def total(z):
-        log_q = z - logsumexp(z)
-        return sum(float(np.exp(log_q) @ (log_q - lp[k])) for k in ks)
-    best = min(optimize.minimize(total, x0, method="Nelder-Mead", options={"xatol": 1e-12, "fatol": 1e-14,
-                                                                           "maxiter": 20000}).fun
-               for x0 in (np.zeros(3), np.array([3.0, -1.0, 0.0])))
-    assert res["regret"][0, -1] == pytest.approx(loss - best, abs=1e-8)

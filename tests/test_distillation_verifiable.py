@@ -1,0 +1,101 @@
+"""Distillation and RL from a verifiable reward (distillation/verifiable.py) and the students it trains
+(distillation/students.py)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from distillation import tasks, verifiable
+from distillation.configs import Method
+from distillation.students import FeaturePolicy, LogLinearStudents, NeuralStudents, loglinear_tables
+
+
+@pytest.fixture(scope="module")
+def task():
+    return tasks.make_goal_task(0)
+
+
+# ------------------------------------------------------------------------------------------------
+# distillation and RL
+# ------------------------------------------------------------------------------------------------
+METHODS = [Method("offline FKL", "fkl", "offline", 128), Method("on-policy FKL", "fkl", "on-policy"),
+           Method("on-policy RKL", "rkl", "on-policy"), Method("none")]
+
+
+@pytest.fixture(scope="module")
+def distilled(task):
+    runs = [(m, 0) for m in METHODS]
+    students = LogLinearStudents(task, [0] * len(runs), lr=0.05)
+    W0 = students.W.clone()
+    rows, costs = verifiable.distil(task, runs, students, steps=250, batch=32)
+    return runs, W0, students.W, pd.DataFrame(rows), costs
+
+
+def test_distillation_counts_every_token(task, distilled):
+    runs, W0, W, rows, (teacher, student) = distilled
+    pool = verifiable.teacher_traces(task, 128, torch.Generator().manual_seed(10_000))
+    assert teacher[0] == task.K * int(pool.mask.sum()) and student[0] == 0         # paid once, up front
+    for r in (1, 2):
+        assert student[r] > 250 * 32 and teacher[r] == task.K * student[r]        # every student token scored
+    assert teacher[3] == student[3] == 0
+    assert torch.equal(W[3], W0[3])                                                 # no distillation: untouched
+    last = rows[rows.step == 250].set_index("method")
+    assert last.loc["offline FKL", "teacher_tokens"] == teacher[0]
+    assert last.loc["on-policy RKL", "student_tokens"] == student[2]
+
+
+@pytest.mark.parametrize("change", [dict(objective="sft"), dict(rollouts="online"), dict(pool=0), dict(size=3)])
+def test_methods_refuse_bad_fields_naming_them(change):
+    (name,) = change
+    with pytest.raises(ValueError, match=name):
+        Method.from_dict(dict(METHODS[0].as_dict(), **change))
+
+
+def test_distillation_reaches_each_objectives_target(distilled):
+    _, _, _, rows, _ = distilled
+    first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 250].set_index("method")
+    for method, near, far in (("offline FKL", "kl_arithmetic", "kl_local"), ("on-policy FKL", "kl_arithmetic", "kl_local"),
+                              ("on-policy RKL", "kl_local", "kl_arithmetic")):
+        assert last.loc[method, near] < 0.005 < 0.02 < last.loc[method, far], method
+        assert last.loc[method, near] < 0.02 * first.loc[method, near]
+
+
+def test_rl_with_equal_rewards_in_every_group_leaves_the_student_unchanged(task):
+    d = task.features.shape[1]
+    W = torch.zeros(1, task.n, d)
+    W[0, :, d - task.S:] = torch.as_tensor(60.0 * np.eye(task.n)[task.progress].T)   # one-hot(s) -> progress
+    runs = [(METHODS[-1], 0)]
+    assert tasks.success(task, loglinear_tables(W.double(), task.features).numpy(), task.id_starts).min() == 1.0
+    students = LogLinearStudents(task, [0])
+    students.W = W.clone()
+    rows = verifiable.reinforce(task, runs, students, (np.zeros(1), np.zeros(1)), steps=5, contexts=4, group=4)
+    assert torch.equal(students.W, W)                          # every response correct: zero advantage
+    last = rows[-1]                        # 5 steps of 16 responses, each as long as its start's level (1..4)
+    assert last["teacher_tokens"] == 0 and 5 * 16 <= last["student_tokens"] <= 5 * 16 * 4
+
+
+def test_rl_from_scratch_learns_the_task(task):
+    runs = [(METHODS[-1], s) for s in range(3)]
+    students = LogLinearStudents(task, [0, 1, 2], lr=0.05)
+    rows = pd.DataFrame(verifiable.reinforce(task, runs, students, (np.zeros(3), np.zeros(3)), steps=150))
+    before, after = rows[rows.step == 0].id_accuracy.to_numpy(), rows[rows.step == 150].id_accuracy.to_numpy()
+    assert (after > before + 0.3).all()
+    assert (rows[rows.step == 150].teacher_tokens == 0).all()
+
+
+def test_neural_students_vmap_equals_each_model_and_runs_stay_independent(task):
+    seeds = [0, 1, 2]
+    students = NeuralStudents(task, seeds, lr=3e-3)
+    features = torch.as_tensor(task.features, dtype=torch.float32)
+    with torch.no_grad():
+        one_by_one = torch.stack([FeaturePolicy(task, s)(features) for s in seeds])
+    torch.testing.assert_close(students.tables(), one_by_one, rtol=1e-5, atol=1e-6)
+    before = students.log_probs()
+    runs = [(METHODS[1], 0), (METHODS[-1], 1), (METHODS[2], 2)]          # on-policy FKL, none, on-policy RKL
+    rows = pd.DataFrame(verifiable.distil(task, runs, students, steps=80, batch=16)[0])
+    after = students.log_probs()
+    np.testing.assert_array_equal(after[1], before[1])                     # its loss is 0: Adam leaves it
+    first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 80].set_index("method")
+    assert last.loc["on-policy FKL", "kl_arithmetic"] < 0.3 * first.loc["on-policy FKL", "kl_arithmetic"]
+    assert last.loc["on-policy RKL", "kl_local"] < 0.3 * first.loc["on-policy RKL", "kl_local"]

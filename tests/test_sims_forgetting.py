@@ -1,0 +1,79 @@
+"""sims/forgetting.py end to end: the quick run, determinism, resume, figures, bad arguments."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from aggregation import examples
+from conftest import assert_usage_error, run_script
+from distillation import tasks
+
+
+# ------------------------------------------------------------------------------------------------
+# sims/forgetting.py end to end
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick_forgetting(quick_run):
+    return quick_run("forgetting")
+
+
+@pytest.mark.integration
+def test_forgetting_quick_end_to_end(quick_forgetting):
+    from sims import forgetting as F
+    out = quick_forgetting
+    for name in ("loglinear.csv", "neural.csv", "shares.csv", "figures/forgetting.png", "figures/forgetting_shares.png"):
+        assert (out / name).exists(), name
+    ll = pd.read_csv(out / "loglinear.csv")
+    assert len(ll) == len(F.grid(F.QUICK)) * F.SIZES["loglinear_seeds"][1]
+    by_lr = ll.groupby("lr").forgetting.mean()
+    assert by_lr.iloc[-1] > 10 * by_lr.iloc[0] > 0                  # a larger learning rate forgets more
+    bf16 = ll[ll.storage == "bf16"]
+    assert (bf16.sparsity_bf16 <= bf16.sparsity + 1e-12).all()
+    shares = pd.read_csv(out / "shares.csv")
+    sums = shares.groupby(["student", "outcome"]).share.sum()
+    assert np.allclose(sums, 1.0, atol=1e-9)
+    top = shares[shares.term != "higher order"].sort_values("share").groupby(["student", "outcome"]).tail(1)
+    assert (top[top.outcome == "forgetting"].term == "lr").all()
+
+
+@pytest.mark.integration
+def test_forgetting_is_deterministic_and_resumes(quick_forgetting, tmp_path):
+    run_script("sims/forgetting.py", "--quick", "--only", "loglinear", "--out", tmp_path, "--quiet", "--no-figures")
+    assert (tmp_path / "loglinear.csv").read_bytes() == (quick_forgetting / "loglinear.csv").read_bytes()
+    proc = run_script("sims/forgetting.py", "--quick", "--out", quick_forgetting, "--resume", "--no-figures")
+    assert "resumed)" in proc.stderr and "(0 resumed)" not in proc.stderr
+
+
+@pytest.mark.integration
+def test_forgetting_figures_read_the_csvs(quick_forgetting):
+    from figures import forgetting as ff
+    figs = ff.figures_from(str(quick_forgetting))
+    assert set(figs) == {"forgetting", "forgetting_shares"}
+    a = figs["forgetting"].axes[0]
+    ll = pd.read_csv(quick_forgetting / "loglinear.csv")
+    x, y = a.get_lines()[0].get_data()
+    expected = ll[ll.alpha == ll.alpha.min()].groupby("lr").forgetting.mean()
+    np.testing.assert_allclose(x, expected.index)
+    np.testing.assert_allclose(y, np.maximum(expected.to_numpy(), 1e-6))
+    panels = figs["forgetting_shares"].axes[:4]
+    assert [ax.get_title() for ax in panels] == list(ff.OUTCOME_LABELS.values())
+
+
+@pytest.mark.parametrize("bad", [["--seeds", "0"], ["--only", "nope"], ["--full"], ["--executor", "mpi"]])
+def test_forgetting_bad_arguments_exit_2_with_one_line(bad, tmp_path):
+    proc = run_script("sims/forgetting.py", *bad, "--quick", "--out", tmp_path, check=False, timeout=60)
+    assert_usage_error(proc)
+
+
+def test_make_pair_rejects_trees_of_different_shapes(monkeypatch):
+    real = tasks.make_task
+
+    def other_shape(kind, K, seed):
+        task = real(kind, K=K, seed=seed)
+        if K == 2:
+            base = examples.prefix_tree(K, 2, 3, seed=seed, concentration=0.5)
+            return tasks.Task(base, task.weights, 2)
+        return task
+    monkeypatch.setattr(tasks, "make_task", other_shape)
+    with pytest.raises(ValueError, match="shape"):
+        tasks.make_pair(0)
