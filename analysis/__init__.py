@@ -1,5 +1,6 @@
 """Statistics of experiment outputs: round grids, fitted slopes of regret against ln t, intervals over
-seeds, summaries of q_T, and a balanced-factorial ANOVA (``variance_shares``)."""
+seeds, summaries of q_T, a balanced-factorial ANOVA (``variance_shares``), and verdicts from stated decision rules
+(``analysis.verdicts``: effect and bound verdicts, power, MDE, TOST, cluster bootstrap)."""
 
 from .statistics import (POWER_EXPONENT, decade_slopes, final_values, fit_exponent, fit_slope, growth, log_grid,
                          mean_interval, rounds_to_veto, variance_shares)

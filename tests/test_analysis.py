@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import analysis
+from analysis import verdicts
 from harness import cell_seeds
 
 
@@ -74,3 +75,66 @@ def test_log_grid_and_cell_seeds():
     a, b = cell_seeds(0, "x", 3), cell_seeds(0, "x", 5)
     assert np.array_equal(a, b[:3]) and len(set(b.tolist())) == 5
     assert not np.array_equal(cell_seeds(0, "y", 3), a)
+
+
+# ------------------------------------------------------------------------------------------------
+# verdicts from stated rules, on inputs with known answers
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lo, hi, sign, margin, expected", [
+    (0.1, 0.3, 1, 0.0, "reproduces"),
+    (-0.1, 0.3, 1, 0.0, "inconclusive"),                 # the interval holds 0 and large effects
+    (-0.3, -0.1, 1, 0.0, "does not reproduce"),          # the opposite sign
+    (0.01, 0.04, 1, 0.05, "does not reproduce"),         # real but below the smallest effect that matters
+    (-0.02, 0.04, 1, 0.05, "does not reproduce"),        # equivalence: every effect that matters excluded
+    (-0.02, 0.06, 1, 0.05, "inconclusive"),
+    (-0.3, -0.1, -1, 0.0, "reproduces"),                 # a claimed negative effect
+    (0.1, 0.3, -1, 0.0, "does not reproduce"),
+])
+def test_effect_verdicts(lo, hi, sign, margin, expected):
+    assert verdicts.effect_verdict(lo, hi, sign, margin) == expected
+
+
+@pytest.mark.parametrize("lo, hi, at_most, expected", [
+    (0.001, 0.008, True, "reproduces"), (0.005, 0.02, True, "inconclusive"), (0.02, 0.03, True, "does not reproduce"),
+    (0.02, 0.03, False, "reproduces"), (0.001, 0.008, False, "does not reproduce"), (0.005, 0.02, False, "inconclusive"),
+])
+def test_bound_verdicts_against_a_tolerance_of_0_01(lo, hi, at_most, expected):
+    assert verdicts.bound_verdict(lo, hi, 0.01, at_most) == expected
+
+
+def test_verdict_rules_refuse_bad_intervals_and_rows_refuse_unknown_verdicts():
+    for call in (lambda: verdicts.effect_verdict(0.3, 0.1), lambda: verdicts.bound_verdict(float("nan"), 1, 0),
+                 lambda: verdicts.effect_verdict(0, 1, sign=0), lambda: verdicts.effect_verdict(0, 1, margin=-1)):
+        with pytest.raises(ValueError):
+            call()
+    row = verdicts.verdict_row("E4", "log-linear", "edge", 0.01, -0.01, 0.03, "effect > 0", "inconclusive")
+    assert list(row) == list(verdicts.COLUMNS)
+    with pytest.raises(ValueError, match="verdict"):
+        verdicts.verdict_row("E4", "", "edge", 0, 0, 0, "", "holds")
+
+
+def test_mde_power_and_tost_against_their_closed_forms():
+    from scipy import stats
+    assert verdicts.mde_80(1.0) == pytest.approx(stats.norm.ppf(0.975) + stats.norm.ppf(0.8), rel=1e-12)
+    assert verdicts.mde_80(0.5) == pytest.approx(1.4008, abs=1e-4)
+    assert verdicts.power(verdicts.mde_80(0.3), 0.3) == pytest.approx(0.8, abs=1e-5)   # + the far tail, ~1e-6
+    assert verdicts.power(0.0, 1.0) == pytest.approx(0.05, rel=1e-12)
+    p, eq = verdicts.tost(0.0, 1.0, 3.0)
+    assert p == pytest.approx(stats.norm.sf(3.0), rel=1e-12) and eq
+    p, eq = verdicts.tost(0.5, 1.0, 1.0, df=10)
+    assert p == pytest.approx(stats.t(10).sf(0.5), rel=1e-12) and not eq
+
+
+def test_cluster_bootstrap_covers_the_mean_where_a_run_level_bootstrap_does_not():
+    """8 tasks x 8 runs, task effects s.d. 1, run noise s.d. 0.1, true mean 0: resampling tasks keeps
+    the coverage near its level (0.87 with 8 clusters); resampling runs as if independent halves it."""
+    rng = np.random.default_rng(1)
+    covered = {"tasks": 0, "runs": 0}
+    for i in range(200):
+        task = np.repeat(np.arange(8), 8)
+        v = rng.normal(0, 1, 8)[task] + rng.normal(0, 0.1, 64)
+        for name, clusters in (("tasks", task), ("runs", np.arange(64))):
+            est, lo, hi = verdicts.cluster_bootstrap(v, clusters, n_boot=500, seed=i)
+            assert est == pytest.approx(v.mean()) and lo <= est <= hi
+            covered[name] += lo <= 0 <= hi
+    assert covered["tasks"] / 200 >= 0.78 and covered["runs"] / 200 <= 0.65

@@ -197,3 +197,25 @@ def test_per_run_losses_sum_each_runs_rows_over_every_part():
     got = training.per_run_losses(3, row_run, parts, lambda key, rows: scale[key] * losses[rows], batch=2)
     want = [(10 * (0 + 1) + (2 + 3)) / 2, ((4 + 5) + 10 * (6 + 7)) / 2, (8 + 9 + 10 + 11) / 2]
     assert got.dtype == torch.float32 and got.tolist() == want
+
+
+def test_the_switch_point_variant_hands_over_once_at_a_uniform_position():
+    """switch=True: a teacher writes up to a position m ~ U{0..H}, the student from m on. With a student
+    that always emits token 2, the student's positions are exactly those from m on, each handover
+    position is drawn about N / (H + 1) times, and the generating log-prob is the student's after m and
+    the sequence's teacher's before it."""
+    task = tasks.make_task("tree", K=2, seed=0)
+    H, N = task.horizon, 8000
+    always_2 = torch.tensor([-math.inf, -math.inf, 0.0])
+    b = training.rollouts(task, lambda h, s, tok: always_2.expand(len(s), 3), 0.0, True, N,
+                          torch.Generator().manual_seed(3))
+    first = torch.where(b.by_student.any(1), b.by_student.int().argmax(1), torch.full((N,), H))
+    steps = torch.arange(H)
+    assert torch.equal(b.by_student, steps[None, :] >= first[:, None])          # one handover, then the student
+    counts = torch.bincount(first, minlength=H + 1).double()
+    assert (counts - N / (H + 1)).abs().max() < 5 * math.sqrt(N / (H + 1))      # uniform on {0..H}
+    assert (b.tokens[b.by_student] == 2).all() and (b.gen_logp[b.by_student] == 0).all()
+    _, teacher_logp, _ = task.tensors
+    before = ~b.by_student
+    rows = teacher_logp[b.teacher[:, None].expand(-1, H), b.states]
+    assert torch.equal(b.gen_logp[before], rows.gather(-1, b.tokens[..., None])[..., 0][before])

@@ -12,7 +12,7 @@ import analysis
 from aggregation import examples
 from harness import cell_seeds
 from learners import closed_forms, names, online
-from sims import mechanisms as M
+from sims import mechanisms
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "sims", "mechanisms.py")
@@ -105,7 +105,7 @@ PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step befo
     (0.8702, 15.80, 16, .528, .493)]
 
 
-@pytest.mark.parametrize("row, expected", list(zip(M.PB_ROWS, PREFIX_ROWS)))
+@pytest.mark.parametrize("row, expected", list(zip(mechanisms.PB_ROWS, PREFIX_ROWS)))
 def test_prefix_bias_rows(row, expected):
     rho, h_star, flip, g_before, g_after = expected
     ex = closed_forms.prefix_bias_exact(*row)
@@ -183,10 +183,10 @@ def _check(q_final, target, sd, bias=0.0):
 
 def test_confident_expert_learned_values():
     K, T = 5, 20_000
-    probs, w = examples.confident_expert(M.CE_K_D, n_uniform=K - 1), np.full(K, 1 / K)
+    probs, w = examples.confident_expert(mechanisms.CE_K_D, n_uniform=K - 1), np.full(K, 1 / K)
     seeds = cell_seeds(0, "test confident expert", 4)
     curves = online.learn_one_context(probs, w, T, seeds)
-    a, g = closed_forms.confident_expert_pools(M.CE_K_D, K=K)
+    a, g = closed_forms.confident_expert_pools(mechanisms.CE_K_D, K=K)
     _check(curves[names.KT][1][:, -1], a, closed_forms.learner_sd(probs, w, T, names.KT), bias=3 / (2 * T))
     for name in (names.FTL, names.ROLLOUT):
         _check(curves[name][1][:, -1], g, closed_forms.learner_sd(probs, w, T, name))
@@ -220,8 +220,8 @@ def test_low_probability_learned_values_and_veto():
 def test_prefix_bias_learned_values(row, H):
     """Sequence-level RKL -> g (below 1/2 since H > H*), per-token RKL -> l, per-state KT -> mixture."""
     T = 10_000
-    pc, cont, w = M.PB_ROWS[row]
-    ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=max(H, M.PB_H_MAX))
+    pc, cont, w = mechanisms.PB_ROWS[row]
+    ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=max(H, mechanisms.PB_H_MAX))
     assert H > ex["h_star"]
     curves = online.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, f"test prefix {row}", 4))
     targets = {names.SEQ_RKL: ex["g"][H], names.TOKEN_RKL: ex["local"], names.STATE_KT: ex["mixture"]}
@@ -260,7 +260,7 @@ def test_prefix_learner_sd_against_monte_carlo_over_seeds():
     the continuation scores of one round share their teacher and do not cancel) against the s.d. over
     96 seeds at T = 2e4 (an estimate with about 7% relative error; the formula without the shared-
     teacher terms is 35% too small here)."""
-    pc, cont, w = M.PB_ROWS[3]
+    pc, cont, w = mechanisms.PB_ROWS[3]
     H, T = 8, 20_000
     ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=30)
     curves = online.learn_prefix(ex["teachers"], np.array(w), H + 1, T, cell_seeds(0, "test sd row 4", 96))
@@ -268,7 +268,7 @@ def test_prefix_learner_sd_against_monte_carlo_over_seeds():
     sd = closed_forms.prefix_learner_sd(pc, cont, w, H, T, names.SEQ_RKL)
     assert 0.8 * sd <= mc <= 1.25 * sd, (mc, sd)
     # on the symmetric rows the shared-teacher terms vanish: the formula reduces to independent scores
-    pc1, cont1, w1 = M.PB_ROWS[0]
+    pc1, cont1, w1 = mechanisms.PB_ROWS[0]
     lc = np.log(np.asarray(cont1))
     local = ag.geometric_pool(np.asarray(cont1), np.asarray(w1))
     assert np.allclose((lc - np.asarray(w1) @ lc) @ local, 0.0, atol=1e-12)

@@ -19,12 +19,12 @@ def quick_forgetting(quick_run):
 
 @pytest.mark.integration
 def test_forgetting_quick_end_to_end(quick_forgetting):
-    from sims import forgetting as F
+    from sims import forgetting
     out = quick_forgetting
     for name in ("loglinear.csv", "neural.csv", "shares.csv", "figures/forgetting.png", "figures/forgetting_shares.png"):
         assert (out / name).exists(), name
     ll = pd.read_csv(out / "loglinear.csv")
-    assert len(ll) == len(F.grid(F.QUICK)) * F.SIZES["loglinear_seeds"][1]
+    assert len(ll) == len(forgetting.grid(forgetting.QUICK)) * forgetting.SIZES["loglinear_seeds"][1]
     by_lr = ll.groupby("lr").forgetting.mean()
     assert by_lr.iloc[-1] > 10 * by_lr.iloc[0] > 0                  # a larger learning rate forgets more
     bf16 = ll[ll.storage == "bf16"]

@@ -80,7 +80,7 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     for name in ("curves.csv", "teachers.csv", "e4.csv", "e6.csv", "figures/rlvr.png", "figures/rlvr_cost.png"):
         assert (out / name).exists(), name
     curves = pd.read_csv(out / "curves.csv", keep_default_na=False, na_values=[""])
-    assert set(curves.method) == {m["method"] for m in rlvr.METHODS} and set(curves.stage) == {"distil", "rl"}
+    assert set(curves.method) == {m.method for m in rlvr.METHODS} and set(curves.stage) == {"distil", "rl"}
     assert set(curves.student) == {"loglinear", "neural"}
     rl = curves[curves.stage == "rl"]
     assert (rl.groupby(["student", "condition", "task", "method", "seed"]).teacher_tokens.nunique() == 1).all()

@@ -1,0 +1,114 @@
+"""Verdicts from stated decision rules: every claim's verdict follows from an estimate and its interval
+by a rule written down beside it, so no sentence can disagree with its data.
+
+The vocabulary (``VERDICTS``): "reproduces", "reproduces under stated conditions" (a study that holds a
+claim only where a condition it names holds), "does not reproduce", "inconclusive" (the interval
+cannot decide; report the smallest effect the design could have seen, :func:`mde_80`).
+
+    effect_verdict     a claimed effect of a sign, against the smallest effect that matters (a margin)
+    bound_verdict      a claimed bound: a statistic at most (or at least) a tolerance
+    mde_80, power      the smallest effect a two-sided test detects with 80% power; the power at an effect
+    tost               two one-sided tests of equivalence within +-margin
+    cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
+    verdict_row        one row of a study's verdicts.csv
+"""
+
+import math
+
+import numpy as np
+from scipy import stats
+
+VERDICTS = ("reproduces", "reproduces under stated conditions", "does not reproduce", "inconclusive")
+COLUMNS = ("claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict")
+
+
+def _interval(lo, hi):
+    lo, hi = float(lo), float(hi)
+    if not (lo <= hi) or math.isnan(lo) or math.isnan(hi):
+        raise ValueError(f"interval [{lo}, {hi}] must have lo <= hi, both numbers")
+    return lo, hi
+
+
+def effect_verdict(lo, hi, sign=1, margin=0.0):
+    """The verdict on a claimed effect of ``sign`` (+1: positive, -1: negative) from its interval
+    [lo, hi], the smallest effect that matters being ``margin`` >= 0 (on the claimed side):
+
+        does not reproduce   the interval excludes every effect of at least ``margin`` on the claimed side
+                             (sign * effect < margin throughout: the effect is absent, opposite or negligible)
+        reproduces           the interval lies on the claimed side of 0 (and does not end below the margin)
+        inconclusive         otherwise: the interval holds 0 and effects of at least ``margin``
+    """
+    lo, hi = _interval(lo, hi)
+    if sign not in (1, -1) or not margin >= 0:
+        raise ValueError(f"sign = {sign!r} must be +1 or -1 and margin = {margin!r} >= 0")
+    lo, hi = sorted((sign * lo, sign * hi))
+    if hi < margin:
+        return "does not reproduce"
+    if lo > 0:
+        return "reproduces"
+    return "inconclusive"
+
+
+def bound_verdict(lo, hi, tolerance, at_most=True):
+    """The verdict on a claimed bound, statistic <= ``tolerance`` (``at_most``) or >= it: "reproduces"
+    when the whole interval satisfies it, "does not reproduce" when none of it does, else "inconclusive"."""
+    lo, hi = _interval(lo, hi)
+    if not at_most:
+        lo, hi, tolerance = -hi, -lo, -tolerance
+    if hi <= tolerance:
+        return "reproduces"
+    if lo > tolerance:
+        return "does not reproduce"
+    return "inconclusive"
+
+
+def mde_80(se, level=0.95, power_target=0.8):
+    """The smallest true effect that a two-sided z-test at ``level`` detects with probability
+    ``power_target``: (z_{1 - (1 - level) / 2} + z_{power_target}) se (2.80 se at the defaults)."""
+    if not se >= 0:
+        raise ValueError(f"se = {se!r} must be >= 0")
+    return (stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power_target)) * se
+
+
+def power(effect, se, level=0.95):
+    """The probability that a two-sided z-test at ``level`` rejects 0 when the true effect is ``effect``
+    and the estimate's standard error ``se``: Phi(|effect|/se - z) + Phi(-|effect|/se - z)."""
+    if not se > 0:
+        raise ValueError(f"se = {se!r} must be > 0")
+    z = stats.norm.ppf(0.5 + level / 2)
+    d = abs(effect) / se
+    return float(stats.norm.cdf(d - z) + stats.norm.cdf(-d - z))
+
+
+def tost(estimate, se, margin, df=None, alpha=0.05):
+    """Two one-sided tests of equivalence: the effect lies within (-margin, margin) when both
+    H0: effect <= -margin and H0: effect >= margin are rejected at ``alpha`` (t with ``df`` degrees of
+    freedom, normal when None). Returns (p-value = the larger one-sided p, equivalent: bool)."""
+    if not (se > 0 and margin > 0):
+        raise ValueError(f"se = {se!r} and margin = {margin!r} must be > 0")
+    dist = stats.norm if df is None else stats.t(df)
+    p = max(dist.sf((estimate + margin) / se), dist.cdf((estimate - margin) / se))
+    return float(p), bool(p < alpha)
+
+
+def cluster_bootstrap(values, clusters, statistic=np.mean, n_boot=2000, level=0.95, seed=0):
+    """A percentile interval of ``statistic`` that resamples whole clusters with replacement (runs that
+    share a task move together). Returns (estimate, lo, hi)."""
+    values, clusters = np.asarray(values, dtype=float), np.asarray(clusters)
+    if values.shape != clusters.shape or values.ndim != 1 or values.size == 0:
+        raise ValueError("values and clusters must be 1-d arrays of the same, non-zero length")
+    ids = np.unique(clusters)
+    groups = [values[clusters == c] for c in ids]
+    rng = np.random.default_rng(seed)
+    boot = np.array([statistic(np.concatenate([groups[i] for i in rng.integers(len(ids), size=len(ids))]))
+                     for _ in range(int(n_boot))])
+    tail = (1 - level) / 2
+    return float(statistic(values)), float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail))
+
+
+def verdict_row(claim, condition, statistic, estimate, lo, hi, rule, verdict):
+    """One row of a verdicts.csv (``COLUMNS``); ValueError unless ``verdict`` is in ``VERDICTS``."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict = {verdict!r} must be one of {VERDICTS}")
+    return dict(claim=claim, condition=condition, statistic=statistic, estimate=float(estimate), lo=float(lo),
+                hi=float(hi), rule=rule, verdict=verdict)

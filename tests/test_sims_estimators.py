@@ -1,0 +1,77 @@
+"""sims/estimators.py: its gradients.csv and is_horizon.csv against exact values computed here by other
+routes (autograd over every token, enumeration of every response), not by distillation.moments."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from harness import sizes
+from sims import estimators
+
+
+def _cells(experiment):
+    return estimators.cells_for(sizes(estimators.SIZES, quick=True), (experiment,))
+
+
+def _per_token_gradients(log_q, log_p, estimator, mode):
+    """(n, n): row x = the gradient w.r.t. the student's logits of the estimator at token x, by autograd
+    (loss: k(r) through ln q; reward: k(r) detached times the score ln q(x))."""
+    lp = torch.as_tensor(log_p)
+
+    def per_token(z):
+        lq = torch.log_softmax(z, -1)
+        r = lp - lq
+        k = {"k1": -r, "k2": 0.5 * r * r, "k3": torch.expm1(r) - r}[estimator]
+        return k if mode == "loss" else k.detach() * lq
+    return torch.func.jacrev(per_token)(torch.as_tensor(log_q)).numpy()
+
+
+@pytest.mark.parametrize("cell", _cells("gradients"), ids=lambda c: f"spread={c['spread']}")
+def test_gradients_csv_against_autograd_over_every_token(cell):
+    df = estimators.run_cell(cell)
+    rng = np.random.default_rng(cell.seed_array()[0])
+    pairs = [estimators.random_pair(rng, estimators.N_TOKENS, cell["spread"]) for _ in range(cell["pairs"])]
+    for row in df.itertuples():
+        lq, lp = pairs[row.pair]
+        q, p = np.exp(lq), np.exp(lp)
+        s = q if row.source == "student" else p
+        c = q / s if row.importance else np.ones_like(q)
+        g = _per_token_gradients(lq, lp, row.estimator, row.mode)          # (n, n)
+        mean = (s * c) @ g
+        trace = float((s * c ** 2) @ (g ** 2).sum(1) - mean @ mean)
+        refs = {"rkl": q * ((lq - lp) - q @ (lq - lp)), "fkl": q - p}
+        rel = {k: np.linalg.norm(mean - v) / np.linalg.norm(v) for k, v in refs.items()}
+        assert row.bias_vs_rkl == pytest.approx(rel["rkl"], rel=1e-6, abs=1e-9)
+        assert row.bias_vs_fkl == pytest.approx(rel["fkl"], rel=1e-6, abs=1e-9)
+        assert row.cov_trace == pytest.approx(trace, rel=1e-6, abs=1e-9)
+        ref = refs[row.nearest]
+        assert rel[row.nearest] == min(rel.values())
+        budget = 0.01 * ref @ ref - (mean - ref) @ (mean - ref)          # 10% root-mean-square error
+        want = np.inf if budget <= 0 else max(1.0, trace / budget)
+        assert row.samples_for_10pct == pytest.approx(want, rel=1e-5)
+
+
+def test_is_horizon_csv_against_an_enumeration_of_every_response():
+    """ln E_{y ~ p}[w(y)^2], w = prod_h q / p along the response, by listing every response of H tokens."""
+    (cell,) = _cells("is-horizon")
+    df = estimators.run_cell(cell)
+    rng = np.random.default_rng(cell.seed_array()[0])
+    next_state, log_probs = estimators._loop_machine(rng)
+    log_q = np.log(rng.dirichlet(np.ones(3), size=4))
+    for k, H in itertools.product(range(2), (1, 2, 4, 8)):
+        total = 0.0
+        for tokens in itertools.product(range(3), repeat=H):
+            s, log_p_y, log_w = 0, 0.0, 0.0
+            for a in tokens:
+                log_p_y += log_probs[k, s, a]
+                log_w += log_q[s, a] - log_probs[k, s, a]
+                s = next_state[s, a]
+            total += np.exp(log_p_y + 2 * log_w)
+        got = df[(df.teacher == k) & (df.H == H)] if H in estimators.HORIZONS else None
+        if got is not None:
+            assert got.log_second_moment.item() == pytest.approx(np.log(total), rel=1e-10, abs=1e-12)
+            assert got.per_step.item() == pytest.approx(np.log(total) / H, rel=1e-10, abs=1e-12)
+            if H <= 16:                                          # the Monte-Carlo check agrees within 5 s.e.
+                assert abs(got.mc_log_second_moment.item() - np.log(total)) < 5 * got.mc_rel_se.item() + 1e-3
