@@ -386,7 +386,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match=r"student_logits\[0, 2\] has a non-finite logit"):
         forward_kl(s_bad, t, W3)
     with pytest.raises(ValueError, match="mask is all zero"):
-        forward_kl(s, t, W3, torch.zeros(2, 5))
+        forward_kl(s, t, W3, torch.zeros(2, 5), empty_mask="raise")
     lp = torch.log_softmax(t, -1)
     ids, vals = lp[0].topk(3, -1).indices, lp[0].topk(3, -1).values
     with pytest.raises(ValueError, match=r"TopK ids\[0, 0, 1\] = 7 is outside the vocabulary \[0, 7\)"):

@@ -18,7 +18,10 @@ Sequence level, from sampled tokens (SPEC 2 "which target a learner reaches", SP
                           divergence's gradient it equals
 
 Every token-level loss returns ``(loss, metrics)``: the loss reduced over the unmasked positions
-(``reduction="mean"``: their mean; ``"sum"``; ``"none"``: ``(B, T)`` with 0 at masked positions), and
+(``reduction="mean"``: their mean, or the sum over ``num_items_in_batch`` under gradient accumulation;
+``"sum"``; ``"batchmean"``: the sum over B, TRL's without labels; ``"none"``: ``(B, T)`` with 0 at
+masked positions; a mask (0 / 1 only, :func:`mask_from_labels` from labels) with no kept position gives
+a zero loss that keeps the graph), and
 per-position metrics (``(B, T)``, NaN where masked): ``teacher_disagreement`` = sum_k w_k KL(p_k || A),
 ``neg_log_z`` = -ln z (both zero iff the teachers agree), ``tail_mass`` ``(K, B, T)`` for top-k teachers,
 and the temperatures used. Memory: positions are processed in chunks of ``chunk_size``; the gradient
@@ -28,10 +31,10 @@ materialised; bf16 / fp16 logits are upcast to float32 per chunk (float64 inputs
 :func:`fused_linear_loss` goes further and never materialises the student's logits at all.
 """
 
-from ._engine import TAILS, TopK
+from ._engine import REDUCTIONS, TAILS, TopK, mask_from_labels
 from .audit import audit_estimators
 from .sampled import kl_estimator_loss, rkl_policy_gradient, token_log_probs
 from .token_level import JSD_CONVENTIONS, forward_kl, fused_linear_loss, generalized_jsd, reverse_kl
 
-__all__ = ["TopK", "TAILS", "forward_kl", "reverse_kl", "generalized_jsd", "fused_linear_loss",
+__all__ = ["TopK", "TAILS", "REDUCTIONS", "mask_from_labels", "forward_kl", "reverse_kl", "generalized_jsd", "fused_linear_loss",
            "rkl_policy_gradient", "kl_estimator_loss", "token_log_probs", "audit_estimators", "JSD_CONVENTIONS"]

@@ -63,16 +63,72 @@ def check_weights(weights, K, B):
     return w
 
 
-def check_mask(mask, B, T, device):
+REDUCTIONS = ("mean", "sum", "batchmean", "none")
+EMPTY_MASK = ("zero", "raise")
+
+
+def check_mask(mask, B, T, device, empty_mask="zero"):
+    """The (B, T) bool mask: ``mask`` must hold 0 / 1 only (bool, integer or float); an all-zero mask is
+    a ValueError under ``empty_mask="raise"`` and otherwise gives a zero loss (see :func:`reduce_total`)."""
     if mask is None:
         return torch.ones(B, T, dtype=torch.bool, device=device)
     m = torch.as_tensor(mask, device=device)
     if m.shape != (B, T):
         raise ValueError(f"mask must have shape (B, T) = ({B}, {T}), got {tuple(m.shape)}")
+    if m.dtype != torch.bool:
+        bad = (m != 0) & (m != 1)
+        if bool(bad.any()):
+            i = first_bad(bad)
+            raise ValueError(f"mask{list(i)} = {m[i].item()!r} is not 0 or 1: a mask keeps (1) or drops (0) a "
+                             f"position (from labels with -100, pass mask_from_labels(labels))")
     m = m.bool()
-    if not bool(m.any()):
-        raise ValueError("mask is all zero: no position to compute a loss on")
+    if empty_mask == "raise" and not bool(m.any()):
+        raise ValueError("mask is all zero: no position to compute a loss on (empty_mask='raise')")
     return m
+
+
+def check_reduction(reduction, num_items_in_batch, empty_mask):
+    """reduction one of REDUCTIONS; num_items_in_batch (a positive count) only with reduction 'mean'."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction = {reduction!r} must be one of {REDUCTIONS}")
+    if empty_mask not in EMPTY_MASK:
+        raise ValueError(f"empty_mask = {empty_mask!r} must be one of {EMPTY_MASK}")
+    if num_items_in_batch is None:
+        return
+    if reduction != "mean":
+        raise ValueError(f"num_items_in_batch replaces the denominator of reduction = 'mean' (the kept positions "
+                         f"of the whole accumulated batch); it cannot be combined with reduction = {reduction!r}")
+    n = num_items_in_batch
+    ok = (torch.is_tensor(n) and n.numel() == 1) or (isinstance(n, (int, float)) and not isinstance(n, bool))
+    if not ok or not (math.isfinite(float(n)) and float(n) > 0):
+        raise ValueError(f"num_items_in_batch = {n!r} must be a positive count (a number or a one-element tensor)")
+
+
+def reduce_total(total, count, B, reduction, num_items_in_batch):
+    """The reduced loss from ``total`` (the sum over kept positions) and ``count`` (their number):
+    'mean' total / count (total / num_items_in_batch when given: the kept positions of every
+    micro-batch of a gradient-accumulation step, as transformers' Trainer passes it), 'sum' total,
+    'batchmean' total / B (torch's KLDivLoss and TRL's ``labels=None``). No kept position: a zero
+    that keeps the graph (total is then an exact 0 with a grad_fn)."""
+    if num_items_in_batch is not None:
+        n = num_items_in_batch
+        return total / (n.to(total.device) if torch.is_tensor(n) else n)
+    if reduction == "sum":
+        return total
+    if reduction == "batchmean":
+        return total / B
+    return total / count if bool(count > 0) else total
+
+
+def mask_from_labels(labels, ignore_index=-100):
+    """The (B, T) bool mask of the positions whose label is not ``ignore_index`` (transformers' and TRL's
+    convention). Passing ``labels`` itself as a mask is an error (its ids are not 0 / 1). The mask sits
+    at the labels' positions: if the logits are shifted against the labels (``logits[:, :-1]`` predict
+    ``labels[:, 1:]``), shift the mask the same way."""
+    if not torch.is_tensor(labels) or labels.ndim != 2 or labels.is_floating_point():
+        raise ValueError(f"labels must be an integer (B, T) tensor, got "
+                         f"{tuple(labels.shape) if torch.is_tensor(labels) else type(labels).__name__}")
+    return labels != ignore_index
 
 
 def _vocab(student_V, teacher_Vs, vocab_size):
@@ -117,10 +173,12 @@ class Problem:
     compute: torch.dtype           # float32, or float64 for float64 inputs
     metrics: bool                  # compute the per-position metrics
     bias: torch.Tensor = None      # the lm_head bias (V,) of the fused path
+    num_items_in_batch: object = None   # the denominator of 'mean' under gradient accumulation
 
 
 def prepare(student, student_V, teachers, weights, mask, student_temperature, teacher_temperature, chunk_size,
-             reduction, vocab_size, tail, kind, hidden=False, metrics=True, bias=None):
+             reduction, vocab_size, tail, kind, hidden=False, metrics=True, bias=None, num_items_in_batch=None,
+            empty_mask="zero"):
     """Validate everything before any work; returns a dict describing the problem. ``student`` is the
     student's (B, T, V) logits, or its (B, T, H) hidden states with ``student_V`` the lm_head's rows."""
     s = student
@@ -144,8 +202,7 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
         chunk_size = max(1, CHUNK_ELEMENTS // max(int(student_V), 1))
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size = {chunk_size!r} must be a positive integer (positions per chunk)")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction = {reduction!r} must be 'mean', 'sum' or 'none'")
+    check_reduction(reduction, num_items_in_batch, empty_mask)
     if all(topk):
         if tail not in TAILS:
             raise ValueError(f"tail = {tail!r} must be one of {TAILS}")
@@ -189,7 +246,7 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
                                  f"({'batch' if axis == 0 else 'positions'}), the student {(B, T)[axis]}")
         V = _vocab(V_s, [t.shape[-1] for t in teachers], vocab_size)
     w = check_weights(weights, K, B)
-    m = check_mask(mask, B, T, s.device)
+    m = check_mask(mask, B, T, s.device, empty_mask)
     if hidden:
         _check_finite(s, "hidden_states", chunk_size)
     else:
@@ -200,7 +257,8 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
     compute = torch.float64 if s.dtype == torch.float64 else torch.float32
     return Problem(student=s, teachers=teachers, topk=all(topk), K=K, B=B, T=T, V=V, weights=w, mask=m,
                    tau_s=float(student_temperature), tau_t=float(teacher_temperature), chunk=chunk_size,
-                   reduction=reduction, tail=tail, compute=compute, metrics=bool(metrics), bias=bias)
+                   reduction=reduction, tail=tail, compute=compute, metrics=bool(metrics), bias=bias,
+                   num_items_in_batch=num_items_in_batch)
 
 
 
@@ -287,7 +345,6 @@ def reduce(per_position, problem, metrics):
             metrics[name] = v.reshape(v.shape[:-1] + (problem.B, problem.T))
     if problem.reduction == "none":
         return per_position
-    total = per_position.sum()
-    return total / n if problem.reduction == "mean" else total
+    return reduce_total(per_position.sum(), n, problem.B, problem.reduction, problem.num_items_in_batch)
 
 

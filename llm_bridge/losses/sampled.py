@@ -3,7 +3,7 @@ gradient by reward-to-go, and the k1 / k2 / k3 estimators as losses or rewards."
 
 import torch
 
-from ._engine import check_mask, check_weights, first_bad
+from ._engine import check_mask, check_reduction, check_weights, first_bad, reduce_total
 from .token_level import reverse_kl
 
 def token_log_probs(logits, tokens, temperature=1.0, vocab_size=None):
@@ -25,7 +25,7 @@ def token_log_probs(logits, tokens, temperature=1.0, vocab_size=None):
 
 
 def _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights, student_temperature,
-             vocab_size):
+             vocab_size, empty_mask="zero"):
     """Validated (ln q(y) (B, T) with grad, ln p_k(y) (K, B, T), weights (B, K), mask, IS weights)."""
     if not torch.is_tensor(student_logits) or student_logits.ndim != 3:
         raise ValueError("student_logits must be a (B, T, V) tensor")
@@ -40,7 +40,7 @@ def _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importanc
         i = first_bad(bad)
         raise ValueError(f"teacher_log_probs{list(i)} = {float(lp[i])} is not a log-probability")
     w = check_weights(weights, lp.shape[0], B).to(lq.dtype).to(lq.device)
-    m = check_mask(mask, B, T, lq.device)
+    m = check_mask(mask, B, T, lq.device, empty_mask)
     if importance_weights is None:
         rho = torch.ones(B, T, dtype=lq.dtype, device=lq.device)
     else:
@@ -50,19 +50,17 @@ def _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importanc
     return lq, lp.to(lq.dtype).to(lq.device), w, m, rho.detach()
 
 
-def _reduce_tokens(per_token, m, reduction):
+def _reduce_tokens(per_token, m, reduction, num_items_in_batch=None):
     per_token = torch.where(m, per_token, torch.zeros_like(per_token))
     if reduction == "none":
         return per_token
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction = {reduction!r} must be 'mean', 'sum' or 'none'")
-    return per_token.sum() / (m.sum() if reduction == "mean" else 1)
+    return reduce_total(per_token.sum(), m.sum(), m.shape[0], reduction, num_items_in_batch)
 
 
 def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask=None, *, gamma=1.0,
                         baseline="leave-one-out", groups=None, importance_weights=None, teacher_logits=None,
                         student_temperature=1.0, teacher_temperature=1.0, vocab_size=None, reduction="mean",
-                        chunk_size=None):
+                        chunk_size=None, num_items_in_batch=None, empty_mask="zero"):
     """On-policy reverse-KL policy gradient from sampled tokens (SPEC 2 "which target", SPEC 3).
 
     Per-token reward r_t = sum_k w_k ln p_k(y_t | u_t) - ln q(y_t | u_t) (detached), reward-to-go
@@ -80,14 +78,16 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
     (:func:`reverse_kl`, differentiated exactly) plus the score-function term of the discounted future
     reward gamma G_{t+1} only. Returns (loss, metrics); metrics['sequence_rkl'] is the Monte-Carlo
     estimate of sum_k w_k KL(q || p_k) per sequence (mean over sequences; exact in expectation on
-    student samples).
+    student samples). ``mask``, ``reduction``, ``num_items_in_batch`` and ``empty_mask`` as in
+    :func:`~llm_bridge.losses.forward_kl`.
     """
     if not (isinstance(gamma, (int, float)) and 0.0 <= gamma <= 1.0):
         raise ValueError(f"gamma = {gamma!r} must lie in [0, 1]")
     if baseline not in ("leave-one-out", None):
         raise ValueError(f"baseline = {baseline!r} must be 'leave-one-out' or None")
+    check_reduction(reduction, num_items_in_batch, empty_mask)
     lq, lp, w, m, rho = _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights,
-                                 student_temperature, vocab_size)
+                                 student_temperature, vocab_size, empty_mask)
     B, T = lq.shape
     reward = torch.where(m, (w.T[:, :, None] * lp).sum(0) - lq.detach(), torch.zeros_like(lq))
     to_go = torch.zeros_like(reward)
@@ -121,7 +121,7 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
         per_token = exact - rho * gamma * centred(future) * lq
     metrics.update(sequence_rkl=float(-(reward * m).sum(1).mean()), gamma=gamma,
                    student_temperature=student_temperature)
-    return _reduce_tokens(per_token, m, reduction), metrics
+    return _reduce_tokens(per_token, m, reduction, num_items_in_batch), metrics
 
 
 ESTIMATORS = {"k1": (lambda r: -r, lambda r: -torch.ones_like(r)),
@@ -131,7 +131,7 @@ ESTIMATORS = {"k1": (lambda r: -r, lambda r: -torch.ones_like(r)),
 
 def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=None, *, estimator="k3",
                       mode="loss", pool="before", importance_weights=None, student_temperature=1.0,
-                      vocab_size=None, reduction="mean"):
+                      vocab_size=None, reduction="mean", num_items_in_batch=None, empty_mask="zero"):
     """A sampled-token KL estimator of SPEC 4, as practitioners use it (x = the sampled token):
     r = ln p(x) - ln q(x); k1 = -r, k2 = r^2 / 2, k3 = (e^r - 1) - r.
 
@@ -141,7 +141,8 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
     pool 'before': one estimator on the pooled log-ratio sum_k w_k ln p_k(x) - ln q(x) (k3 then reaches
     l); 'after': sum_k w_k k(r_k), one estimator per teacher (k3 then reaches the arithmetic pool A).
     One-hot rows of ``weights`` (B, K) route each sample to one teacher. ``audit_estimators`` gives the
-    exact expected gradient of every configuration. Returns (loss, metrics).
+    exact expected gradient of every configuration. ``mask``, ``reduction``, ``num_items_in_batch`` and
+    ``empty_mask`` as in :func:`~llm_bridge.losses.forward_kl`. Returns (loss, metrics).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator = {estimator!r} must be one of {sorted(ESTIMATORS)}")
@@ -149,8 +150,9 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
         raise ValueError(f"mode = {mode!r} must be 'loss' or 'reward'")
     if pool not in ("before", "after"):
         raise ValueError(f"pool = {pool!r} must be 'before' or 'after'")
+    check_reduction(reduction, num_items_in_batch, empty_mask)
     lq, lp, w, m, rho = _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights,
-                                 student_temperature, vocab_size)
+                                 student_temperature, vocab_size, empty_mask)
     value_of = ESTIMATORS[estimator][0]
     if pool == "before":
         value = value_of((w.T[:, :, None] * lp).sum(0) - lq)
@@ -159,6 +161,6 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
     per_token = rho * (value if mode == "loss" else value.detach() * lq)
     metrics = {"estimate": float((value.detach() * m).sum() / m.sum()), "estimator": estimator, "mode": mode,
                "pool": pool}
-    return _reduce_tokens(per_token, m, reduction), metrics
+    return _reduce_tokens(per_token, m, reduction, num_items_in_batch), metrics
 
 

@@ -7,14 +7,17 @@ import torch
 
 from ._engine import ChunkedLoss, prepare, reduce, rows
 
-# The beta of a generalised JSD in other libraries, against ours (0 = forward KL, 1 = reverse KL):
+# The beta of a generalised JSD in other libraries, against ours (0 = forward KL, 1 = reverse KL), read
+# from each release's source and, where stated, run against ours (tests/test_losses_oracle.py):
 JSD_CONVENTIONS = {
     "this library": "beta = 0: sum_k w_k KL(p_k || q) (forward); beta = 1: reverse; "
                     "M = beta p + (1 - beta) q, JSD = beta KL(p || M) + (1 - beta) KL(q || M)",
-    "TRL GKDTrainer (generalized_jsd_loss)": "the same: beta = 0 forward, beta = 1 reverse (ours = theirs)",
-    "Liger LigerFusedLinearJSDLoss (chunked, M = beta q + (1 - beta) p)": "mixture weights swapped: small "
-        "beta approaches reverse KL and beta near 1 forward KL; pass beta_ours = 1 - beta_liger for the same "
-        "mixture (the KL weights then differ; check the installed version's formula)",
+    "TRL GKDTrainer.generalized_jsd_loss": "the same (ours = TRL's at the same beta)",
+    "Liger LigerFusedLinearJSDLoss >= 0.5.6 (chunked)": "the same (ours = Liger's at the same beta; "
+        "do not translate beta)",
+    "Liger LigerFusedLinearJSDLoss 0.5.3-0.5.5 (chunked)": "beta never reaches the formula: always the "
+        "symmetric JSD (ours at beta = 0.5), whatever beta is passed",
+    "Liger LigerJSD (Triton, GPU)": "the same formula as ours in 0.8.5's source (P the target, Q the input)",
 }
 
 
@@ -127,16 +130,16 @@ def _terms(problem, kind, beta):
     return terms
 
 
-
-
 def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_temperature, teacher_temperature,
-                chunk_size, reduction, vocab_size, tail, metrics, beta=None):
+                chunk_size, reduction, vocab_size, tail, metrics, beta=None, num_items_in_batch=None,
+                empty_mask="zero"):
     s = student_logits
     if not torch.is_tensor(s) or s.ndim != 3 or not s.is_floating_point():
         raise ValueError(f"student_logits must be a floating (B, T, V) tensor, got "
                          f"{tuple(s.shape) if torch.is_tensor(s) else type(s).__name__}")
     problem = prepare(s, s.shape[-1], teacher_logits, weights, mask, student_temperature, teacher_temperature,
-                 chunk_size, reduction, vocab_size, tail, kind, metrics=metrics)
+                      chunk_size, reduction, vocab_size, tail, kind, metrics=metrics,
+                      num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
     out = {}
     per_position = ChunkedLoss.apply(student_logits, None, problem, _terms(problem, kind, beta), out)
     return reduce(per_position, problem, out), out
@@ -144,7 +147,7 @@ def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_tem
 
 def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_temperature=1.0,
                teacher_temperature=1.0, chunk_size=None, reduction="mean", vocab_size=None, tail="tail",
-               metrics=True):
+               metrics=True, num_items_in_batch=None, empty_mask="zero"):
     """sum_k w_k KL(p_k || q) per position (SPEC 1); its minimiser is the arithmetic pool A = sum_k w_k p_k,
     and sum_k w_k KL(p_k || q) = sum_k w_k KL(p_k || A) + KL(A || q) (metric ``teacher_disagreement`` is
     the first term: the loss's floor).
@@ -153,50 +156,65 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
     over the first ``vocab_size`` columns (default: all; teachers must then have the student's width).
     ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and the README).
     ``chunk_size``: positions per chunk (default about 8M logits per buffer); ``metrics=False`` skips
-    the per-position metrics (about a fifth of the time). Returns (loss, metrics); the loss is the mean
-    over unmasked positions for ``reduction="mean"``.
+    the per-position metrics (about a fifth of the time).
+
+    ``mask`` (B, T): 0 / 1 only (bool, integer or float; anything else is a ValueError; from labels with
+    -100 use :func:`mask_from_labels`). ``reduction``: ``"mean"`` over the kept positions (TRL's
+    ``batchmean`` with labels), ``"sum"``, ``"batchmean"`` the sum divided by B (torch's KLDivLoss, and
+    TRL's ``batchmean`` with ``labels=None``), ``"none"`` (B, T) with 0 where masked.
+    ``num_items_in_batch``: the kept positions of the whole gradient-accumulation step (what
+    transformers' Trainer passes to ``compute_loss``); the loss is then the sum over this micro-batch
+    divided by it, so that accumulated micro-batches give the full batch's gradient (only with 'mean').
+    A mask with no kept position gives a zero loss that still backpropagates (zero gradients); pass
+    ``empty_mask="raise"`` to make it an error. Teachers and weights are constants: no gradient flows to
+    them, even if they require one (detach them yourself to make that explicit). Returns (loss, metrics).
     """
     return _token_loss("forward", student_logits, teacher_logits, weights, mask, student_temperature,
-                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics)
+                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics,
+                       num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
 
 
 def reverse_kl(student_logits, teacher_logits, weights, mask=None, *, student_temperature=1.0,
                teacher_temperature=1.0, chunk_size=None, reduction="mean", vocab_size=None, tail="tail",
-               metrics=True):
+               metrics=True, num_items_in_batch=None, empty_mask="zero"):
     """sum_k w_k KL(q || p_k) = KL(q || l) - ln z per position (SPEC 1, 2): its minimiser is the local
     geometric pool l ∝ prod_k p_k^{w_k}, with minimum -ln z (metric ``neg_log_z``). Per position this is
     the per-token RKL; summed over a sequence it reaches l, not the sequence-level G_seq (for that, see
     :func:`rkl_policy_gradient` with gamma = 1). Same arguments and returns as :func:`forward_kl`."""
     return _token_loss("reverse", student_logits, teacher_logits, weights, mask, student_temperature,
-                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics)
+                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics,
+                       num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
 
 
 def generalized_jsd(student_logits, teacher_logits, weights, mask=None, *, beta=0.5, student_temperature=1.0,
                     teacher_temperature=1.0, chunk_size=None, reduction="mean", vocab_size=None,
-                    tail="tail", metrics=True):
+                    tail="tail", metrics=True, num_items_in_batch=None, empty_mask="zero"):
     """sum_k w_k JSD_beta(p_k, q), JSD_beta = beta KL(p || M) + (1 - beta) KL(q || M), M = beta p + (1 - beta) q.
 
-    beta = 0 is exactly :func:`forward_kl` and beta = 1 exactly :func:`reverse_kl` (TRL's convention;
-    :data:`JSD_CONVENTIONS` translates Liger's). Near the endpoints the scale shrinks: JSD_beta ≈ beta
-    KL(p || q) as beta -> 0 and ≈ (1 - beta) KL(q || p) as beta -> 1, so the loss is continuous inside
-    (0, 1) but jumps at the endpoints, where the plain KL is used; rescale the learning rate accordingly.
+    beta = 0 is exactly :func:`forward_kl` and beta = 1 exactly :func:`reverse_kl`: TRL's convention, and
+    Liger's chunked loss's from 0.5.6 on (see :data:`JSD_CONVENTIONS`; the same beta, no translation).
+    Near the endpoints the scale shrinks: JSD_beta ≈ beta KL(p || q) as beta -> 0 and ≈ (1 - beta)
+    KL(q || p) as beta -> 1, so the loss is continuous inside (0, 1) but jumps at the endpoints, where
+    the plain KL is used; rescale the learning rate accordingly.
     """
     if not (isinstance(beta, (int, float)) and 0.0 <= beta <= 1.0):
         raise ValueError(f"beta = {beta!r} must lie in [0, 1]")
     kind = "forward" if beta == 0 else "reverse" if beta == 1 else "jsd"
     return _token_loss(kind, student_logits, teacher_logits, weights, mask, student_temperature,
-                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, beta=float(beta))
+                       teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, beta=float(beta),
+                       num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
 
 
 def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, mask=None, *, kind="forward",
                       beta=0.5, bias=None, student_temperature=1.0, teacher_temperature=1.0,
-                      chunk_size=None, reduction="mean", vocab_size=None, tail="tail", metrics=True):
+                      chunk_size=None, reduction="mean", vocab_size=None, tail="tail", metrics=True,
+                      num_items_in_batch=None, empty_mask="zero"):
     """The same losses from the student's final hidden states ``(B, T, H)`` and its ``lm_head`` weight
     ``(V, H)`` (and optional bias): the student's logits are formed chunk by chunk and never held whole,
     so memory beyond the inputs and the weight's gradient does not grow with V (SPEC 6 practice).
 
     kind: 'forward', 'reverse' or 'jsd' (with ``beta``). Gradients flow to ``hidden_states`` and to
-    ``lm_head_weight`` (reductions 'mean' and 'sum'). Returns (loss, metrics) as the other losses.
+    ``lm_head_weight`` (every reduction but 'none'). Returns (loss, metrics) as the other losses.
     """
     if kind not in ("forward", "reverse", "jsd"):
         raise ValueError(f"kind = {kind!r} must be 'forward', 'reverse' or 'jsd'")
@@ -206,10 +224,10 @@ def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, ma
         raise ValueError(f"lm_head_weight must have shape (V, H) with H = {hidden_states.shape[2]}, got "
                          f"{tuple(lm_head_weight.shape) if torch.is_tensor(lm_head_weight) else lm_head_weight}")
     if reduction == "none":
-        raise ValueError("fused_linear_loss supports reduction 'mean' or 'sum'")
+        raise ValueError("fused_linear_loss supports reduction 'mean', 'sum' or 'batchmean', not 'none'")
     problem = prepare(hidden_states, lm_head_weight.shape[0], teacher_logits, weights, mask, student_temperature,
-                 teacher_temperature, chunk_size, reduction, vocab_size, tail, kind, hidden=True, metrics=metrics,
-                      bias=bias)
+                      teacher_temperature, chunk_size, reduction, vocab_size, tail, kind, hidden=True, metrics=metrics,
+                      bias=bias, num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
     out = {}
     b = None if kind == "jsd" and beta in (0, 1) else beta
     k = "forward" if kind == "jsd" and beta == 0 else "reverse" if kind == "jsd" and beta == 1 else kind
