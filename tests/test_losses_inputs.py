@@ -188,3 +188,108 @@ def test_fused_linear_loss_batchmean_and_per_sample_weights_with_a_mask():
     assert float(fused) == pytest.approx(float(want), rel=1e-12)
     for x, y in zip(torch.autograd.grad(fused, (h, W)), torch.autograd.grad(want, (h, W))):
         np.testing.assert_allclose(x.numpy(), y.numpy(), atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# legitimate inputs: -inf teacher logits, non-finite teachers with weight 0, permuted teachers
+# ------------------------------------------------------------------------------------------------
+def with_minus_inf(t, seed=8):
+    """Teachers with -inf on about a third of the vocabulary (a vocabulary mask / top-p filter), never a whole row."""
+    drop = torch.rand(t.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) < 0.35
+    drop[..., 0] = False
+    return t.masked_fill(drop, -math.inf)
+
+
+@pytest.mark.parametrize("kind, fn, kw", [("forward", forward_kl, {}), ("jsd", generalized_jsd, {"beta": 0.3})])
+def test_minus_inf_teacher_logits_give_the_exact_divergence(kind, fn, kw):
+    """0 log 0 = 0: the value and gradient of the divergence written out with p = 0 there, and equal (to
+    rounding) to the same teachers with finfo.min in place of -inf."""
+    s, t, mask, weights = problem(seed=9)
+    t_inf = with_minus_inf(t)
+    want = per_position(kind, s, t_inf, weights, 0.3)
+    got, metrics = fn(s, t_inf, weights, mask, chunk_size=4, reduction="none", **kw)
+    np.testing.assert_allclose(got.detach().numpy(), torch.where(mask, want, 0).detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert torch.isfinite(metrics["teacher_disagreement"][mask]).all()
+    (g,) = torch.autograd.grad(got.sum(), s)
+    (g_want,) = torch.autograd.grad(torch.where(mask, want, 0).sum(), s)
+    np.testing.assert_allclose(g.numpy(), g_want.numpy(), atol=1e-13)
+    t_min = t_inf.masked_fill(torch.isneginf(t_inf), torch.finfo(torch.float64).min)
+    np.testing.assert_allclose(got.detach().numpy(), fn(s, t_min, weights, mask, reduction="none", **kw)[0].detach().numpy(),
+                               rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match=r"teacher 0 logits\[\d, \d\] is -inf at vocabulary index \d+ with weight > 0: "
+                                         r"the reverse KL is infinite"):
+        reverse_kl(s, t_inf, weights, mask)
+    whole = t.clone()
+    whole[2, 1, 4] = -math.inf
+    with pytest.raises(ValueError, match=r"teacher 2 logits\[1, 4\] is -inf at every vocabulary index"):
+        fn(s, whole, weights, **kw)
+
+
+def test_non_finite_teachers_with_weight_zero_on_that_sample_are_ignored():
+    """Routing: teacher 1 is NaN on the samples routed elsewhere; the loss equals the same teachers with
+    any finite values there, and a NaN on a sample where the weight is > 0 is still an error."""
+    s, t, mask, _ = problem(seed=10)
+    route = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0.5, 0, 0.5]], dtype=torch.float64)
+    bad = t.clone()
+    bad[1, 0] = math.nan
+    bad[1, 2, 3] = math.inf
+    bad[2, 1] = -math.inf
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        got, _ = fn(s, bad, route, mask, chunk_size=5)
+        want, _ = fn(s, t, route, mask, chunk_size=5)
+        assert float(got) == pytest.approx(float(want), rel=1e-13)
+        np.testing.assert_allclose(torch.autograd.grad(got, s)[0].numpy(), torch.autograd.grad(want, s)[0].numpy(),
+                                   atol=1e-14)
+    bad[1, 1, 2, 5] = math.nan
+    with pytest.raises(ValueError, match=r"teacher 1 logits\[1, 2\] has a non-finite logit \(nan\) at vocabulary index 5"):
+        forward_kl(s, bad, route, mask)
+
+
+def test_permuted_teachers_are_read_without_a_whole_copy_and_give_the_same_loss():
+    s, t, mask, weights = problem(seed=11)
+    permuted = t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)          # (K, B, T, V) view, T before B
+    assert not permuted[0].is_contiguous()
+    for fn in (forward_kl, reverse_kl):
+        a, _ = fn(s, permuted, weights, mask, chunk_size=4)
+        b, _ = fn(s, t, weights, mask, chunk_size=4)
+        assert float(a) == float(b)
+
+
+@pytest.mark.parametrize("fn", [kl_estimator_loss, rkl_policy_gradient])
+def test_sampled_losses_name_a_minus_inf_teacher_log_prob_and_ignore_it_at_weight_zero(fn):
+    s, t, mask, _ = problem(seed=12)
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(2))
+    lp = token_log_probs(t, tokens)
+    route = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]], dtype=torch.float64)
+    bad = lp.clone()
+    bad[1, 0] = -math.inf                                   # teacher 1 on sample 0: weight 0 there
+    b, p = [int(i) for i in torch.nonzero(~mask)[0]]
+    bad[0, b, p] = -math.inf if b == 0 else bad[0, b, p]   # a masked position
+    got, _ = fn(s, tokens, bad, route, mask, reduction="sum")
+    want, _ = fn(s, tokens, lp, route, mask, reduction="sum")
+    assert float(got) == pytest.approx(float(want), rel=1e-13)
+    assert torch.isfinite(torch.autograd.grad(got, s)[0]).all()
+    kept = [int(i) for i in torch.nonzero(mask[1])[0]][0]
+    bad[1, 1, kept] = -math.inf
+    with pytest.raises(ValueError, match=rf"teacher_log_probs\[1, 1, {kept}\] = -inf with weight 1.0 > 0"):
+        fn(s, tokens, bad, route, mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# autograd
+# ------------------------------------------------------------------------------------------------
+def test_a_second_backward_gives_the_same_gradient_and_double_backward_is_a_clear_error():
+    s, t, mask, weights = problem(seed=13)
+    teachers = t.clone().requires_grad_()
+    w = weights.clone().requires_grad_()
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        loss, _ = fn(s, teachers, w, mask)
+        (g1,) = torch.autograd.grad(loss, s, retain_graph=True)
+        (g2,) = torch.autograd.grad(loss, s, retain_graph=True)
+        assert torch.equal(g1, g2)
+        loss.backward()
+        assert teachers.grad is None and w.grad is None           # teachers and weights are constants
+        s.grad = None
+        loss, _ = fn(s, teachers, w, mask)
+        with pytest.raises(RuntimeError, match="cannot differentiate twice"):
+            torch.autograd.grad(loss, s, create_graph=True)

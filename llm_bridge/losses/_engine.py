@@ -40,8 +40,61 @@ def _check_finite(x, name, chunk):
                              f"({float(flat[lo + row, col])}) at vocabulary index {col}")
 
 
+class TeacherRows:
+    """Rows (positions) of a (B, T, V) teacher, read chunk by chunk without copying the teacher whole: a
+    flat view when its layout allows one (contiguous, or a view of the teacher axis of a larger tensor),
+    else the chunk's rows gathered by (sample, position) (a permuted view: only the chunk is copied)."""
+
+    def __init__(self, teacher):
+        teacher = teacher.detach()                   # a constant: no gradient flows to the teachers
+        self.B, self.T = teacher.shape[:2]
+        try:
+            self.flat, self.tensor = teacher.view(-1, teacher.shape[-1]), None
+        except RuntimeError:
+            self.flat, self.tensor = None, teacher
+
+    def __call__(self, idx):
+        """Rows ``idx`` (a slice or an index tensor of flat positions b T + t) as an (n, V) tensor."""
+        if self.flat is not None:
+            return self.flat[idx]
+        if isinstance(idx, slice):
+            idx = torch.arange(self.B * self.T, device=self.tensor.device)[idx]
+        return self.tensor[idx // self.T, idx % self.T]
+
+
+def _check_teacher(rows, k, live_samples, V, kind, chunk):
+    """A full teacher's logits, scanned in chunks. On samples where its weight is > 0: NaN / +inf, a row
+    of -inf only, or (reverse KL) any -inf, is a ValueError naming the first position; -inf elsewhere
+    is a valid log-prob (vocabulary masks, top-p filtering: p = 0, 0 log 0 = 0). On samples where its
+    weight is 0 anything goes. Returns (neg_inf: -inf on a live sample, sanitize: non-finite on a dead
+    one), so that the exact path is taken only for the teachers that need it."""
+    neg_inf = sanitize = False
+    N = rows.B * rows.T
+    for lo in range(0, N, chunk):
+        x = rows(slice(lo, lo + chunk))[:, :V]
+        finite = torch.isfinite(x)
+        if bool(finite.all()):
+            continue
+        live = live_samples[torch.arange(lo, lo + x.shape[0], device=live_samples.device) // rows.T][:, None]
+        minus_inf = torch.isneginf(x)
+        checks = ((~finite & ~minus_inf & live, "has a non-finite logit ({value}) at vocabulary index {col}"),
+                  ((minus_inf.all(-1, keepdim=True) & live).expand_as(x), "is -inf at every vocabulary index"))
+        if kind == "reverse":
+            checks += ((minus_inf & live, "is -inf at vocabulary index {col} with weight > 0: the reverse KL is "
+                                          "infinite there (the student gives every token mass); use forward_kl "
+                                          "or generalized_jsd with 0 < beta < 1, or weight 0 on that sample"),)
+        for bad, message in checks:
+            if bool(bad.any()):
+                row, col = first_bad(bad)
+                pos = [(lo + row) // rows.T, (lo + row) % rows.T]
+                raise ValueError(f"teacher {k} logits{pos} " + message.format(value=float(x[row, col]), col=col))
+        neg_inf = neg_inf or bool((minus_inf & live).any())
+        sanitize = sanitize or bool((~finite & ~live).any())
+    return neg_inf, sanitize
+
+
 def check_weights(weights, K, B):
-    w = torch.as_tensor(weights, dtype=torch.float64)
+    w = torch.as_tensor(weights, dtype=torch.float64).detach()      # a constant, as the teachers
     if w.ndim == 1:
         if w.shape[0] != K:
             raise ValueError(f"weights has {w.shape[0]} entries but there are K = {K} teachers")
@@ -174,6 +227,9 @@ class Problem:
     metrics: bool                  # compute the per-position metrics
     bias: torch.Tensor = None      # the lm_head bias (V,) of the fused path
     num_items_in_batch: object = None   # the denominator of 'mean' under gradient accumulation
+    teacher_rows: list = None      # K TeacherRows (full teachers): chunk rows without a whole copy
+    neg_inf: list = None           # K bools: teacher k has -inf logits where its weight is > 0
+    sanitize: list = None          # K bools: teacher k has non-finite logits where its weight is 0
 
 
 def prepare(student, student_V, teachers, weights, mask, student_temperature, teacher_temperature, chunk_size,
@@ -251,14 +307,19 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
         _check_finite(s, "hidden_states", chunk_size)
     else:
         _check_finite(s[..., :V], "student_logits", chunk_size)
+    teacher_rows, neg_inf, sanitize = [], [], []
     if not all(topk):
         for k, t in enumerate(teachers):
-            _check_finite(t[..., :V], f"teacher {k} logits", chunk_size)
+            teacher_rows.append(TeacherRows(t))
+            flags = _check_teacher(teacher_rows[-1], k, w[:, k].to(t.device) > 0, V, kind, chunk_size)
+            neg_inf.append(flags[0])
+            sanitize.append(flags[1])
     compute = torch.float64 if s.dtype == torch.float64 else torch.float32
     return Problem(student=s, teachers=teachers, topk=all(topk), K=K, B=B, T=T, V=V, weights=w, mask=m,
                    tau_s=float(student_temperature), tau_t=float(teacher_temperature), chunk=chunk_size,
                    reduction=reduction, tail=tail, compute=compute, metrics=bool(metrics), bias=bias,
-                   num_items_in_batch=num_items_in_batch)
+                   num_items_in_batch=num_items_in_batch, teacher_rows=teacher_rows, neg_inf=neg_inf,
+                   sanitize=sanitize)
 
 
 
@@ -322,11 +383,15 @@ class ChunkedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():                 # create_graph=True: the saved gradient is not a graph
+            raise RuntimeError("the distillation losses compute the student's gradient during the forward pass, "
+                               "so they cannot differentiate twice (create_graph=True, double backward); "
+                               "write the objective out with torch ops where a second derivative is needed")
         grad_in, grad_w = ctx.saved_tensors
         g = grad_out.reshape(-1)
         out_in = out_w = None
-        if ctx.has[0]:
-            out_in = grad_in.mul_(g[:, None].to(grad_in.dtype)).reshape(ctx.in_shape)
+        if ctx.has[0]:               # out of place: a second backward (retain_graph=True) finds grad_in intact
+            out_in = (grad_in * g[:, None].to(grad_in.dtype)).reshape(ctx.in_shape)
         if ctx.has[1]:
             if not bool((g == g[0]).all()):
                 raise RuntimeError("fused_linear_loss supports reduction 'mean' or 'sum' for the lm_head weight")

@@ -35,12 +35,23 @@ def _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importanc
     if lp.ndim != 3 or lp.shape[1:] != (B, T):
         raise ValueError(f"teacher_log_probs must have shape (K, B, T) = (K, {B}, {T}): each teacher's "
                          f"log-prob of the sampled tokens (token_log_probs(teacher_logits, tokens)), got {tuple(lp.shape)}")
-    bad = torch.isnan(lp) | (lp > 1e-6)
+    w = check_weights(weights, lp.shape[0], B).to(lq.dtype).to(lq.device)
+    m = check_mask(mask, B, T, lq.device, empty_mask)
+    lp = lp.detach()                                            # a constant: no gradient flows to the teachers
+    live = (w.T[:, :, None] > 0).to(lp.device) & m[None].to(lp.device)   # (K, B, T): weight > 0, kept
+    bad = (torch.isnan(lp) | (lp > 1e-6)) & live
     if bool(bad.any()):
         i = first_bad(bad)
         raise ValueError(f"teacher_log_probs{list(i)} = {float(lp[i])} is not a log-probability")
-    w = check_weights(weights, lp.shape[0], B).to(lq.dtype).to(lq.device)
-    m = check_mask(mask, B, T, lq.device, empty_mask)
+    minus_inf = torch.isneginf(lp)
+    if bool((minus_inf & live).any()):
+        i = first_bad(minus_inf & live)
+        raise ValueError(f"teacher_log_probs{list(i)} = -inf with weight {float(w[i[1], i[0]])} > 0 at a kept "
+                         f"position: the sampled token has probability 0 under teacher {i[0]}, so its log-ratio "
+                         f"(the reward, k1/k2/k3) is infinite; mask the position or give the teacher weight 0 there")
+    dead = ~torch.isfinite(lp) & ~live
+    if bool(dead.any()):                       # weight 0 or masked: exact zeros, and no NaN in the backward
+        lp = torch.where(dead, torch.zeros_like(lp), lp)
     if importance_weights is None:
         rho = torch.ones(B, T, dtype=lq.dtype, device=lq.device)
     else:

@@ -82,7 +82,9 @@ def _terms(problem, kind, beta):
     r = sum_k w_k ln p_k and sum_k w_k sum_a p_k ln p_k accumulate, so that
     forward = sum_k w_k sum p_k ln p_k - sum_a A ln q, reverse = sum_a q (ln q - r),
     disagreement = sum_k w_k sum p_k ln p_k - sum_a A ln A (= H(A) - sum_k w_k H(p_k)), ln z = lse(r).
-    Logits are finite (checked), so every ln p_k is finite and weight-0 teachers add exact zeros.
+    Where a teacher's weight is > 0 its logits are finite or -inf (checked; -inf only for forward KL and
+    the JSD, with 0 log 0 = 0 taken explicitly for the teachers that have one); where its weight is 0
+    non-finite logits are replaced by a finite row, so weight-0 teachers add exact zeros.
     """
     teachers, V, compute, tau_t = problem.teachers, problem.V, problem.compute, problem.tau_t
     w_pos = problem.weights.to(compute).to(problem.student.device)
@@ -102,16 +104,19 @@ def _terms(problem, kind, beta):
         A = pooled = None
         neg_entropy = 0.0
         jsd = 0.0
-        for k, t in enumerate(teachers):
-            logits = rows(t, idx)[:, :V].to(compute)
-            lp = torch.log_softmax(logits if tau_t == 1.0 else logits / tau_t, -1)
+        for k in range(len(teachers)):
+            logits = problem.teacher_rows[k](idx)[:, :V].to(compute)
             wk = w[:, k:k + 1]
+            if problem.sanitize[k]:               # non-finite logits where the weight is 0: any finite row
+                logits = torch.where(wk > 0, logits, torch.zeros_like(logits))
+            lp = torch.log_softmax(logits if tau_t == 1.0 else logits / tau_t, -1)
             if kind == "reverse":
                 pooled = wk * lp if pooled is None else pooled.add_(wk * lp)
                 if not metrics:
                     continue
             p = lp.exp()
-            neg_entropy = neg_entropy + wk[:, 0] * (p * lp).sum(-1)
+            p_lp = torch.where(p > 0, p * lp, torch.zeros_like(p)) if problem.neg_inf[k] else p * lp   # 0 log 0 = 0
+            neg_entropy = neg_entropy + wk[:, 0] * p_lp.sum(-1)
             A = wk * p if A is None else A.add_(wk * p)
             if metrics and kind != "reverse":
                 pooled = wk * lp if pooled is None else pooled.add_(wk * lp)
@@ -125,7 +130,8 @@ def _terms(problem, kind, beta):
             loss = jsd
         if not metrics:
             return loss, {}
-        return loss, {"teacher_disagreement": neg_entropy - (A * torch.log(A)).sum(-1),
+        a_log_a = torch.where(A > 0, A * torch.log(A), torch.zeros_like(A)) if any(problem.neg_inf) else A * torch.log(A)
+        return loss, {"teacher_disagreement": neg_entropy - a_log_a.sum(-1),
                       "neg_log_z": -torch.logsumexp(pooled, -1)}
     return terms
 
