@@ -293,3 +293,69 @@ def test_a_second_backward_gives_the_same_gradient_and_double_backward_is_a_clea
         loss, _ = fn(s, teachers, w, mask)
         with pytest.raises(RuntimeError, match="cannot differentiate twice"):
             torch.autograd.grad(loss, s, create_graph=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# kl_estimator_loss: the forward direction (torchrl), verl's clamp and k3+; the audit of both
+# ------------------------------------------------------------------------------------------------
+def sampled_problem(seed=14, scale=3.0):
+    s, t, mask, weights = problem(seed=seed)
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(seed))
+    return s, scale * t, mask, weights, tokens
+
+
+def test_forward_direction_clamp_and_k3_plus_against_their_formulas():
+    """direction='forward': torchrl's k3_kl_token_estimate(ln q, ln p) = e^d - 1 - d, d = ln q - ln p;
+    clamp=10: verl's low_var_kl (d = ln p - ln q clamped to [-20, 20], then the value to [-10, 10]);
+    k3+: verl's straight-through, k3's value and k2's gradient. Values and gradients, pool 'after'."""
+    s, t, mask, weights, tokens = sampled_problem()
+    lp, lq = token_log_probs(t, tokens), token_log_probs(s, tokens)
+    d_rev = lp - lq[None]
+    cases = {
+        ("k3", "forward", None): torch.expm1(-d_rev) + d_rev,
+        ("k3", "reverse", 10.0): (torch.expm1(d_rev.clamp(-20, 20)) - d_rev.clamp(-20, 20)).clamp(-10, 10),
+        ("k3+", "reverse", None): 0.5 * d_rev ** 2 - (0.5 * d_rev ** 2).detach() + (torch.expm1(d_rev) - d_rev).detach(),
+        ("k2", "forward", None): 0.5 * d_rev ** 2,
+    }
+    for (estimator, direction, clamp), per_teacher in cases.items():
+        want = (weights.T[:, :, None] * per_teacher).sum(0)[mask].sum()
+        got, _ = kl_estimator_loss(s, tokens, lp, weights, mask, estimator=estimator, direction=direction, clamp=clamp,
+                                   pool="after", reduction="sum")
+        assert float(got) == pytest.approx(float(want), rel=1e-12), (estimator, direction, clamp)
+        (g_got,) = torch.autograd.grad(got, s)
+        (g_want,) = torch.autograd.grad(want, s, retain_graph=True)
+        np.testing.assert_allclose(g_got.numpy(), g_want.numpy(), atol=1e-12)
+    # the clamp binds here (some d > 2.53) and its gradient is zero there
+    assert bool(((torch.expm1(d_rev) - d_rev) > 10).any())
+    with pytest.raises(ValueError, match="direction"):
+        kl_estimator_loss(s, tokens, lp, weights, direction="both")
+    with pytest.raises(ValueError, match="clamp"):
+        kl_estimator_loss(s, tokens, lp, weights, clamp=-1)
+
+
+def test_audit_rows_for_the_forward_direction_k3_plus_and_the_clamp():
+    from llm_bridge.losses import audit_estimators
+    g = torch.Generator().manual_seed(15)
+    s = torch.randn(3, 6, dtype=torch.float64, generator=g)
+    t = torch.randn(2, 3, 6, dtype=torch.float64, generator=g)
+    df = audit_estimators(s, t, [0.6, 0.4]).set_index(["estimator", "mode", "samples", "teachers", "direction"])
+    # torchrl's forward direction on teacher samples: k3 as a loss gives the FKL gradient (-> A)
+    assert df.loc[("k3", "loss", "teacher", "one", "forward"), "equals"] == "FKL to A"
+    assert df.loc[("k3", "loss", "teacher", "routed", "forward"), "equals"] == "FKL to A"
+    # verl's k3+ as a loss on student samples gives the RKL gradient (k2's)
+    assert df.loc[("k3+", "loss", "student", "pooled", "reverse"), "equals"] == "RKL to l"
+    assert df.loc[("k3+", "loss", "student", "one", "reverse"), "err RKL to l"] < 1e-12
+    # the clamp: where p / q stays below e^2.53 it changes nothing; where it binds the gradient departs
+    mild = audit_estimators(s, t, [0.6, 0.4], clamp=10.0)
+    mild = mild[(mild.direction == "reverse") & (mild.samples == "student")]
+    k3 = mild[mild.estimator == "k3"].reset_index(drop=True)
+    k3c = mild[mild.estimator == "k3 clamp 10"].reset_index(drop=True)
+    assert (k3["equals"] == k3c["equals"]).all()
+    t_far = t.clone()
+    t_far[0, 0, 0] = 8.0                                   # teacher 0 puts ~0.98 on token 0 at position 0,
+    s_far = s.clone()
+    s_far[0, 0] = -4.0                                     # the student ~0.003: p / q far above e^2.53
+    far = audit_estimators(s_far, t_far, [0.6, 0.4], clamp=10.0).set_index(
+        ["estimator", "mode", "samples", "teachers", "direction"])
+    assert far.loc[("k3", "loss", "student", "one", "reverse"), "equals"] == "FKL to A"
+    assert far.loc[("k3 clamp 10", "loss", "student", "one", "reverse"), "err FKL to A"] > 0.05

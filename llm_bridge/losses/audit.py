@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from ._engine import check_weights
-from .sampled import ESTIMATORS
+from .sampled import DIRECTIONS, ESTIMATORS, VERL_LOG_RATIO_CLAMP
 
 TEACHER_SETUPS = ("one", "pooled", "per-teacher", "routed")
 MODES = ("loss", "reward")
@@ -53,30 +53,46 @@ def _references(setup):
     return refs
 
 
-def _phi(estimator, mode, samples, r, sample_lp, lq):
-    """The per-sample coefficient of (e_x - q): -c k'(r) as a loss, c k(r) as a reward (c: the IS weight)."""
-    value, derivative = ESTIMATORS[estimator]
+def _clamped_k3(clamp):
+    """verl's low_var_kl: k3 of r clamped to [-20, 20], the value clamped at ``clamp``; its gradient is 0
+    wherever either clamp binds."""
+    def value(r):
+        return (torch.expm1(r.clamp(-VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP))
+                - r.clamp(-VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP)).clamp(-clamp, clamp)
+
+    def derivative(r):
+        free = (r.abs() <= VERL_LOG_RATIO_CLAMP) & ((torch.expm1(r) - r) < clamp)
+        return torch.where(free, torch.expm1(r), torch.zeros_like(r))
+    return value, derivative
+
+
+def _phi(functions, mode, samples, r, sample_lp, lq, direction):
+    """The per-sample coefficient of (e_x - q): -c k'(r) as a loss, c k(r) as a reward (c: the IS weight);
+    direction 'forward' uses r' = ln q - ln p = -r, whose derivative in ln q is +k'(r')."""
+    value, derivative = functions
     c = torch.ones_like(r) if samples != "teacher + IS" else (lq - sample_lp).exp()
+    if direction == "forward":
+        return c * derivative(-r) if mode == "loss" else c * value(-r)
     return -c * derivative(r) if mode == "loss" else c * value(r)
 
 
-def _gradient(setup, teachers, estimator, mode, samples):
+def _gradient(setup, teachers, functions, mode, samples, direction="reverse"):
     """The exact expected gradient of one configuration."""
     lq, wk, lp_k = setup.lq, setup.weights, setup.lp
     live = [k for k in range(len(wk)) if wk[k] > 0]
     if teachers == "routed":                                  # k ~ w, then teacher k alone
         return sum(wk[k] * _expected(setup, lq if samples == "student" else lp_k[k],
-                                     _phi(estimator, mode, samples, lp_k[k] - lq,
-                                          lq if samples == "student" else lp_k[k], lq))
+                                     _phi(functions, mode, samples, lp_k[k] - lq,
+                                          lq if samples == "student" else lp_k[k], lq, direction))
                    for k in live)
     sample_lp = lq if samples == "student" else setup.log_a
     if teachers in ("one", "pooled"):
-        return _expected(setup, sample_lp, _phi(estimator, mode, samples, setup.r_pool - lq, sample_lp, lq))
-    if mode == "loss":                                        # per-teacher: sum_k w_k k(r_k)
-        phi = sum(wk[k] * _phi(estimator, mode, samples, lp_k[k] - lq, sample_lp, lq) for k in live)
+        return _expected(setup, sample_lp, _phi(functions, mode, samples, setup.r_pool - lq, sample_lp, lq, direction))
+    if mode == "loss" or direction == "forward":              # per-teacher: sum_k w_k k(r_k)
+        phi = sum(wk[k] * _phi(functions, mode, samples, lp_k[k] - lq, sample_lp, lq, direction) for k in live)
     else:
         c = torch.ones_like(lq) if samples != "teacher + IS" else (lq - sample_lp).exp()
-        phi = c * sum(wk[k] * ESTIMATORS[estimator][0](lp_k[k] - lq) for k in live)
+        phi = c * sum(wk[k] * functions[0](lp_k[k] - lq) for k in live)
     return _expected(setup, sample_lp, phi)
 
 
@@ -97,17 +113,21 @@ def _label(g, refs, tolerance):
 
 
 def audit_estimators(student_logits, teacher_logits, weights, *, student_temperature=1.0,
-                     teacher_temperature=1.0, tolerance=1e-6):
+                     teacher_temperature=1.0, tolerance=1e-6, clamp=None):
     """Exact expected gradient, with respect to the student's logits, of every sampled-token estimator
     configuration, and which divergence's gradient it equals (SPEC 4).
 
     student_logits (..., V) and teacher_logits (K, ..., V) at some positions; weights (K,). For a
     sample x from s with weight c(x) and per-sample loss L(x), E_s[grad L] = sum_x s(x) phi(x) (e_x - q)
     / tau_s, with phi = -c k'(r) for an estimator used as a loss and phi = c k(r) as a reward. The
-    configurations: estimator k1 / k2 / k3 x mode loss / reward x samples from the student, from the
-    teachers, from the teachers with importance weights q / s x teachers: 'one' (teacher 0 alone),
-    'pooled' (one estimator on sum_k w_k ln p_k - ln q; teacher samples from the mixture A), 'per-teacher'
-    (sum_k w_k k(r_k); samples from A), 'routed' (k ~ w per sample, teacher k's estimator and samples).
+    configurations: estimator k1 / k2 / k3 / k3+ (verl's: k3's value, k2's gradient) x mode loss /
+    reward x samples from the student, from the teachers, from the teachers with importance weights
+    q / s x teachers: 'one' (teacher 0 alone), 'pooled' (one estimator on sum_k w_k ln p_k - ln q;
+    teacher samples from the mixture A), 'per-teacher' (sum_k w_k k(r_k); samples from A), 'routed'
+    (k ~ w per sample, teacher k's estimator and samples) x direction 'reverse' (r = ln p - ln q) or
+    'forward' (r = ln q - ln p, torchrl's kl_direction='forward'). k3 here is unclamped; ``clamp``
+    (verl's low_var_kl: 10) adds the rows of estimator 'k3 clamp 10', whose gradient is 0 where the
+    clamp binds.
 
     Returns a pandas DataFrame, one row per configuration: the relative error of the expected gradient
     against each reference gradient (FKL to A: q - A; RKL to l: grad sum_k w_k KL(q || p_k); FKL to l:
@@ -119,18 +139,26 @@ def audit_estimators(student_logits, teacher_logits, weights, *, student_tempera
     t = torch.as_tensor(teacher_logits, dtype=torch.float64)
     if t.ndim != s.ndim + 1 or t.shape[1:] != s.shape:
         raise ValueError(f"teacher_logits must have shape (K,) + {tuple(s.shape)}, got {tuple(t.shape)}")
+    if clamp is not None and not (isinstance(clamp, (int, float)) and clamp > 0):
+        raise ValueError(f"clamp = {clamp!r} must be None or a positive number")
     K, V = t.shape[0], s.shape[-1]
     w = check_weights(weights, K, 1)[0]
     lq = torch.log_softmax(s.reshape(-1, V) / student_temperature, -1)
     lp = torch.log_softmax(t.reshape(K, -1, V) / teacher_temperature, -1)
+    estimators = dict(ESTIMATORS)
+    if clamp is not None:
+        estimators[f"k3 clamp {clamp:g}"] = _clamped_k3(float(clamp))
     rows = []
-    for teachers in TEACHER_SETUPS:
-        setup = _setup(lq, lp, w, teachers, student_temperature)
-        refs = _references(setup)
-        for estimator in ESTIMATORS:
-            for mode in MODES:
-                for samples in SAMPLES:
-                    errs, equals = _label(_gradient(setup, teachers, estimator, mode, samples), refs, tolerance)
-                    rows.append(dict(estimator=estimator, mode=mode, samples=samples, teachers=teachers,
-                                     equals=equals, **{f"err {name}": e for name, e in errs.items()}))
+    for direction in DIRECTIONS:
+        for teachers in TEACHER_SETUPS:
+            setup = _setup(lq, lp, w, teachers, student_temperature)
+            refs = _references(setup)
+            for estimator, functions in estimators.items():
+                for mode in MODES:
+                    for samples in SAMPLES:
+                        g = _gradient(setup, teachers, functions, mode, samples, direction)
+                        errs, equals = _label(g, refs, tolerance)
+                        rows.append(dict(estimator=estimator, mode=mode, samples=samples, teachers=teachers,
+                                         direction=direction, equals=equals,
+                                         **{f"err {name}": e for name, e in errs.items()}))
     return pd.DataFrame(rows)

@@ -137,23 +137,49 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
 
 ESTIMATORS = {"k1": (lambda r: -r, lambda r: -torch.ones_like(r)),
               "k2": (lambda r: 0.5 * r * r, lambda r: r),
-              "k3": (lambda r: torch.expm1(r) - r, lambda r: torch.expm1(r))}
+              "k3": (lambda r: torch.expm1(r) - r, lambda r: torch.expm1(r)),
+              # verl's straight-through "k3+": the value of k3, the gradient of k2
+              "k3+": (lambda r: torch.expm1(r) - r, lambda r: r)}
+DIRECTIONS = ("reverse", "forward")
+VERL_LOG_RATIO_CLAMP = 20.0       # verl clamps the log-ratio to [-20, 20] before its k3 ("for numerical stability")
+
+
+def _estimator_value(estimator, r, clamp):
+    """k(r) as a differentiable tensor: k3+ is k3's value with k2's gradient; ``clamp`` as verl's
+    low_var_kl: r clamped to [-20, 20], then the value to [-clamp, clamp] (zero gradient beyond)."""
+    if clamp is not None:
+        r = r.clamp(-VERL_LOG_RATIO_CLAMP, VERL_LOG_RATIO_CLAMP)
+    value = ESTIMATORS[estimator][0](r)
+    if clamp is not None:
+        value = value.clamp(-clamp, clamp)
+    if estimator == "k3+":
+        k2 = 0.5 * r * r
+        value = k2 - k2.detach() + value.detach()
+    return value
 
 
 def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=None, *, estimator="k3",
-                      mode="loss", pool="before", importance_weights=None, student_temperature=1.0,
-                      vocab_size=None, reduction="mean", num_items_in_batch=None, empty_mask="zero"):
+                      mode="loss", pool="before", direction="reverse", clamp=None, importance_weights=None,
+                      student_temperature=1.0, vocab_size=None, reduction="mean", num_items_in_batch=None,
+                      empty_mask="zero"):
     """A sampled-token KL estimator of SPEC 4, as practitioners use it (x = the sampled token):
-    r = ln p(x) - ln q(x); k1 = -r, k2 = r^2 / 2, k3 = (e^r - 1) - r.
+    r = ln p(x) - ln q(x); k1 = -r, k2 = r^2 / 2, k3 = (e^r - 1) - r; k3+ (verl's) k3's value with
+    k2's gradient.
 
     mode 'loss': rho k(r) differentiated through ln q (x fixed): on student samples k1 has zero expected
-    gradient, k2 gives the RKL gradient, k3 the FKL gradient (SPEC 4). mode 'reward': the detached value
-    as a cost in a policy gradient, rho sg(k(r)) ln q(x): k1 then gives the RKL gradient.
+    gradient, k2 gives the RKL gradient, k3 the FKL gradient (SPEC 4), k3+ the RKL gradient. mode
+    'reward': the detached value as a cost in a policy gradient, rho sg(k(r)) ln q(x): k1 then gives the
+    RKL gradient.
     pool 'before': one estimator on the pooled log-ratio sum_k w_k ln p_k(x) - ln q(x) (k3 then reaches
     l); 'after': sum_k w_k k(r_k), one estimator per teacher (k3 then reaches the arithmetic pool A).
-    One-hot rows of ``weights`` (B, K) route each sample to one teacher. ``audit_estimators`` gives the
-    exact expected gradient of every configuration. ``mask``, ``reduction``, ``num_items_in_batch`` and
-    ``empty_mask`` as in :func:`~llm_bridge.losses.forward_kl`. Returns (loss, metrics).
+    direction 'reverse' (r = ln p - ln q, for tokens sampled from the student) or 'forward'
+    (r = ln q - ln p, for tokens sampled from the teacher: torchrl's DistillationLoss
+    kl_direction='forward'; k3 as a loss then gives the FKL gradient). clamp: None, or verl's
+    low_var_kl / k3 clamp (clamp=10: r clamped to [-20, 20], the value to [-10, 10], zero gradient
+    where it binds: for k3 from r = 2.53 up). One-hot rows of ``weights`` (B, K) route each sample to
+    one teacher. ``audit_estimators`` gives the exact expected gradient of every configuration.
+    ``mask``, ``reduction``, ``num_items_in_batch`` and ``empty_mask`` as in
+    :func:`~llm_bridge.losses.forward_kl`. Returns (loss, metrics).
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator = {estimator!r} must be one of {sorted(ESTIMATORS)}")
@@ -161,17 +187,26 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
         raise ValueError(f"mode = {mode!r} must be 'loss' or 'reward'")
     if pool not in ("before", "after"):
         raise ValueError(f"pool = {pool!r} must be 'before' or 'after'")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction = {direction!r} must be one of {DIRECTIONS}")
+    if clamp is not None and not (isinstance(clamp, (int, float)) and not isinstance(clamp, bool) and clamp > 0):
+        raise ValueError(f"clamp = {clamp!r} must be None or a positive number (verl's low_var_kl: 10)")
     check_reduction(reduction, num_items_in_batch, empty_mask)
     lq, lp, w, m, rho = _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights,
                                  student_temperature, vocab_size, empty_mask)
-    value_of = ESTIMATORS[estimator][0]
-    if pool == "before":
-        value = value_of((w.T[:, :, None] * lp).sum(0) - lq)
+    if direction == "reverse" and clamp is None and estimator != "k3+":      # the original arithmetic, unchanged
+        value_of = ESTIMATORS[estimator][0]
+        if pool == "before":
+            value = value_of((w.T[:, :, None] * lp).sum(0) - lq)
+        else:
+            value = (w.T[:, :, None] * value_of(lp - lq[None])).sum(0)
     else:
-        value = (w.T[:, :, None] * value_of(lp - lq[None])).sum(0)
+        sign = 1 if direction == "reverse" else -1
+        if pool == "before":
+            value = _estimator_value(estimator, sign * ((w.T[:, :, None] * lp).sum(0) - lq), clamp)
+        else:
+            value = (w.T[:, :, None] * _estimator_value(estimator, sign * (lp - lq[None]), clamp)).sum(0)
     per_token = rho * (value if mode == "loss" else value.detach() * lq)
     metrics = {"estimate": float((value.detach() * m).sum() / m.sum()), "estimator": estimator, "mode": mode,
-               "pool": pool}
+               "pool": pool, "direction": direction, "clamp": clamp}
     return _reduce_tokens(per_token, m, reduction, num_items_in_batch), metrics
-
-
