@@ -5,51 +5,28 @@ their released wheels (torch code path only, nothing but the function and the mo
 (or $LOSSES_ORACLE_DIR); without them every test here skips, saying so, so the suite runs offline.
 """
 
-import ast
-import importlib.util
-import math
-import os
-import sys
-import textwrap
-import types
-from pathlib import Path
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from llm_bridge.losses import (forward_kl, fused_linear_loss, generalized_jsd, kl_estimator_loss, mask_from_labels,
                                token_log_probs)
+from llm_bridge.losses import oracle
 
 pytestmark = pytest.mark.oracle
-ROOT = Path(__file__).resolve().parents[1]
-ORACLE = Path(os.environ.get("LOSSES_ORACLE_DIR", ROOT / ".cache" / "oracle"))
-SOURCES = {  # unpacked wheel -> the one file the tests read
-    "trl": "trl/experimental/gkd/gkd_trainer.py",
-    "verl": "verl/trainer/ppo/core_algos.py",
-    "torchrl": "torchrl/objectives/llm/distillation.py",
-    "liger": "liger_kernel/chunked_loss/jsd_loss.py",
-}
-
-
-def source(package):
-    path = ORACLE / package / SOURCES[package]
-    if not path.exists():
-        pytest.skip(f"{package}'s wheel is not unpacked under {ORACLE} (run `make oracle`)")
-    return path
 
 
 def functions(package, *names, cls=None):
-    """The named top-level functions (or methods of ``cls``) of the package's file, executed alone in a
-    namespace holding torch and F: no import of the package (and of its dependencies) at all."""
-    path = source(package)
-    tree = ast.parse(path.read_text())
-    scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body if cls else tree.body
-    namespace = {"torch": torch, "F": F, "math": math}
-    for node in scope:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
-            exec(textwrap.dedent(ast.get_source_segment(path.read_text(), node)), namespace)
-    return [namespace[n] for n in names]
+    try:
+        return oracle.functions(package, *names, cls=cls)
+    except oracle.OracleMissing as missing:
+        pytest.skip(str(missing))
+
+
+def liger_jsd_class():
+    try:
+        return oracle.liger_jsd_class()
+    except oracle.OracleMissing as missing:
+        pytest.skip(str(missing))
 
 
 def problem(seed=0, B=2, T=5, V=11):
@@ -109,32 +86,6 @@ def test_torchrl_k3_token_estimate_equals_kl_estimator_loss(direction):
     g_theirs, = torch.autograd.grad(theirs.sum(), s)
     g_ours, = torch.autograd.grad(ours.sum(), s)
     torch.testing.assert_close(g_ours, g_theirs, rtol=1e-14, atol=1e-15)
-
-
-def liger_jsd_class():
-    """LigerFusedLinearJSDLoss from its two files, under stub parent packages (no Triton import)."""
-    path = source("liger")
-    saved = {name: sys.modules.get(name) for name in ("liger_kernel", "liger_kernel.chunked_loss",
-                                                      "liger_kernel.chunked_loss.fused_linear_distillation")}
-    try:
-        for name in ("liger_kernel", "liger_kernel.chunked_loss"):
-            stub = types.ModuleType(name)
-            stub.__path__ = []
-            sys.modules[name] = stub
-        modules = {}
-        for name in ("fused_linear_distillation", "jsd_loss"):
-            full = f"liger_kernel.chunked_loss.{name}"
-            spec = importlib.util.spec_from_file_location(full, path.parent / f"{name}.py")
-            modules[name] = importlib.util.module_from_spec(spec)
-            sys.modules[full] = modules[name]
-            spec.loader.exec_module(modules[name])
-        return modules["jsd_loss"].LigerFusedLinearJSDLoss
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 @pytest.mark.parametrize("beta", [0.1, 0.5, 0.9])
