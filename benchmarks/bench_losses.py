@@ -114,16 +114,19 @@ def contenders(size, dtype, liger_class):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the small size only")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {sorted(SIZES)}")
+    ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated, of float32 and bf16")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     liger_class = liger_loss_class()
     print(f"threads = {args.threads}; Liger: {'LigerFusedLinearJSDLoss (torch path)' if liger_class else 'absent (make oracle)'}")
+    dtypes = {"float32": torch.float32, "bf16": torch.bfloat16}
     for name, size in SIZES.items():
-        if args.quick and name != "small":
+        if name not in args.sizes.split(",") or (args.quick and name != "small"):
             continue
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (dtypes[d] for d in args.dtypes.split(",")):
             runs = contenders(size, dtype, liger_class)
             for fn in runs.values():
                 fn()                                                     # warm-up, allocator settled

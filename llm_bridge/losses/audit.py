@@ -2,6 +2,7 @@
 sampling, and which divergence's gradient it equals (SPEC 4)."""
 
 from dataclasses import dataclass
+from itertools import product
 
 import torch
 
@@ -149,16 +150,12 @@ def audit_estimators(student_logits, teacher_logits, weights, *, student_tempera
     if clamp is not None:
         estimators[f"k3 clamp {clamp:g}"] = _clamped_k3(float(clamp))
     rows = []
-    for direction in DIRECTIONS:
-        for teachers in TEACHER_SETUPS:
-            setup = _setup(lq, lp, w, teachers, student_temperature)
-            refs = _references(setup)
-            for estimator, functions in estimators.items():
-                for mode in MODES:
-                    for samples in SAMPLES:
-                        g = _gradient(setup, teachers, functions, mode, samples, direction)
-                        errs, equals = _label(g, refs, tolerance)
-                        rows.append(dict(estimator=estimator, mode=mode, samples=samples, teachers=teachers,
-                                         direction=direction, equals=equals,
-                                         **{f"err {name}": e for name, e in errs.items()}))
+    for direction, teachers in product(DIRECTIONS, TEACHER_SETUPS):
+        setup = _setup(lq, lp, w, teachers, student_temperature)
+        refs = _references(setup)
+        for estimator, mode, samples in product(estimators, MODES, SAMPLES):
+            g = _gradient(setup, teachers, estimators[estimator], mode, samples, direction)
+            errs, equals = _label(g, refs, tolerance)
+            rows.append(dict(estimator=estimator, mode=mode, samples=samples, teachers=teachers, direction=direction,
+                             equals=equals, **{f"err {name}": e for name, e in errs.items()}))
     return pd.DataFrame(rows)
