@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean
+.PHONY: regret test install install-test bench figures gallery clean oracle
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -33,6 +33,22 @@ regret: .venv/.installed
 test: .venv/.installed-test
 	$(PY) -m pytest $(PYTEST) -n 2 --dist loadgroup || [ $$? -eq 5 ]
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest $(PYTEST) -m nojit || [ $$? -eq 5 ]
+
+# The oracle tier: llm_bridge.losses against TRL's, verl's, torchrl's and Liger's own functions. Their
+# wheels are downloaded without dependencies and only the files the tests read are unpacked, under
+# .cache/oracle/<package>/ (tests/test_losses_oracle.py skips, saying so, when they are absent).
+ORACLE        := .cache/oracle
+ORACLE_WHEELS := trl==1.16.0 verl==0.9.1 torchrl==0.14.1 liger-kernel==0.8.5
+oracle: .venv/.installed-test
+	mkdir -p $(ORACLE)/wheels
+	$(PIP) download -q --no-deps -d $(ORACLE)/wheels $(ORACLE_WHEELS)
+	$(PY) -c "import glob, zipfile; \
+	  want = {'trl': 'trl/experimental/gkd/', 'verl': 'verl/trainer/ppo/core_algos.py', \
+	          'torchrl': 'torchrl/objectives/llm/distillation.py', 'liger_kernel': 'liger_kernel/chunked_loss/'}; \
+	  [zipfile.ZipFile(w).extractall('$(ORACLE)/' + ('liger' if p == 'liger_kernel' else p), \
+	     [n for n in zipfile.ZipFile(w).namelist() if n.startswith(want[p])]) \
+	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
+	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py
 
 # Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).
 figures: .venv/.installed

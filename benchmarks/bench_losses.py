@@ -1,135 +1,147 @@
-"""Speed and memory of llm_bridge.losses against the straightforward implementation, side by side in one
-run: the straightforward forward KL materialises the float32 log-softmax of every teacher and of the
-student at once and lets autograd keep what it needs.
+"""The multi-teacher forward KL, forward + backward, side by side in ONE process with the same allocator
+settings for every contender (glibc's mmap threshold fixed at 64 KiB before the first measurement, by
+llm_bridge._memory, for all of them):
 
-    python benchmarks/bench_losses.py                 # B = 4, T = 1024, V = 49152, K = 3 (the issue's size)
-    python benchmarks/bench_losses.py --T 256 --quick # smaller, for a look
+    naive     every teacher's and the student's float32 log-softmax at once, autograd keeps what it needs
+    careful   the teachers under no_grad pooled into one target A = sum_k w_k p_k, then
+              sum_k w_k sum p_k ln p_k - sum A ln q (one (B, T, V) target, one student log-softmax)
+    ours      llm_bridge.losses.forward_kl (chunked, gradient computed in the forward pass)
+    liger     Liger's chunked LigerFusedLinearJSDLoss at beta = 0 (forward KL), torch path
+              (compiled=False), one call per teacher (K = 1: one call), from hidden states and lm_head
+              weights; beside it ours from the same hidden states: fused_linear_loss
+              (needs `make oracle`, which unpacks Liger's files; skipped otherwise)
 
-Reports, for float32 and bf16 inputs, the peak memory above the inputs during forward + backward
-(CPU: resident memory sampled every 0.5 ms by psutil in a thread, llm_bridge._memory; CUDA: the
-allocator's peak) and the best wall time of
-forward + backward, for ours and the straightforward one, their ratios, and tokens per second. The
-fused path (hidden states + lm_head) is measured at two vocabulary sizes: its peak should not grow
-with V beyond the chunk and the weight's own gradient. Each measurement runs in a fresh process, so
-one run's freed memory cannot hide the next one's peak.
+    python benchmarks/bench_losses.py            # two sizes, float32 and bf16 inputs
+    python benchmarks/bench_losses.py --quick    # the small size only
+
+Reports the peak resident memory above the inputs during forward + backward (psutil, sampled every
+0.5 ms in a thread) and the best of `--repeats` wall times, and the ratios of ours against the careful
+implementation and against Liger's. Ratios, not absolute numbers, are what carries over.
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
+from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this script)
+import torch  # noqa: E402
+
+from llm_bridge._memory import peak_rss_mib  # noqa: E402
+from llm_bridge.losses import forward_kl, fused_linear_loss  # noqa: E402
+from timing import best_time  # noqa: E402
+
+SIZES = {"small": dict(B=2, T=256, V=8192, K=3, H=256), "large": dict(B=2, T=512, V=32000, K=3, H=512)}
 
 
-def measure(args):
-    import torch
+def liger_loss_class():
+    """LigerFusedLinearJSDLoss from the files `make oracle` unpacks (llm_bridge.losses.oracle)."""
+    from llm_bridge.losses import oracle
+    try:
+        return oracle.liger_jsd_class()
+    except oracle.OracleMissing:
+        return None
 
-    from llm_bridge._memory import peak_rss_mib
-    from llm_bridge.losses import forward_kl, fused_linear_loss
-    torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
-    dtype = {"float32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    dev = torch.device(args.device)
-    B, T, V, K = args.B, args.T, args.V, args.K
+
+def contenders(size, dtype, liger_class):
+    B, T, V, K, H = (size[k] for k in "BTVKH")
+    g = torch.Generator().manual_seed(0)
     w = torch.full((K,), 1.0 / K)
-    if args.which in ("ours", "straightforward"):
-        student = torch.randn(B, T, V, device=dev).to(dtype).requires_grad_()
-        teachers = torch.randn(K, B, T, V, device=dev).to(dtype)
+    student = torch.randn(B, T, V, generator=g).to(dtype).requires_grad_()
+    teachers = torch.randn(K, B, T, V, generator=g).to(dtype)
+    hidden = torch.randn(B * T, H, generator=g).to(dtype).requires_grad_()
+    weight = (torch.randn(V, H, generator=g) / H ** 0.5).to(dtype).requires_grad_()
+    t_hidden = torch.randn(K, B * T, H, generator=g).to(dtype)
+    t_weight = (torch.randn(K, V, H, generator=g) / H ** 0.5).to(dtype)
+    with torch.no_grad():
+        t_logits = torch.einsum("knh,kvh->knv", t_hidden.float(), t_weight.float()).to(dtype).reshape(K, B, T, V)
 
-        def ours():
-            loss, _ = forward_kl(student, teachers, w, chunk_size=args.chunk or None, metrics=args.metrics == 1)
-            loss.backward()
-            student.grad = None
+    def naive():
+        lq = torch.log_softmax(student.float(), -1)
+        lp = torch.log_softmax(teachers.float(), -1)
+        loss = (w[:, None, None] * (lp.exp() * (lp - lq[None])).sum(-1)).sum(0).mean()
+        loss.backward()
+        student.grad = None
 
-        def straightforward():
-            lq = torch.log_softmax(student.float(), -1)
-            lp = torch.log_softmax(teachers.float(), -1)
-            loss = (w[:, None, None] * (lp.exp() * (lp - lq[None])).sum(-1)).sum(0).mean()
-            loss.backward()
-            student.grad = None
-        fn = ours if args.which == "ours" else straightforward
-    else:                                                        # the fused path, or its straightforward twin
-        H = args.H
-        hidden = torch.randn(B, T, H, device=dev).to(dtype).requires_grad_()
-        weight = (torch.randn(V, H, device=dev) / H ** 0.5).to(dtype).requires_grad_()
-        teachers = torch.randn(K, B, T, V, device=dev).to(dtype)
+    def careful():
+        with torch.no_grad():
+            target = torch.zeros(B, T, V)
+            const = torch.zeros(B, T)
+            for k in range(K):
+                lp = torch.log_softmax(teachers[k].float(), -1)
+                p = lp.exp()
+                target.add_(w[k] * p)
+                const.add_(w[k] * (p * lp).sum(-1))
+                del lp, p
+        loss = (const - (target * torch.log_softmax(student.float(), -1)).sum(-1)).mean()
+        loss.backward()
+        student.grad = None
 
-        def fn():
-            if args.which == "fused":
-                loss, _ = fused_linear_loss(hidden, weight, teachers, w, chunk_size=args.chunk or None, metrics=args.metrics == 1)
-            else:
-                loss, _ = forward_kl(hidden @ weight.T, teachers, w, chunk_size=args.chunk or None, metrics=args.metrics == 1)
+    def ours():
+        forward_kl(student, teachers, w, metrics=False)[0].backward()
+        student.grad = None
+
+    runs = {"naive": naive, "careful": careful, "ours": ours}
+
+    def ours_fused():
+        fused_linear_loss(hidden.reshape(B, T, H), weight, t_logits, w, metrics=False)[0].backward()
+        hidden.grad = weight.grad = None
+    runs["ours, fused (hidden states)"] = ours_fused
+    if liger_class is not None:
+        liger = liger_class(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=0.0, compiled=False)
+        labels = torch.zeros(B * T, dtype=torch.long)
+
+        def liger_k_calls():
+            loss = sum(w[k] * liger(hidden, weight, t_hidden[k], t_weight[k], labels) for k in range(K))
             loss.backward()
             hidden.grad = weight.grad = None
-    fn()                                                         # warm-up: allocator, threads
-    if dev.type == "cuda":
-        def timed():
-            fn()
-            torch.cuda.synchronize()
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        timed()
-        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        seconds = best_time(timed, args.repeats, warmup=False)
-    else:
-        peak = peak_rss_mib(fn)
-        seconds = best_time(fn, args.repeats, warmup=False)
-    print(json.dumps(dict(which=args.which, dtype=args.dtype, V=V, peak_mib=peak, seconds=seconds,
-                          tokens_per_s=B * T / seconds)))
 
+        def liger_one_teacher():
+            liger(hidden, weight, t_hidden[0], t_weight[0], labels).backward()
+            hidden.grad = weight.grad = None
 
-def run(args, **over):
-    cmd = [sys.executable, __file__, "--measure"]
-    for key, value in {**vars(args), **over}.items():
-        if key in ("measure", "quick"):
-            continue
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+        def ours_fused_one_teacher():
+            fused_linear_loss(hidden.reshape(B, T, H), weight, t_logits[:1], [1.0], metrics=False)[0].backward()
+            hidden.grad = weight.grad = None
+        runs.update({"liger, K calls": liger_k_calls, "liger, K = 1": liger_one_teacher,
+                     "ours, fused, K = 1": ours_fused_one_teacher})
+    return runs
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--B", type=int, default=4)
-    ap.add_argument("--T", type=int, default=1024)
-    ap.add_argument("--V", type=int, default=49152)
-    ap.add_argument("--K", type=int, default=3)
-    ap.add_argument("--H", type=int, default=576)
-    ap.add_argument("--chunk", type=int, default=0, help="positions per chunk (0: the library's default)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="the small size only")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {sorted(SIZES)}")
+    ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated, of float32 and bf16")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--device", default="cpu", help="cpu, or cuda (peak memory from torch.cuda's allocator)")
-    ap.add_argument("--which", default="ours")
-    ap.add_argument("--metrics", type=int, default=1)
-    ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    if args.measure:
-        return measure(args)
-    print(f"B = {args.B}, T = {args.T}, V = {args.V}, K = {args.K}, chunk = {args.chunk or 'default'}, "
-          f"device = {args.device}, threads = {args.threads}")
-    print(f"{'inputs':>8} {'implementation':>16} {'peak MiB':>9} {'s (f+b)':>8} {'tokens/s':>9}")
-    for dtype in ("float32", "bf16"):
-        res = {which: run(args, dtype=dtype, which=which) for which in ("ours", "straightforward")}
-        res["ours, no metrics"] = run(args, dtype=dtype, which="ours", metrics=0)
-        for which, r in res.items():
-            print(f"{dtype:>8} {which:>16} {r['peak_mib']:9.0f} {r['seconds']:8.3f} {r['tokens_per_s']:9.0f}")
-        res = {k: v for k, v in res.items()}
-        for which in ("ours", "ours, no metrics"):
-            print(f"{dtype:>8} {'ratio ' + which[4:] if which != 'ours' else 'ratio':>16} "
-                  f"{res[which]['peak_mib'] / res['straightforward']['peak_mib']:9.3f} "
-                  f"{res[which]['seconds'] / res['straightforward']['seconds']:8.3f}   (targets: <= 0.25, <= 1.1)")
-    for V in (args.V // 4, args.V):
-        fused = run(args, V=V, dtype="float32", which="fused")
-        plain = run(args, V=V, dtype="float32", which="logits")
-        print(f"fused hidden-state path, V = {V}: peak {fused['peak_mib']:.0f} MiB (materialised logits: "
-              f"{plain['peak_mib']:.0f} MiB), {fused['seconds']:.3f} s, {fused['tokens_per_s']:.0f} tokens/s")
+    torch.set_num_threads(args.threads)
+    liger_class = liger_loss_class()
+    print(f"threads = {args.threads}; Liger: {'LigerFusedLinearJSDLoss (torch path)' if liger_class else 'absent (make oracle)'}")
+    dtypes = {"float32": torch.float32, "bf16": torch.bfloat16}
+    for name, size in SIZES.items():
+        if name not in args.sizes.split(",") or (args.quick and name != "small"):
+            continue
+        for dtype in (dtypes[d] for d in args.dtypes.split(",")):
+            runs = contenders(size, dtype, liger_class)
+            for fn in runs.values():
+                fn()                                                     # warm-up, allocator settled
+            peaks = {label: peak_rss_mib(fn) for label, fn in runs.items()}
+            times = best_time(runs, args.repeats, warmup=False)
+            print(f"\n{name} {size}, {str(dtype)[6:]} inputs")
+            print(f"{'':>30} {'peak MiB':>9} {'s (f+b)':>8}")
+            for label in runs:
+                print(f"{label:>30} {peaks[label]:9.0f} {times[label]:8.3f}")
+            pairs = [("ours", "careful"), ("ours", "naive"), ("ours, fused (hidden states)", "careful")]
+            if liger_class is not None:
+                pairs += [("ours, fused (hidden states)", "liger, K calls"), ("ours, fused, K = 1", "liger, K = 1")]
+            for a, b in pairs:
+                print(f"{'ratio ' + a + ' / ' + b:>60}: peak {peaks[a] / max(peaks[b], 1e-9):6.2f}x, "
+                      f"time {times[a] / times[b]:5.2f}x")
     return 0
 
 

@@ -8,6 +8,13 @@
     TabularLM(finite_state_teachers, k)               a FiniteStateTeachers teacher served as a causal LM
     load_model(spec), PersonaTeachers(model, tokenizer, personas, weights)   real models and personas
 
+Distillation losses for torch training loops (``llm_bridge.losses``; targets in SPEC 1, 2, 4):
+
+    forward_kl, reverse_kl, generalized_jsd(beta)   token level against K teachers' logits or TopK
+    fused_linear_loss(hidden_states, lm_head_weight, ...)   the same without the student's logits
+    rkl_policy_gradient, kl_estimator_loss, token_log_probs   sampled tokens (policy gradient, k1/k2/k3)
+    audit_estimators                                 the exact expected gradient of each estimator
+
 Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe) and ``python -m llm_bridge.probe_batch``.
 """
 
