@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from scipy.special import logsumexp
 
 import aggregation as ag
 from aggregation.validate import check_horizons, check_int, positive_teachers
 
-from .partition import Z_95, _sample, log_mean_exp_stats, option_log_probs
-from .teachers import _cache_name, _cache_of, _keep_last, expand_cache
+from .partition import Z_95, _sample, log_mean_exp_stats
+from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 
 
 # ------------------------------------------------------------------------------------------------
@@ -52,49 +53,59 @@ def torch_geometric_pool(log_probs, weights):
     return r - log_z[:, None], log_z
 
 
-def _runs(teachers, keep):
+def _runs(teachers):
     """Teachers that share a model and a template share one forward pass (a temperature pair):
-    {(model id, template): [teacher indices]} in order."""
+    [[teacher indices], ...] in order of first appearance."""
     runs = {}
-    for k in keep:
-        t = teachers.teachers[k]
-        runs.setdefault((id(t.model), tuple(t.template_ids)), []).append(int(k))
+    for k, t in enumerate(teachers.teachers):
+        runs.setdefault((id(t.model), tuple(t.template_ids)), []).append(k)
     return list(runs.values())
 
 
 @torch.no_grad()
-def _prefill_many(teachers, k, contexts):
-    """Left-padded batch of ``template_k + context`` (padding repeats each row's first token, masked
-    out; TabularLM's first token is BOS, which resets it). Returns (last logits (B, V), cache,
-    attention mask (B, L), next positions (B,))."""
+def _prefill_many(teachers, k, contexts, n_last):
+    """Teacher k's template (once, its KV cache repeated over the batch), then the contexts, left-padded
+    after it (padding repeats each context's first token and is masked out; TabularLM's first token is
+    BOS, which resets it; RoPE positions continue from the template). Returns (logits of the last
+    ``n_last`` positions (B, n_last, V), cache, attention mask (B, L), next positions (B,))."""
     t = teachers.teachers[k]
-    seqs = [list(t.template_ids) + list(c) for c in contexts]
-    L = max(len(s) for s in seqs)
-    ids = torch.tensor([[s[0]] * (L - len(s)) + s for s in seqs], device=teachers.device)
-    mask = torch.tensor([[0] * (L - len(s)) + [1] * len(s) for s in seqs], device=teachers.device)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    out = t.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                  **_keep_last(t.model))
-    return out.logits[:, -1], _cache_of(out), mask, positions[:, -1] + 1
+    model, dev = t.model, teachers.device
+    B, Lt = len(contexts), len(t.template_ids)
+    L = max(len(c) for c in contexts)
+    ids = torch.tensor([[c[0]] * (L - len(c)) + list(c) for c in contexts], device=dev)
+    mask = torch.tensor([[1] * Lt + [0] * (L - len(c)) + [1] * len(c) for c in contexts], device=dev)
+    positions = Lt + (mask[:, Lt:].cumsum(1) - 1).clamp(min=0)
+    extra = {"logits_to_keep": n_last} if _accepts(model, "logits_to_keep") else {}
+    if Lt:
+        head = model(input_ids=torch.tensor([list(t.template_ids)], device=dev), use_cache=True, **_keep_last(model))
+        extra[_cache_name(model)] = expand_cache(_cache_of(head), B)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    return out.logits[:, -n_last:], _cache_of(out), mask, positions[:, -1] + 1
 
 
 @torch.no_grad()
-def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_rows=512, return_tokens=False):
+def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_rows=512, return_tokens=False,
+                            score_last=None):
     """Per-step ``ln z(v c_<h)`` of ``n_samples`` continuations of every context v, sampled from l.
 
-    The contexts are batched (left-padded, ``max_rows`` sequences per batch: contexts x samples),
-    each context prefilled once and its KV cache repeated over its samples; teachers sharing a model
-    and a template (a temperature pair) share one forward pass. Entries after an end token are 0.
+    The contexts are batched (left-padded, ``max_rows`` sequences per batch: contexts x samples);
+    each teacher's template is run once per batch and each context once, its KV cache repeated over
+    its samples; teachers sharing a model and a template (a temperature pair) share one forward pass.
+    Entries after an end token are 0.
 
     Parameters
     ----------
     teachers : llm_bridge.Teachers; contexts : list of non-empty token-id lists (prompt + prefix).
     horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator.
+    score_last : optional list of ints, one per context: score its last ``score_last[i]`` tokens
+        (an option) from the same forward pass.
 
     Returns
     -------
     factors : (len(contexts), n_samples, horizon) float64; with ``return_tokens`` also the sampled
-    tokens (len(contexts), n_samples, horizon - 1) (-1 where sampling stopped: every row had ended).
+    tokens (len(contexts), n_samples, horizon - 1) (-1 where sampling stopped: every row had ended);
+    with ``score_last`` also a list of (teacher log-probs (K, T_i), local geometric log-probs (T_i,))
+    of those tokens (float64; l pools the positive-weight teachers).
     """
     horizon = check_int(horizon, "horizon")
     n_samples = check_int(n_samples, "n_samples", 1)
@@ -103,27 +114,42 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
                 for i, c in enumerate(contexts)]
     if not contexts:
         raise ValueError("contexts is empty")
+    if score_last is not None:
+        if len(score_last) != len(contexts):
+            raise ValueError(f"score_last has {len(score_last)} entries for {len(contexts)} contexts")
+        for i, (n, c) in enumerate(zip(score_last, contexts)):
+            if not 1 <= check_int(n, f"score_last[{i}]", 1) < len(c):
+                raise ValueError(f"score_last[{i}] = {n} must be below the context's length {len(c)}")
+            teachers.check_ids(c[-n:], f"contexts[{i}] scored tokens")
     keep = positive_teachers(teachers.weights)
     w = teachers.weights[keep]
-    runs = _runs(teachers, keep)
+    runs = _runs(teachers)
+    n_last = 1 + (max(score_last) if score_last is not None else 0)
     factors = np.zeros((len(contexts), n_samples, horizon))
     sampled = np.full((len(contexts), n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
-    if horizon == 0:
-        return (factors, sampled) if return_tokens else factors
+    scores = []
     ends = torch.tensor(teachers.end_token_ids or [-1], device=teachers.device)
     per_batch = max(1, max_rows // n_samples)
-    for lo in range(0, len(contexts), per_batch):
+    for lo in range(0, len(contexts) if horizon or score_last is not None else 0, per_batch):
         chunk = contexts[lo:lo + per_batch]
         B = len(chunk) * n_samples
         state = []                                      # per run: [cache, mask, next positions]
-        log_probs = {}
+        log_probs, kept = {}, {}
         for run in runs:
-            logits, cache, mask, pos = _prefill_many(teachers, run[0], chunk)
+            logits, cache, mask, pos = _prefill_many(teachers, run[0], chunk, n_last)
             state.append([expand_cache(cache, n_samples), mask.repeat_interleave(n_samples, 0),
                           pos.repeat_interleave(n_samples, 0)])
-            logits = logits.repeat_interleave(n_samples, 0)
             for k in run:
-                log_probs[k] = teachers.log_softmax(logits, teachers.teachers[k].temperature)
+                kept[k] = teachers.log_softmax(logits, teachers.teachers[k].temperature)     # (b, n_last, n)
+                log_probs[k] = kept[k][:, -1].repeat_interleave(n_samples, 0)
+        if score_last is not None:
+            for j, c in enumerate(chunk):
+                T = score_last[lo + j]
+                target = torch.tensor(c[-T:], device=teachers.device)
+                rows = [kept[k][j, -T - 1:-1] for k in range(teachers.K)]              # (T, n) each
+                path = np.stack([r.gather(1, target[:, None])[:, 0].double().cpu().numpy() for r in rows])
+                log_l, _ = torch_geometric_pool([rows[k] for k in keep], w)
+                scores.append((path, log_l.gather(1, target[:, None])[:, 0].cpu().numpy()))
         alive = np.ones(B, dtype=bool)
         for h in range(horizon):
             log_l, log_z = torch_geometric_pool([log_probs[k] for k in keep], w)
@@ -137,6 +163,8 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
             if not alive.any():
                 break
             for run, st in zip(runs, state):
+                if not any(k in keep for k in run):
+                    continue
                 cache, mask, pos = st
                 model = teachers.teachers[run[0]].model
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -145,7 +173,8 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
                 st[:] = [_cache_of(out), mask, pos + 1]
                 for k in run:
                     log_probs[k] = teachers.log_softmax(out.logits[:, -1], teachers.teachers[k].temperature)
-    return (factors, sampled) if return_tokens else factors
+    out = (factors,) + ((sampled,) if return_tokens else ()) + ((scores,) if score_last is not None else ())
+    return out if len(out) > 1 else factors
 
 
 # ------------------------------------------------------------------------------------------------
@@ -272,13 +301,19 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
             if len(q[key]) == 0:
                 raise ValueError(f"questions[{i}].{key} is empty")
     contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
-    factors = sample_log_factors_many(teachers, contexts, max(hs), n_samples, np.random.default_rng(seed), max_rows)
+    factors, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, np.random.default_rng(seed),
+                                              max_rows, score_last=[len(q[key]) for q in questions
+                                                                    for key in ("correct_ids", "incorrect_ids")])
+    log_w = np.log(np.where(teachers.weights > 0, teachers.weights, 1.0))
+    pos = teachers.weights > 0
     q_rows, h_rows = [], []
     names = teachers.names
     for i, q in enumerate(questions):
-        exact = option_log_probs(teachers, list(q["prompt_ids"]), [list(q["correct_ids"]), list(q["incorrect_ids"])])
-        teacher_margins = exact["teacher"][:, 0] - exact["teacher"][:, 1]
-        m = float(exact["reward"][0] - exact["reward"][1])
+        (path_c, local_c), (path_i, local_i) = scores[2 * i], scores[2 * i + 1]
+        seq = np.stack([path_c.sum(1), path_i.sum(1)], axis=1)                  # (K, 2): ln p_k(option | u)
+        teacher_margins = seq[:, 0] - seq[:, 1]
+        m = float(teachers.weights[pos] @ teacher_margins[pos])
+        mixture = [logsumexp(log_w[pos] + seq[pos, j]) for j in range(2)]
         prefer = bool(np.all(teacher_margins > 0))
         cc, ci = log_partition_curve(factors[2 * i], hs), log_partition_curve(factors[2 * i + 1], hs)
         gap = ci.log_partition - cc.log_partition
@@ -301,8 +336,8 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
                                flip=flip, flip_point=prefer and mg < 0))
         row = dict(id=q["id"])
         row.update({f"margin_{n}": float(v) for n, v in zip(names, teacher_margins)})
-        row.update(margin_local=float(exact["local_geometric"][0] - exact["local_geometric"][1]),
-                   margin_mixture=float(exact["mixture"][0] - exact["mixture"][1]), margin=m,
+        row.update(margin_local=float(local_c.sum() - local_i.sum()), margin_mixture=float(mixture[0] - mixture[1]),
+                   margin=m,
                    teachers_prefer_correct=prefer, drift=fit.drift, drift_se=fit.drift_se, drift_lo=fit.drift_lo,
                    drift_hi=fit.drift_hi, h_star=fit.h_star, h_star_lo=fit.h_star_lo, h_star_hi=fit.h_star_hi,
                    flip=any(flips), first_flip=next((h for h, f in zip(hs, flips) if f), -1),

@@ -171,3 +171,29 @@ def test_study_bad_input():
         flip_horizon_study(b, [], [0, 2], 4, 0)
     with pytest.raises(ValueError, match=r"contexts\[1\]"):
         sample_log_factors_many(b, [[t.n], [t.n, 99]], 2, 2, np.random.default_rng(0))
+
+
+def test_option_scores_from_the_shared_prefill_equal_the_exact_path_analysis():
+    """The study scores the options from the same (template-cached, left-padded) forward pass that
+    starts the sampling: teacher, l, mixture and pooled margins equal partition.option_log_probs'
+    independent unpadded passes, on a tiny Llama (two personas, a temperature twin, a weight-0 teacher)
+    and on TabularLM teachers."""
+    from llm_bridge.partition import option_log_probs
+    model = tiny_llama()
+    llama = Teachers([Teacher(model, [1, 2, 3], name="a"), Teacher(model, [4], temperature=1.7, name="b"),
+                      Teacher(model, [4], temperature=0.6, name="c"), Teacher(model, [5, 6], name="d")],
+                     [0.5, 0.3, 0.2, 0.0], 60, end_token_ids=[0, 7])
+    t = examples.random_teachers(3, 12, 6, seed=3, end_prob=0.05)
+    tab = Teachers([Teacher(TabularLM(t, k, pad=2), name=f"t{k}") for k in range(3)], [0.5, 0.3, 0.2], vocab_size=t.n)
+    cases = [(llama, [dict(id="x", prompt_ids=[9, 10, 11], correct_ids=[12, 13], incorrect_ids=[14]),
+                      dict(id="y", prompt_ids=[20], correct_ids=[21], incorrect_ids=[22, 23, 24])]),
+             (tab, [dict(id="z", prompt_ids=[t.n], correct_ids=[1, 2], incorrect_ids=[3])])]
+    for bridge, questions in cases:
+        q, _ = flip_horizon_study(bridge, questions, [0, 2], 3, seed=0, max_rows=3)
+        for (_, row), spec in zip(q.iterrows(), questions):
+            ex = option_log_probs(bridge, spec["prompt_ids"], [spec["correct_ids"], spec["incorrect_ids"]])
+            for k, name in enumerate(bridge.names):
+                assert row[f"margin_{name}"] == pytest.approx(ex["teacher"][k, 0] - ex["teacher"][k, 1], abs=2e-5)
+            assert row.margin == pytest.approx(ex["reward"][0] - ex["reward"][1], abs=2e-5)
+            assert row.margin_local == pytest.approx(ex["local_geometric"][0] - ex["local_geometric"][1], abs=2e-5)
+            assert row.margin_mixture == pytest.approx(ex["mixture"][0] - ex["mixture"][1], abs=2e-5)
