@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv
+from harness.cli import names_from
 
 from .horizon import exact_flip_horizon, flip_horizon_study
 from .probes import check_question, read_questions
@@ -114,7 +115,7 @@ def cells_for(size, only, base_seed):
                               base_seed=base_seed, stream=("tabular", "random", i)))
     if "smollm2" in only:
         qs = load_questions()[:size["questions"]]
-        for config in CONFIGS:
+        for config in (c for c in CONFIGS if c.name in size.get("configs", CONFIG_NAMES)):
             for lo in range(0, len(qs), size["group"]):
                 group = qs[lo:lo + size["group"]]
                 settings = dict(config=config.name, personas=[list(p) for p in config.personas],
@@ -211,6 +212,10 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--samples", type=int, default=None, help="continuations per option (default 8, quick 4)")
     ap.add_argument("--max-horizon", type=int, default=None, help="largest H (default 16, quick 4)")
+    ap.add_argument("--questions", type=int, default=None, help="the first N questions of the file (default all 46, "
+                                                                 "quick 6)")
+    ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
+                    help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     only = args.only or EXPERIMENTS
     try:
@@ -218,9 +223,12 @@ def main(argv=None):
             raise ValueError(f"--samples = {args.samples} must be >= 2")
         if args.max_horizon is not None and args.max_horizon < 1:
             raise ValueError(f"--max-horizon = {args.max_horizon} must be >= 1")
+        if args.questions is not None and args.questions < 1:
+            raise ValueError(f"--questions = {args.questions} must be >= 1")
         size = sizes(SIZES, args.quick)
-        size.update({k: v for k, v in (("samples", args.samples), ("max_horizon", args.max_horizon)) if v is not None})
-        size.update(model=args.model, device=args.device, dtype=args.dtype)
+        size.update({k: v for k, v in (("samples", args.samples), ("max_horizon", args.max_horizon),
+                                       ("questions", args.questions)) if v is not None})
+        size.update(model=args.model, device=args.device, dtype=args.dtype, configs=args.configs)
         if "smollm2" in only:
             from .models import resolve_model_path
             resolve_model_path(args.model)
