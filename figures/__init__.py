@@ -62,6 +62,7 @@ GALLERY = {
     "estimators": ("estimators",),
     "forgetting": ("forgetting_shares", "forgetting"),
     "rlvr": ("rlvr", "rlvr_cost"),
+    "flip_horizon": ("flip_horizon",),
 }
 DPI = 200
 
