@@ -57,11 +57,12 @@ def validation_figure(validation):
     rows (exact: -ln rho) and the random family; the diagonal is recovery."""
     fig = figure(TWO_COLUMNS / 2, 2.6)
     ax = fig.subplots()
-    for machine, colour in (("spec", "C3"), ("random", "C0")):
-        sub = validation[validation.machine == machine]
+    groups = [("spec", None)] + [("random", n) for n in sorted(validation.loc[validation.machine == "random", "samples"].unique(), reverse=True)]
+    for j, (machine, n) in enumerate(groups):
+        sub = validation[(validation.machine == machine) & ((validation.samples == n) if n is not None else True)]
         ax.errorbar(sub.exact_drift, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift], fmt="o",
-                    ms=3, color=colour, elinewidth=0.6, lw=0,
-                    label=f"{machine}: {int(sub.covered.sum())}/{len(sub)} intervals cover")
+                    ms=3, color=f"C{(3, 0, 2, 4)[j % 4]}", elinewidth=0.6, lw=0, alpha=0.8,
+                    label=f"{machine}{'' if n is None else f', N = {n}'}: {int(sub.covered.sum())}/{len(sub)} cover")
     lims = [min(validation.exact_drift.min(), validation.drift_lo.min()), max(validation.exact_drift.max(),
                                                                             validation.drift_hi.max())]
     ax.plot(lims, lims, color="k", lw=0.6)

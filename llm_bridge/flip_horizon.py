@@ -13,8 +13,8 @@ Writes to ``--out`` (default results/flip_horizon):
   flip_partitions.csv  config x question x H: ln Z_H(uC), ln Z_H(uI) with 95% intervals and ESS, the
                        gap D(H), g's margin with its interval, flip flags
   flip_summary.csv     per config: eligible questions, the distribution of H*, flips, the nearest case
-  flip_validation.csv  TabularLM teachers (SPEC 2's rows, a random family): the study's drift and H*
-                       against aggregation's exact ones
+  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random family at N = 300 and at the real
+                       study's N): the study's drift and H* against aggregation's exact ones
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
@@ -38,7 +38,7 @@ EXPERIMENTS = ("tabular", "smollm2")
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
 QUESTIONS = Path(__file__).resolve().parent / "data" / "flip_questions.jsonl"
 SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group": (16, 6),
-         "random_machines": (16, 4), "tabular_samples": (300, 100)}
+         "random_machines": (40, 4), "tabular_samples": (300, 100)}
 TABULAR_HORIZONS = (0, 1, 2, 4, 8, 16, 32)
 SPEC_ROWS = (([.9, .9], [[.9, .1], [.1, .9]], [.5, .5]), ([.9, .9], [[.8, .2], [.2, .8]], [.5, .5]),
              ([.99, .8], [[.8, .2], [.2, .8]], [.5, .5]), ([.9, .9], [[.8, .2], [.2, .8]], [.8, .2]))
@@ -109,10 +109,11 @@ def cells_for(size, only, base_seed):
         for i in range(len(SPEC_ROWS)):
             cells.append(Cell("flip_horizon", "tabular", dict(machine="spec", index=i, samples=8),
                               base_seed=base_seed, stream=("tabular", "spec", i)))
-        for i in range(size["random_machines"]):
-            cells.append(Cell("flip_horizon", "tabular", dict(machine="random", index=i, sigma=1.0,
-                                                              samples=size["tabular_samples"]),
-                              base_seed=base_seed, stream=("tabular", "random", i)))
+        # N = tabular_samples, and N = the real-model study's samples: the intervals' coverage at that N
+        for n in sorted({size["tabular_samples"], size["samples"]}):
+            for i in range(size["random_machines"]):
+                cells.append(Cell("flip_horizon", "tabular", dict(machine="random", index=i, sigma=1.0, samples=n),
+                                  base_seed=base_seed, stream=("tabular", "random", i, n)))
     if "smollm2" in only:
         qs = load_questions()[:size["questions"]]
         for config in (c for c in CONFIGS if c.name in size.get("configs", CONFIG_NAMES)):

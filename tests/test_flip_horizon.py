@@ -43,8 +43,9 @@ def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
     np.testing.assert_allclose(spec.h_star, spec.exact_h_star, rtol=1e-5)
     assert spec.covered.all() or np.allclose(spec.drift, spec.exact_drift, rtol=1e-6)
     np.testing.assert_array_equal(spec.exact_first_flip, [5, 10, 14, 16])
-    rnd = v[v.machine == "random"]
+    rnd = v[(v.machine == "random") & (v.samples == 100)]
     assert len(rnd) == 4 and rnd.covered.sum() >= 3
+    assert sorted(v[v.machine == "random"].samples.unique()) == [4, 100]     # and at the real study's N
     assert (out / "figures" / "flip_validation.png").exists()
 
 
@@ -109,9 +110,11 @@ def test_flip_figure_draws_a_boundary_per_horizon():
     x, y = boundary.get_data()
     np.testing.assert_allclose(y, np.asarray(x) / 8)
     assert "1 flips" in axes[0].get_title()
-    v = pd.DataFrame(dict(machine=["spec", "random"], drift=[0.5, 0.1], drift_lo=[0.5, 0.05], drift_hi=[0.5, 0.15],
-                          exact_drift=[0.5, 0.12], covered=[True, True]))
-    assert len(validation_figure(v).axes) == 1
+    v = pd.DataFrame(dict(machine=["spec", "random", "random"], samples=[8, 300, 8], drift=[0.5, 0.1, 0.2],
+                          drift_lo=[0.5, 0.05, 0.0], drift_hi=[0.5, 0.15, 0.3], exact_drift=[0.5, 0.12, 0.31],
+                          covered=[True, True, False]))
+    labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
+    assert labels == ["spec: 1/1 cover", "random, N = 300: 1/1 cover", "random, N = 8: 0/1 cover"]
 
 
 @pytest.mark.slow
