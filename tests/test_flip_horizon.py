@@ -41,7 +41,7 @@ def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
     spec = v[v.machine == "spec"].sort_values("index")
     np.testing.assert_allclose(spec.h_star, [4.301, 9.847, 13.40, 15.80], atol=0.006)
     np.testing.assert_allclose(spec.h_star, spec.exact_h_star, rtol=1e-5)
-    assert spec.covered.all() or np.allclose(spec.drift, spec.exact_drift, rtol=1e-6)
+    assert spec.covered.all()                      # zero-width intervals, within float32 of the exact drift
     np.testing.assert_array_equal(spec.exact_first_flip, [5, 10, 14, 16])
     rnd = v[(v.machine == "random") & (v.samples == 100)]
     assert len(rnd) == 4 and rnd.covered.sum() >= 3
