@@ -64,6 +64,7 @@ gallery: .venv/.installed-test
 	$(PY) sims/forgetting.py
 	$(PY) sims/rlvr.py
 	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
+	$(PY) -m llm_bridge.flip_horizon
 	$(PY) -m figures --gallery
 
 bench: .venv/.installed-test

@@ -7,7 +7,8 @@
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
 ``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes), ``topk_bias.csv``
 (``python -m llm_bridge.topk_bias``), ``spectrum.csv`` (``sims/rollout_spectrum.py``), ``gradients.csv``
-(``sims/estimators.py``), ``loglinear.csv`` (``sims/forgetting.py``), ``curves.csv`` (``sims/rlvr.py``). Its figures go to
+(``sims/estimators.py``), ``loglinear.csv`` (``sims/forgetting.py``), ``curves.csv`` (``sims/rlvr.py``),
+``flip_questions.csv`` / ``flip_validation.csv`` (``python -m llm_bridge.flip_horizon``). Its figures go to
 ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
 no backend switch): building a figure changes no global state.
 """
@@ -46,6 +47,7 @@ KINDS = (
     Kind("estimators", _exists("gradients.csv"), _module("estimators")),
     Kind("forgetting", _exists("loglinear.csv"), _module("forgetting")),
     Kind("rlvr", _exists("curves.csv"), _module("rlvr")),
+    Kind("flip_horizon", _exists("flip_questions.csv", "flip_validation.csv"), _module("flip_horizon")),
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.
@@ -60,6 +62,7 @@ GALLERY = {
     "estimators": ("estimators",),
     "forgetting": ("forgetting_shares", "forgetting"),
     "rlvr": ("rlvr", "rlvr_cost"),
+    "flip_horizon": ("flip_horizon",),
 }
 DPI = 200
 

