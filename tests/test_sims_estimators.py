@@ -73,5 +73,5 @@ def test_is_horizon_csv_against_an_enumeration_of_every_response():
         if got is not None:
             assert got.log_second_moment.item() == pytest.approx(np.log(total), rel=1e-10, abs=1e-12)
             assert got.per_step.item() == pytest.approx(np.log(total) / H, rel=1e-10, abs=1e-12)
-            if H <= 16:                                          # the Monte-Carlo check agrees within 5 s.e.
+            if got.mc_rel_se.item() < 0.05:     # the Monte-Carlo check, where its spread is small (w^2 is heavy-tailed)
                 assert abs(got.mc_log_second_moment.item() - np.log(total)) < 5 * got.mc_rel_se.item() + 1e-3
