@@ -1,11 +1,14 @@
 """Exact outcomes of tabular policies (SPEC 2, 5): every number a distance to a known target.
 
-    Evaluator      on a finite-state task: KL_seq(q || P) on q's own rollouts for every target P, the
-                   configuration's derived fixed point, and the probability of the correct first token
+    Evaluator      the one evaluator, built for a task:
+                   on a finite-state task (``tasks.Task``), one run's table (H, S, n): KL_seq(q || P) on q's
+                   own rollouts for every target P, the configuration's derived fixed point, and the
+                   probability of the correct first token;
+                   on a goal task (``tasks.GoalTask``), every run's table (R, S, n): the probability of
+                   reaching the goal within the horizon from the ID and OOD contexts, and the per-position
+                   KL to A and l on the student's ID occupancy
     loss_on        KL_seq(P || q) of a student on a one-teacher task's own responses (forgetting)
-    evaluate       on a goal task: the probability of reaching the goal within the horizon from the ID
-                   and OOD contexts, and the per-position KL to A and l on the student's ID occupancy
-    teacher_rows   the same outcomes for each teacher of a goal task and for A and l
+    teacher_rows   the goal-task outcomes for each teacher of a goal task and for A and l
 """
 
 import math
@@ -16,7 +19,7 @@ import pandas as pd
 import aggregation as ag
 
 from .fixed_points import TARGET_OF, TARGETS, fixed_point, sft_fixed_point, target_table
-from .tasks import GOAL, success, transitions
+from .tasks import GOAL, GoalTask, success, transitions
 
 
 DIVERGED_LOGIT = 25.0          # a logit this far from its row's mean (q below e^-25): driven to a vertex
@@ -28,7 +31,8 @@ class Evaluator:
 
     def __init__(self, task, fixed_points=True):
         self.task = task
-        self.tables = {name: target_table(task, name) for name in TARGETS}
+        self.goal = isinstance(task, GoalTask)
+        self.tables = {} if self.goal else {name: target_table(task, name) for name in TARGETS}
         self.fixed_points = fixed_points
         self._cache = {}
 
@@ -43,7 +47,10 @@ class Evaluator:
         """log_q (H, S, n): KL_seq(q || P) per response on q's own rollouts for every target P, and with a
         ``configs.SpectrumConfig``: kl_sft (SFT's fixed point at its alpha; NaN for the switch variant or another
         objective) and kl_fixed_point (the config's derived fixed point; NaN where none); ``accuracy``
-        the probability of the correct first token."""
+        the probability of the correct first token. On a goal task: log_q (R, S, n), the outcomes of
+        :func:`_goal_outcomes` ((R,) arrays; ``config`` unused)."""
+        if self.goal:
+            return _goal_outcomes(self.task, log_q)
         t, H = self.task.teachers, self.task.horizon
         tables = dict(self.tables)
         if config is not None:
@@ -76,7 +83,7 @@ def loss_on(task, log_q):
     return ag.sequence_kl(t, None, task.horizon, forgetting_reference(task), target=log_q)
 
 
-def evaluate(task, log_q):
+def _goal_outcomes(task, log_q):
     """Exact outcomes of policies (R, S, n): id_accuracy, ood_accuracy, and kl_arithmetic / kl_local, the
     per-position KL(q || target) on the student's own ID occupancy. Returns a dict of (R,) arrays."""
     q = np.exp(log_q)
@@ -110,5 +117,5 @@ def teacher_rows(task):
     """The exact outcomes of each teacher and of the two targets, for reference."""
     names = [f"teacher {k + 1}" for k in range(task.K)] + ["A (FKL target)", "l (RKL target)"]
     tables = np.concatenate([task.teacher_logp, np.stack([task.target("arithmetic"), task.target("local")])])
-    out = evaluate(task, tables)
+    out = Evaluator(task)(tables)
     return pd.DataFrame([dict(policy=name, **{k: float(v[i]) for k, v in out.items()}) for i, name in enumerate(names)])

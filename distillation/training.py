@@ -3,8 +3,8 @@
 Training sequences come from the student with probability alpha and from a teacher k ~ w with
 1 - alpha (or, ``switch=True``, from a teacher up to a uniform position and from the student after).
 Every objective of ``fixed_points.OBJECTIVES`` is computed by the loss code of ``llm_bridge.losses``,
-for both students: a tabular softmax (one logit row per (step, state), vectorised over every run of a
-sweep in one tensor) and a shared-parameter tiny Qwen2 reading the token prefix. The outcomes are exact
+for every student of ``students`` with per-step tables (a tabular softmax, one logit row per (step, state);
+a shared-parameter tiny Qwen2 reading the token prefix), every run of a sweep trained at once. The outcomes are exact
 (``evaluation.Evaluator``).
 """
 
@@ -18,7 +18,7 @@ import torch
 from llm_bridge.losses import forward_kl, kl_estimator_loss, reverse_kl, rkl_policy_gradient, token_log_probs
 
 from .evaluation import DIVERGED_LOGIT, TARGETS, Evaluator, _outcome_row
-from .students import clip_per_run, student_table
+from .students import at_positions
 
 
 @dataclass
@@ -53,18 +53,16 @@ def sample(next_state, states, steps, policy, gen, finished, record=None):
     steps on the machine ``next_state`` (S, n) (a negative entry ends a sequence).
 
     At step h a sequence still running (not ``finished(h, states)``) draws its token from
-    ``policy(h, states, tokens)`` ((N, n) log-probs; ``tokens`` (N, h) the sequence so far) and moves on;
+    ``policy(h, states)`` ((N, n) log-probs) and moves on;
     a finished one keeps its state (its draws are masked out). ``record(h, states, tokens, rows)`` returns
     more per-step fields to keep (drawn after the token, in this order). Returns ({field: (N, steps)}
     with states, tokens, mask and the recorded ones, the final states (N,))."""
-    N = states.shape[0]
     rec = {"states": [], "tokens": [], "mask": []}
     s = states
     for h in range(steps):
         alive = ~finished(h, s)
         safe = s.clamp(min=0)
-        prefix = torch.stack(rec["tokens"], dim=1) if h else torch.zeros(N, 0, dtype=torch.long)
-        rows = policy(h, safe, prefix)
+        rows = policy(h, safe)
         token = torch.multinomial(rows.exp(), 1, generator=gen)[:, 0]
         for key, value in (("states", safe), ("tokens", token), ("mask", alive)):
             rec[key].append(value)
@@ -75,9 +73,8 @@ def sample(next_state, states, steps, policy, gen, finished, record=None):
 
 
 def rollouts(task, student_logp, alpha, switch, n_sequences, gen, labels=True):
-    """A training batch over the rollout spectrum (:func:`sample`). student_logp(h, states (N,), tokens
-    (N, h)) -> (N, n) log-probs of the student at step h (a tabular student reads the states, a neural one
-    the tokens so far). ``alpha`` (N,) or a float: the probability that a sequence is the student's;
+    """A training batch over the rollout spectrum (:func:`sample`). student_logp(h, states (N,)) -> (N, n)
+    log-probs of the student at step h. ``alpha`` (N,) or a float: the probability that a sequence is the student's;
     ``switch``: the teacher writes up to a uniform position m in {0..H}, the student after (alpha is then
     ignored); ``labels``: draw SFT's label for each student token from a teacher k ~ w (else the labels
     are the tokens)."""
@@ -92,8 +89,8 @@ def rollouts(task, student_logp, alpha, switch, n_sequences, gen, labels=True):
     def by_student(h):
         return (h >= m) if switch else student_seq
 
-    def policy(h, states, prefix):
-        return torch.where(by_student(h)[:, None], student_logp(h, states, prefix), teacher_logp[teacher, states])
+    def policy(h, states):
+        return torch.where(by_student(h)[:, None], student_logp(h, states), teacher_logp[teacher, states])
 
     def record(h, states, token, rows):
         b = by_student(h)                                       # student tokens: a teacher labels the state
@@ -155,26 +152,24 @@ def position_losses(objective, logits, batch, task, importance=False, groups=Non
                              reduction="none")[0]
 
 
-def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every=50, clip_norm=1.0, seed=0,
-                  fixed_points=True):
-    """Train one tabular student per (config, seed), all at once: theta (R, H, S, n), Adam (elementwise,
-    so the runs stay independent), gradient norm clipped per run when the config says ``clip``.
+def train(task, configs, seeds, students, steps=300, batch=32, eval_every=50, gen=None, fixed_points=True):
+    """Train one student per (config, seed), all at once: ``students`` (``students.TabularStudents`` or
+    ``TokenStudents``, tables (R, H, S, n)) holds the R = len(configs) * len(seeds) runs in that order
+    (configs outer); each run's gradient norm is clipped when its config says ``clip``; the rollouts draw
+    from ``gen`` (a torch.Generator; default seeded 0).
 
-    configs: a list of ``configs.SpectrumConfig``. Returns
-    a tidy DataFrame: one row per run and evaluation step with the config, seed, step, loss and the
-    exact outcomes of :class:`Evaluator` (KL to every target, ``kl_named`` to the objective's nominal
-    target, ``kl_fixed_point`` to the configuration's derived fixed point unless ``fixed_points`` is
-    False), ``diverged`` and ``max_logit``.
+    configs: a list of ``configs.SpectrumConfig``. Returns a tidy DataFrame: one row per run and
+    evaluation step with the config, seed, step, loss and the exact outcomes of :class:`Evaluator` (KL to
+    every target, ``kl_named`` to the objective's nominal target, ``kl_fixed_point`` to the
+    configuration's derived fixed point unless ``fixed_points`` is False), ``diverged`` and ``max_logit``
+    (the tabular student's largest centred logit; NaN for others).
     """
-    H, n, S = task.horizon, task.teachers.n, task.teachers.S
     runs = [(c, s) for c in configs for s in seeds]
     R = len(runs)
-    gen = torch.Generator().manual_seed(seed)
-    theta = torch.zeros(R, H, S, n, requires_grad=True)
-    with torch.no_grad():
-        theta.normal_(0.0, 0.1, generator=gen)
-    opt = torch.optim.Adam([theta], lr=lr)
-    clip = torch.tensor([c.clip for c, _ in runs])
+    if students.runs != R:
+        raise ValueError(f"students hold {students.runs} runs, but configs x seeds make {R}")
+    gen = torch.Generator().manual_seed(0) if gen is None else gen
+    students.clip = torch.tensor([c.clip for c, _ in runs])
     # rows: ``batch`` sequences per run, the plain runs' first and the switch-point runs' after them
     switch = torch.tensor([c.switch for c, _ in runs])
     row_run = torch.cat([torch.nonzero(~switch)[:, 0], torch.nonzero(switch)[:, 0]]).repeat_interleave(batch)
@@ -185,20 +180,17 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
     rows_of = partition_rows(objective_of)
     sft = "sft" in rows_of                                    # draw SFT's labels only when a run needs them
     rows = []
-
     evaluate = Evaluator(task, fixed_points)
 
     def record(step, losses):
-        with torch.no_grad():
-            log_q = torch.log_softmax(theta.double(), -1).numpy()
-            centred = (theta - theta.mean(-1, keepdim=True)).abs().amax(dim=(1, 2, 3)).numpy()
+        log_q = students.log_probs()
+        big = students.max_logit() if hasattr(students, "max_logit") else np.full(R, math.nan)
         bad = ~np.isfinite(log_q).all(axis=(1, 2, 3))
         for r, (c, s) in enumerate(runs):
             out = ({f"kl_{k}": math.nan for k in TARGETS + ("sft", "fixed_point")} | {"accuracy": math.nan}) if bad[r] \
                 else evaluate(log_q[r], c)
-            rows.append(_outcome_row(c, s, step, float(losses[r]), out, max_logit=float(centred[r]),
-                                     diverged=bool(bad[r] or centred[r] > DIVERGED_LOGIT
-                                                   or not np.isfinite(losses[r]))))
+            rows.append(_outcome_row(c, s, step, float(losses[r]), out, max_logit=float(big[r]),
+                                     diverged=bool(bad[r] or big[r] > DIVERGED_LOGIT or not np.isfinite(losses[r]))))
 
     losses = np.zeros(R)
     for step in range(steps + 1):
@@ -206,63 +198,17 @@ def train_tabular(task, configs, seeds, steps=300, batch=32, lr=0.05, eval_every
             record(step, losses)
         if step == steps:
             break
-        logp_all = torch.log_softmax(theta, -1)
+        table = students.tables()                                                        # (R, H, S, n)
 
         def student_logp(sel):
-            return lambda h, states, _tokens: logp_all.detach()[row_run[sel], h, states]
+            return lambda h, states: table.detach()[row_run[sel], h, states]
         parts = [rollouts(task, student_logp(slice(0, n_plain)), alpha, False, n_plain, gen, sft)] if n_plain else []
         if n_plain < R * batch:
             parts.append(rollouts(task, student_logp(slice(n_plain, None)), 0.0, True, R * batch - n_plain, gen, sft))
         b = Batch.cat(parts)
-        h_idx = torch.arange(H).expand(R * batch, H)
-        logits = theta[row_run[:, None], h_idx, b.states]                              # (N, H, n)
+        logits = at_positions(table, row_run, b.states)                                  # (N, H, n)
         per_run = per_run_losses(R, row_run, rows_of, lambda objective, idx: position_losses(
             objective, logits[idx], b.take(idx), task, weighted[idx], groups=row_run[idx]), batch)
-        opt.zero_grad()
-        per_run.sum().backward()
-        with torch.no_grad():
-            (theta.grad,) = clip_per_run([theta.grad], clip_norm, active=clip)
-        opt.step()
+        students.step(per_run.sum())
         losses = per_run.detach().numpy()
-    return pd.DataFrame(rows)
-
-
-def neural_step(model, opt, task, config, batch, gen, clip_norm=1.0, bos=None):
-    """One update of a causal-LM student: rollouts over the spectrum (the student's tokens by its own
-    forward passes, after the first input token ``bos``, default n), the objective's loss by
-    llm_bridge.losses, optional global-norm clipping, the optimiser's step."""
-    n = task.teachers.n
-    bos = n if bos is None else bos
-
-    def student_logp(h, _states, tokens):
-        ids = torch.cat([torch.full((tokens.shape[0], 1), bos, dtype=torch.long), tokens], dim=1)
-        with torch.no_grad():
-            return torch.log_softmax(model(input_ids=ids).logits[:, -1, :n].float(), -1)
-    b = rollouts(task, student_logp, config.alpha, config.switch, batch, gen, labels=config.objective == "sft")
-    inputs = torch.cat([torch.full((batch, 1), bos, dtype=torch.long), b.tokens[:, :-1]], dim=1)
-    logits = model(input_ids=inputs).logits[..., :n]
-    loss = position_losses(config.objective, logits, b, task, config.importance).sum(1).mean()
-    opt.zero_grad()
-    loss.backward()
-    if config.clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    opt.step()
-    return float(loss.detach())
-
-
-def train_neural(task, config, seed, steps=200, batch=64, lr=3e-3, eval_every=50):
-    """Train a tiny Qwen2 student (from a config, seeded) on one spectrum config; the same loss code and
-    optimiser as the tabular student. Returns a DataFrame like :func:`train_tabular` (one run)."""
-    from llm_bridge.models import tiny_model
-    model = tiny_model("qwen2", vocab_size=task.teachers.n + 1, seed=seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    gen = torch.Generator().manual_seed(seed)
-    evaluate = Evaluator(task)
-    rows, loss = [], 0.0
-    for step in range(steps + 1):
-        if step % eval_every == 0 or step == steps:
-            out = evaluate(student_table(model, task), config)
-            rows.append(_outcome_row(config, seed, step, loss, out, diverged=not np.isfinite(loss)))
-        if step < steps:
-            loss = neural_step(model, opt, task, config, batch, gen)
     return pd.DataFrame(rows)

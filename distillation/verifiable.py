@@ -11,9 +11,11 @@ import math
 import numpy as np
 import torch
 
+from analysis import log_grid
 from llm_bridge.losses import forward_kl, reverse_kl
 
-from .evaluation import evaluate
+from .evaluation import Evaluator
+from .students import at_positions
 from .tasks import GOAL
 from .training import Batch, partition_rows, per_run_losses, sample
 
@@ -27,7 +29,7 @@ def rollouts(task, tables, starts, gen, horizon=None):
     H = torch.as_tensor(task.horizons(starts.numpy()))
     rows = torch.arange(starts.shape[0])
     fields, last = sample(torch.as_tensor(task.next_state), starts.clone(), int(H.max()) if horizon is None else horizon,
-                          lambda h, s, _tokens: tables[rows, s], gen, lambda h, s: (s == GOAL) | (h >= H))
+                          lambda h, s: tables[rows, s], gen, lambda h, s: (s == GOAL) | (h >= H))
     return Batch(**fields, correct=last == GOAL)
 
 
@@ -46,19 +48,16 @@ def teacher_traces(task, size, gen):
 
 
 def _record(task, students, runs, stage, step, costs):
-    out = evaluate(task, students.log_probs())
+    out = Evaluator(task)(students.log_probs())
     return [dict(method.as_dict(), seed=s, stage=stage, step=step, teacher_tokens=int(costs[0][r]),
                  student_tokens=int(costs[1][r]), **{k: float(v[r]) for k, v in out.items()})
             for r, (method, s) in enumerate(runs)]
 
 
-def checkpoints(steps, per_decade=10):
-    """The steps at which outcomes are recorded: 0, a log-spaced grid from 1 and ``steps`` (so early costs are
-    resolved as finely as late ones)."""
-    if steps < 1:
-        return {0}
-    grid = np.geomspace(1, steps, max(int(per_decade * math.log10(steps)) + 1, 2))
-    return {0, steps} | {int(v) for v in np.round(grid)}
+def checkpoints(steps):
+    """The steps at which outcomes are recorded: 0 and ``analysis.log_grid(steps)`` (10 per decade, ending
+    at ``steps``), so early costs are resolved as finely as late ones."""
+    return {0} | ({int(v) for v in log_grid(steps)} if steps >= 1 else set())
 
 
 def distil(task, runs, students, steps=300, batch=32, seed=0):
@@ -106,7 +105,7 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
             owner.extend(online)
         tr = Batch.cat(parts)
         row_run = torch.as_tensor(owner).repeat_interleave(batch)
-        logits = table[row_run[:, None], tr.states]                                       # (N, H, n)
+        logits = at_positions(table, row_run, tr.states)                                  # (N, H, n)
         lp_rows = lp[:, tr.states]                                                        # (K, N, H, n)
         objective_of = np.array([runs[r][0].objective for r in owner]).repeat(batch)
         students.step(per_run_losses(R, row_run, partition_rows(objective_of), lambda objective, idx: LOSSES[objective](
@@ -137,7 +136,7 @@ def reinforce(task, runs, students, costs, steps=300, contexts=8, group=8, seed=
         student_tokens += tr.mask.sum(1).float().view(R, per).sum(1).numpy()
         reward = tr.correct.float().view(R * contexts, group)
         advantage = (reward - reward.mean(1, keepdim=True)).flatten()
-        logp = table[row_run[:, None], tr.states].gather(-1, tr.tokens[..., None])[..., 0]
+        logp = at_positions(table, row_run, tr.states).gather(-1, tr.tokens[..., None])[..., 0]
         score = (logp * tr.mask).sum(1)
         students.step((-(advantage * score) / per).sum())
         if step in record_at:

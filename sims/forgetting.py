@@ -96,23 +96,16 @@ def cells_for(size, mode, only, base_seed=0):
 # ------------------------------------------------------------------------------------------------
 # one function per kind of cell
 # ------------------------------------------------------------------------------------------------
-def run_loglinear(cell):
+def run_student(cell):
+    """Phase 1 for the cell's seed, then phase 2 for every configuration of the cell at once."""
     pair = tasks.make_pair(cell.base_seed)
     seed = cell["seed"]
-    start = continual.learn_a(pair, [seed], steps=cell["a_steps"])
+    start = continual.learn_a(pair, continual.students_for(cell.kind, pair, [seed]), steps=cell["a_steps"])
     runs = [(c, seed) for c in grid(cell["factors"])]
-    return continual.distil_loglinear(pair, runs, start, steps=cell["steps"], batch=BATCH, seed=int(cell.seed_array()[0]))
+    return continual.distil(pair, runs, start, steps=cell["steps"], batch=BATCH, seed=int(cell.seed_array()[0]))
 
 
-def run_neural(cell):
-    pair = tasks.make_pair(cell.base_seed)
-    seed = cell["seed"]
-    start = continual.neural_student(pair, seed, steps=cell["a_steps"])
-    return pd.DataFrame([continual.distil_neural(pair, c, seed, start, steps=cell["steps"], batch=BATCH)
-                         for c in grid(cell["factors"])])
-
-
-RUNNERS = {"loglinear": run_loglinear, "neural": run_neural}
+RUNNERS = {"loglinear": run_student, "neural": run_student}
 
 
 def run_cell(cell):

@@ -39,7 +39,7 @@ import analysis  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
-from distillation.students import STUDENTS  # noqa: E402
+from distillation.students import goal_students  # noqa: E402
 
 EXPERIMENTS = ("shared", "unshared")              # the conditions
 DEFAULT_OUT = os.path.join("results", "rlvr")
@@ -91,7 +91,7 @@ def run_study(cell):
     student = cell["student"]
     runs = [(m, s) for m in STUDENT_METHODS[student] for s in range(cell["seeds"])]
     distil_lr, rl_lr = LEARNING_RATES[student]
-    students = STUDENTS[student](task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
+    students = goal_students(student, task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
     stream = cell.seed_array()
     rows, costs = verifiable.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
                            seed=int(stream[0]))

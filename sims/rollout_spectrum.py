@@ -31,11 +31,13 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
 from distillation import evaluation, fixed_points, tasks, training  # noqa: E402
 from distillation.configs import SpectrumConfig  # noqa: E402
+from distillation.students import TabularStudents, TokenStudents  # noqa: E402
 
 EXPERIMENTS = ("tabular", "neural", "robustness", "theory")
 DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
@@ -48,7 +50,7 @@ SIZES = {                                   # full run / --quick
     "tabular_steps": (300, 60),
     "neural_steps": (200, 20),
     "robust_steps": (200, 40),
-    "neural_seeds": (1, 1),
+    "neural_seeds": (5, 2),                 # trained together (vmap)
 }
 ALPHAS = tuple(np.round(np.linspace(0, 1, 11), 2))
 QUICK_ALPHAS = (0.0, 0.5, 1.0)
@@ -120,24 +122,29 @@ def run_theory(cell):
 def run_tabular(cell):
     task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
     configs = spectrum_configs(cell["alphas"], clip=cell["clip"])
-    df = training.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=BATCH, lr=LR,
-                         eval_every=max(cell["steps"] // 6, 1), seed=cell.base_seed)
+    gen = torch.Generator().manual_seed(cell.base_seed)      # the students' start, then the rollouts
+    students = TabularStudents(task, len(configs) * len(cell["seeds"]), gen, lr=LR)
+    df = training.train(task, configs, cell["seeds"], students, steps=cell["steps"], batch=BATCH,
+                        eval_every=max(cell["steps"] // 6, 1), gen=gen)
     return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
 
 
 def run_neural(cell):
     task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
     config = SpectrumConfig(cell["objective"], cell["alpha"], clip=True)
-    frames = [training.train_neural(task, config, seed, steps=cell["steps"], batch=BATCH, lr=NEURAL_LR,
-                             eval_every=max(cell["steps"] // 4, 1)) for seed in cell["seeds"]]
-    return pd.concat(frames, ignore_index=True).assign(K=cell["K"], task=task.name, horizon=task.horizon)
+    students = TokenStudents(task, cell["seeds"], vocab=task.teachers.n + 1, bos=task.teachers.n, lr=NEURAL_LR)
+    df = training.train(task, [config], cell["seeds"], students, steps=cell["steps"], batch=BATCH,
+                        eval_every=max(cell["steps"] // 4, 1), gen=torch.Generator().manual_seed(int(cell.seed_array()[0])))
+    return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
 
 
 def run_robustness(cell):
     task = tasks.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
     configs = spectrum_configs(ROBUST["alphas"], ROBUST["objectives"], clip=cell["clip"], switch=False)
-    df = training.train_tabular(task, configs, cell["seeds"], steps=cell["steps"], batch=16, lr=LR,
-                         eval_every=cell["steps"], seed=cell.base_seed, fixed_points=False)
+    gen = torch.Generator().manual_seed(cell.base_seed)
+    students = TabularStudents(task, len(configs) * len(cell["seeds"]), gen, lr=LR)
+    df = training.train(task, configs, cell["seeds"], students, steps=cell["steps"], batch=16, eval_every=cell["steps"],
+                        gen=gen, fixed_points=False)
     return df.assign(K=2, H=cell["H"], task=task.name, horizon=task.horizon)
 
 

@@ -119,10 +119,10 @@ def _config(**kw):
 
 def test_forgetting_is_exactly_zero_at_learning_rate_zero_beside_runs_that_forget():
     pair = tasks.make_pair(1)
-    start = continual.learn_a(pair, [0], steps=60)
+    start = continual.learn_a(pair, continual.students_for("loglinear", pair, [0]), steps=60)
     runs = [(_config(lr=0.0, storage=st, objective=obj), 0) for st in STORAGES for obj in ("fkl", "pg1")]
     runs += [(_config(lr=0.1, storage=st), 0) for st in STORAGES]
-    out = continual.distil_loglinear(pair, runs, start, steps=30, batch=16)
+    out = continual.distil(pair, runs, start, steps=30, batch=16)
     frozen, moving = out[out.lr == 0.0], out[out.lr > 0]
     assert (frozen.forgetting == 0.0).all() and (frozen.sparsity == 0.0).all() and (frozen.sparsity_bf16 == 0.0).all()
     assert (moving.forgetting > 1e-3).all() and (moving.sparsity > 0.3).all()
@@ -134,8 +134,8 @@ def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_clo
     pair = tasks.make_pair(2)
     S = pair.A.teachers.S
     blind = tasks.Pair(pair.A, pair.B, np.broadcast_to(np.eye(S), (2, S, S)).copy())
-    start = continual.learn_a(blind, [0], steps=300)
-    out = continual.distil_loglinear(blind, [(_config(lr=0.05), 0)], start, steps=400, batch=64).iloc[0]
+    start = continual.learn_a(blind, continual.students_for("loglinear", blind, [0]), steps=300)
+    out = continual.distil(blind, [(_config(lr=0.05), 0)], start, steps=400, batch=64).iloc[0]
     A_B = fixed_points.target_table(pair.B, "arithmetic")
     expected = _enumerated_loss(pair.A, A_B) - out.loss_a_before
     assert expected > 0.1
@@ -153,8 +153,9 @@ def test_phase_two_configs_refuse_bad_fields_naming_them(bad):
 
 def test_neural_forgetting_is_exactly_zero_at_learning_rate_zero():
     pair = tasks.make_pair(0)
-    start = continual.neural_student(pair, 0, steps=5)
-    row = continual.distil_neural(pair, _config(lr=0.0, storage="float32"), 0, start, steps=4, batch=8)
-    assert row["forgetting"] == 0.0 and row["sparsity"] == 0.0
-    row = continual.distil_neural(pair, _config(lr=3e-3), 0, start, steps=20, batch=16)
-    assert row["forgetting"] > 1e-3 and row["sparsity"] > 0.5
+    start = continual.learn_a(pair, continual.students_for("neural", pair, [0, 1]), steps=5)
+    runs = [(_config(lr=0.0, storage="float32"), 1), (_config(lr=3e-3), 0), (_config(lr=3e-3), 1)]
+    out = continual.distil(pair, runs, start, steps=20, batch=16)
+    frozen, moving = out.iloc[0], out.iloc[1:]
+    assert frozen["forgetting"] == 0.0 and frozen["sparsity"] == 0.0
+    assert (moving.forgetting > 1e-3).all() and (moving.sparsity > 0.5).all()

@@ -85,11 +85,11 @@ def test_success_and_the_kl_on_the_occupancy_match_monte_carlo_through_the_sampl
     Y = tr.mask.sum(1).double().numpy()
     ratio = X.mean() / Y.mean()
     se = np.std(X - ratio * Y) / Y.mean() / np.sqrt(N)
-    assert abs(ratio - evaluation.evaluate(task, log_q[None])["kl_arithmetic"][0]) < 4.5 * se
+    assert abs(ratio - evaluation.Evaluator(task)(log_q[None])["kl_arithmetic"][0]) < 4.5 * se
 
 
 def test_each_target_is_at_zero_kl_from_itself(task):
-    out = evaluation.evaluate(task, np.stack([task.target("arithmetic"), task.target("local")]))
+    out = evaluation.Evaluator(task)(np.stack([task.target("arithmetic"), task.target("local")]))
     assert out["kl_arithmetic"][0] == pytest.approx(0.0, abs=1e-15)
     assert out["kl_local"][1] == pytest.approx(0.0, abs=1e-15)
     assert out["kl_local"][0] > 0.02 and out["kl_arithmetic"][1] > 0.02        # A and l are apart on this task

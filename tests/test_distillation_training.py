@@ -12,8 +12,16 @@ import torch
 import aggregation as ag
 from distillation import evaluation, fixed_points, tasks, training
 from distillation.configs import SpectrumConfig
+from distillation.students import TabularStudents, TokenStudents
 
 TOL = 0.01
+
+
+def train_tabular(task, configs, seeds, steps, batch=32, lr=0.05, eval_every=50, seed=0):
+    """The tabular student trained as the sims train it: one generator for the start and the rollouts."""
+    gen = torch.Generator().manual_seed(seed)
+    students = TabularStudents(task, len(configs) * len(seeds), gen, lr=lr)
+    return training.train(task, configs, seeds, students, steps=steps, batch=batch, eval_every=eval_every, gen=gen)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -38,7 +46,7 @@ def trained():
     configs = [SpectrumConfig(objective=o, alpha=a, switch=False, importance=i, clip=False) for o, a, i, _, _ in CONFIGS]
     configs += [SpectrumConfig(objective=o, alpha=a, switch=False, importance=False, clip=False)
                 for o, a in NO_CLOSED_FORM + [("k1", 0.0), ("k1", 1.0), ("sft", 0.5)]]
-    df = training.train_tabular(task, configs, seeds=[0, 1], steps=300, batch=64, lr=0.05, eval_every=300, seed=0)
+    df = train_tabular(task, configs, seeds=[0, 1], steps=300, batch=64, lr=0.05, eval_every=300, seed=0)
     last = df[df.step == 300].copy()
     for name in fixed_points.TARGETS + ("sft", "fixed_point"):
         last[f"kl_{name}"] = last[f"kl_{name}"] / task.horizon
@@ -114,7 +122,7 @@ def test_k1_as_a_loss_diverges_on_teacher_samples_and_does_not_move_on_the_stude
 def test_divergence_is_flagged():
     task = tasks.make_task("tree", K=2, seed=0)
     cfg = SpectrumConfig(objective="k1", alpha=0.0, switch=False, importance=False, clip=False)
-    df = training.train_tabular(task, [cfg], seeds=[0], steps=600, batch=64, lr=0.2, eval_every=600)
+    df = train_tabular(task, [cfg], seeds=[0], steps=600, batch=64, lr=0.2, eval_every=600)
     last = df[df.step == 600].iloc[0]
     assert last.diverged and last.max_logit > evaluation.DIVERGED_LOGIT
 
@@ -123,8 +131,8 @@ def test_training_is_deterministic_and_runs_are_independent_of_their_neighbours(
     task = tasks.make_task("tree", K=2, seed=0)
     a = SpectrumConfig(objective="fkl", alpha=0.5, switch=False, importance=False, clip=True)
     b = SpectrumConfig(objective="rkl", alpha=0.2, switch=True, importance=False, clip=False)
-    one = training.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
-    two = training.train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
+    one = train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
+    two = train_tabular(task, [a, b], seeds=[0], steps=20, eval_every=10)
     pd.testing.assert_frame_equal(one, two)
     assert one.kl_named.iloc[-1] < one.kl_named.iloc[3]                     # it learns
 
@@ -132,9 +140,11 @@ def test_training_is_deterministic_and_runs_are_independent_of_their_neighbours(
 def test_the_neural_student_reads_the_prefix_and_learns_fkl():
     task = tasks.make_task("tree", K=2, seed=0)
     cfg = SpectrumConfig(objective="fkl", alpha=0.5, switch=False, importance=False, clip=True)
-    df = training.train_neural(task, cfg, seed=0, steps=40, batch=32, eval_every=40)
-    first, last = df.kl_named.iloc[0], df.kl_named.iloc[-1]
-    assert last < 0.2 * first
+    students = TokenStudents(task, [0, 1], vocab=task.teachers.n + 1, bos=task.teachers.n, lr=3e-3)
+    df = training.train(task, [cfg], [0, 1], students, steps=40, batch=32, eval_every=40)
+    for _, run in df.groupby("seed"):
+        first, last = run.kl_named.iloc[0], run.kl_named.iloc[-1]
+        assert last < 0.2 * first
 
 
 def test_bad_input():
@@ -155,8 +165,7 @@ def test_sample_follows_the_machine_masks_finished_sequences_and_records_after_t
     next_state = torch.tensor([[1, -1], [2, 2], [-1, -1]])
     seen = []
 
-    def policy(h, states, tokens):
-        assert tokens.shape == (len(states), h)
+    def policy(h, states):
         rows = torch.full((len(states), 2), -math.inf)
         rows[torch.arange(len(states)), states % 2] = 0.0
         return rows
@@ -207,7 +216,7 @@ def test_the_switch_point_variant_hands_over_once_at_a_uniform_position():
     task = tasks.make_task("tree", K=2, seed=0)
     H, N = task.horizon, 8000
     always_2 = torch.tensor([-math.inf, -math.inf, 0.0])
-    b = training.rollouts(task, lambda h, s, tok: always_2.expand(len(s), 3), 0.0, True, N,
+    b = training.rollouts(task, lambda h, s: always_2.expand(len(s), 3), 0.0, True, N,
                           torch.Generator().manual_seed(3))
     first = torch.where(b.by_student.any(1), b.by_student.int().argmax(1), torch.full((N,), H))
     steps = torch.arange(H)
