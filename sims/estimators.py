@@ -11,7 +11,8 @@ Writes to ``--out`` (default results/estimators):
                   standard error (whole responses on finite-state teachers too: kind 'sequence')
   gradients.csv   per pair and configuration (estimator x loss / reward x student / teacher samples x
                   importance weights): relative bias of the expected gradient against the RKL and FKL
-                  gradients, the per-sample covariance trace, and the samples needed for a 10% error
+                  gradients, ``nearest`` (rkl, fkl, or zero: a mean gradient that vanishes), the per-sample
+                  covariance trace, and the samples needed for a 10% error
   is_horizon.csv  ln E_p[w^2] of the sequence-level importance weight against the horizon H (exact up
                   to 256, Monte Carlo for H <= 16)
   topk.csv        E_q[k3] for a student sampling its top k only, against KL - p(V \\ S)
@@ -38,6 +39,7 @@ SIZES = {"pairs": (20, 4), "mc_samples": (4000, 500), "mc_seeds": (400, 50)}
 N_TOKENS = 50
 SPREADS = (0.5, 1.0, 2.0)                     # the logits' standard deviation: how far apart q and p are
 HORIZONS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+ZERO_GRADIENT = 1e-9                           # a mean gradient this small relative to both references is zero
 TOPK_V, TOPK_KS = 1000, (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
@@ -113,8 +115,11 @@ def run_gradients(cell):
                     mean, trace = moments.gradient_moments(lq, lp, est, mode, source, imp)
                     rel = {name: float(np.linalg.norm(mean - ref) / np.linalg.norm(ref))
                            for name, ref in (("rkl", rkl), ("fkl", fkl))}
-                    target = "rkl" if rel["rkl"] <= rel["fkl"] else "fkl"
-                    ref = rkl if target == "rkl" else fkl
+                    # a mean gradient that vanishes (k1 as a loss on student samples) is near neither: its
+                    # two relative errors are 1 up to rounding, which must not pick a side
+                    zero = np.linalg.norm(mean) < ZERO_GRADIENT * min(np.linalg.norm(rkl), np.linalg.norm(fkl))
+                    target = "zero" if zero else "rkl" if rel["rkl"] <= rel["fkl"] else "fkl"
+                    ref = fkl if target == "fkl" else rkl
                     rows.append(dict(spread=cell["spread"], pair=i, estimator=est, mode=mode, source=source,
                                      importance=imp, bias_vs_rkl=rel["rkl"], bias_vs_fkl=rel["fkl"], nearest=target,
                                      cov_trace=trace, samples_for_10pct=moments.samples_needed(mean, trace, ref)))
