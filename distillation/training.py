@@ -18,7 +18,7 @@ import torch
 from llm_bridge.losses import forward_kl, kl_estimator_loss, reverse_kl, rkl_policy_gradient, token_log_probs
 
 from .evaluation import DIVERGED_LOGIT, TARGETS, Evaluator, _outcome_row
-from .students import at_positions
+from .students import at_positions, at_step
 
 
 @dataclass
@@ -153,8 +153,9 @@ def position_losses(objective, logits, batch, task, importance=False, groups=Non
 
 
 def train(task, configs, seeds, students, steps=300, batch=32, eval_every=50, gen=None, fixed_points=True):
-    """Train one student per (config, seed), all at once: ``students`` (``students.TabularStudents`` or
-    ``TokenStudents``, tables (R, H, S, n)) holds the R = len(configs) * len(seeds) runs in that order
+    """Train one student per (config, seed), all at once: ``students`` (any of ``distillation.students``:
+    per-step tables (R, H, S, n), or stationary ones (R, S, n), the same policy at every step) holds the
+    R = len(configs) * len(seeds) runs in that order
     (configs outer); each run's gradient norm is clipped when its config says ``clip``; the rollouts draw
     from ``gen`` (a torch.Generator; default seeded 0).
 
@@ -184,6 +185,8 @@ def train(task, configs, seeds, students, steps=300, batch=32, eval_every=50, ge
 
     def record(step, losses):
         log_q = students.log_probs()
+        if log_q.ndim == 3:                                   # stationary: the same table at every step
+            log_q = np.broadcast_to(log_q[:, None], (R, task.horizon) + log_q.shape[1:])
         big = students.max_logit() if hasattr(students, "max_logit") else np.full(R, math.nan)
         bad = ~np.isfinite(log_q).all(axis=(1, 2, 3))
         for r, (c, s) in enumerate(runs):
@@ -198,10 +201,10 @@ def train(task, configs, seeds, students, steps=300, batch=32, eval_every=50, ge
             record(step, losses)
         if step == steps:
             break
-        table = students.tables()                                                        # (R, H, S, n)
+        table = students.tables()                                             # (R, H, S, n) or (R, S, n)
 
         def student_logp(sel):
-            return lambda h, states: table.detach()[row_run[sel], h, states]
+            return lambda h, states: at_step(table.detach(), h)[row_run[sel], states]
         parts = [rollouts(task, student_logp(slice(0, n_plain)), alpha, False, n_plain, gen, sft)] if n_plain else []
         if n_plain < R * batch:
             parts.append(rollouts(task, student_logp(slice(n_plain, None)), 0.0, True, R * batch - n_plain, gen, sft))

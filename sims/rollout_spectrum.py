@@ -1,6 +1,6 @@
 """The rollout spectrum, KL direction and robustness (claims E1, E2, E5) with exact finite-state teachers.
 
-    python sims/rollout_spectrum.py            # the default sweep, about 2.5 min on 2 cores
+    python sims/rollout_spectrum.py            # the default sweep, about 5 min on 2 cores
     python sims/rollout_spectrum.py --quick    # seconds (the tests run this)
 
 Training sequences come from the student with probability alpha and from a teacher k ~ w otherwise
@@ -18,6 +18,11 @@ Writes to ``--out`` (default results/rollout_spectrum):
   neural.csv       the same for the shared-parameter student (tiny Qwen2)
   robustness.csv   tabular students on a looping machine, H = 16 .. 256, clipping off and on (E5)
   sft_theory.csv   the SFT fixed point against alpha: its KL to A and to the mixture's conditionals
+  tasks.csv        E1 and E2 over 8 task draws (column task_seed): the tabular student on the K = 2
+                   configurations of TASKS, SFT with one teacher, FKL with a capacity-limited log-linear
+                   student (column student: tabular, capacity, exact for SFT's exact fixed points)
+  verdicts.csv     each claim of E1 and E2 per condition: the statistic's median and range over the task
+                   draws, the decision rule and the verdict (``verdicts``)
   summary.csv      per configuration: final KL per position, accuracy, share diverged, steps to reach TOL
   conclusions.csv  each conclusion of the study under each condition, with the numbers and a verdict
   figures/         spectrum.png, spectrum_neural.png
@@ -35,11 +40,12 @@ import torch  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
+from analysis.verdicts import COLUMNS, verdict_row  # noqa: E402
 from distillation import evaluation, fixed_points, tasks, training  # noqa: E402
 from distillation.configs import SpectrumConfig  # noqa: E402
-from distillation.students import TabularStudents, TokenStudents  # noqa: E402
+from distillation.students import LogLinearStudents, TabularStudents, TokenStudents  # noqa: E402
 
-EXPERIMENTS = ("tabular", "neural", "robustness", "theory")
+EXPERIMENTS = ("tabular", "neural", "robustness", "theory", "tasks")
 DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
 
 # ------------------------------------------------------------------------------------------------
@@ -51,6 +57,7 @@ SIZES = {                                   # full run / --quick
     "neural_steps": (200, 20),
     "robust_steps": (200, 40),
     "neural_seeds": (5, 2),                 # trained together (vmap)
+    "task_draws": (8, 2),                   # E1, E2 over task draws (the 'tasks' experiment)
 }
 ALPHAS = tuple(np.round(np.linspace(0, 1, 11), 2))
 QUICK_ALPHAS = (0.0, 0.5, 1.0)
@@ -58,6 +65,14 @@ ESTIMATORS = ("k1", "k2", "k3", "k3-teacher", "pg0", "pg1")         # the ones i
 TABULAR_CELLS = ({"K": 2, "clip": False}, {"K": 2, "clip": True}, {"K": 1, "clip": False})
 NEURAL = {"objectives": ("fkl", "sft", "rkl", "k3", "pg1"), "alphas": (0.0, 0.5, 1.0)}
 ROBUST = {"horizons": (16, 64, 256), "objectives": ("fkl", "rkl", "k2", "k3", "pg0"), "alphas": (0.0, 0.5, 1.0)}
+TASKS = {                                   # per task draw (K = 2): objective -> alphas; the weighted ones at alpha 0
+    "objectives": {"fkl": (0.0, 0.5, 1.0), "rkl": (0.0, 1.0), "sft": (0.0, 0.5, 1.0), "k1": (0.0, 1.0),
+                   "k2": (0.0, 1.0), "k3": (0.0, 1.0), "pg0": (0.0, 1.0)},
+    "weighted": ("k2", "k3", "pg0"),
+    "one_teacher_sft": (0.0, 1.0),           # the K = 1 control
+    "capacity_features": 4,                  # the capacity-limited student: log-linear on 4 shared features
+    "capacity_alphas": (0.0, 0.5, 1.0),
+}
 BATCH, LR, NEURAL_LR = 64, 0.05, 3e-3
 SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("H", "clip")))
 TOL = 0.01                                   # nats per position (KL_seq / H): "reached its target"
@@ -95,6 +110,10 @@ def cells_for(size, quick, only, base_seed=0):
                 out.append(Cell("neural", "neural", dict(objective=obj, alpha=a, K=2, steps=size["neural_steps"],
                                                          seeds=list(range(size["neural_seeds"]))),
                                 base_seed=base_seed, stream=("neural", obj, a)))
+    if "tasks" in only:
+        for t in range(size["task_draws"]):
+            out.append(Cell("tasks", "tasks", dict(task_seed=base_seed + t, seeds=seeds, steps=size["tabular_steps"]),
+                            seeds=3, base_seed=base_seed, stream=("tasks", t)))
     if "robustness" in only:
         for H in ROBUST["horizons"][:1] if quick else ROBUST["horizons"]:
             for clip in (False, True):
@@ -119,14 +138,44 @@ def run_theory(cell):
     return pd.DataFrame(rows)
 
 
+def train_tabular(task, configs, seeds, steps, seed, batch=BATCH, eval_every=None, fixed_points=True):
+    """Tabular students for configs x seeds, one generator (seeded ``seed``) for their start and rollouts."""
+    gen = torch.Generator().manual_seed(seed)
+    students = TabularStudents(task, len(configs) * len(seeds), gen, lr=LR)
+    return training.train(task, configs, seeds, students, steps=steps, batch=batch,
+                          eval_every=eval_every or max(steps // 6, 1), gen=gen, fixed_points=fixed_points)
+
+
 def run_tabular(cell):
     task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
     configs = spectrum_configs(cell["alphas"], clip=cell["clip"])
-    gen = torch.Generator().manual_seed(cell.base_seed)      # the students' start, then the rollouts
-    students = TabularStudents(task, len(configs) * len(cell["seeds"]), gen, lr=LR)
-    df = training.train(task, configs, cell["seeds"], students, steps=cell["steps"], batch=BATCH,
-                        eval_every=max(cell["steps"] // 6, 1), gen=gen)
+    df = train_tabular(task, configs, cell["seeds"], cell["steps"], cell.base_seed)
     return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
+
+
+def run_tasks(cell):
+    """E1 and E2 on one task draw: the tabular student on the K = 2 configurations of TASKS, SFT with one
+    teacher (K = 1), FKL with a capacity-limited log-linear student (4 Gaussian features shared by every
+    state, so it cannot represent every state's conditionals), and SFT's exact fixed points."""
+    t, seeds, steps = cell["task_seed"], cell["seeds"], cell["steps"]
+    stream = [int(x) for x in cell.seed_array()]
+    task, one = tasks.make_task("tree", K=2, seed=t), tasks.make_task("tree", K=1, seed=t)
+    configs = [SpectrumConfig(o, a) for o, alphas in TASKS["objectives"].items() for a in alphas]
+    configs += [SpectrumConfig(o, 0.0, importance=True) for o in TASKS["weighted"]]
+    frames = [train_tabular(task, configs, seeds, steps, stream[0], eval_every=steps).assign(student="tabular", K=2),
+              train_tabular(one, [SpectrumConfig("sft", a) for a in TASKS["one_teacher_sft"]], seeds, steps, stream[1],
+                            eval_every=steps).assign(student="tabular", K=1)]
+    capacity = [SpectrumConfig("fkl", a) for a in TASKS["capacity_alphas"]]
+    features = np.random.default_rng(10_000 + t).standard_normal((task.teachers.S, TASKS["capacity_features"]))
+    students = LogLinearStudents(features, task.teachers.n, [s for _ in capacity for s in seeds], lr=LR)
+    frames.append(training.train(task, capacity, seeds, students, steps=steps, batch=BATCH, eval_every=steps,
+                                 gen=torch.Generator().manual_seed(stream[2])).assign(student="capacity", K=2))
+    evaluate = evaluation.Evaluator(task)
+    for a in TASKS["objectives"]["sft"]:                 # SFT's exact fixed point at each alpha (no training)
+        out = evaluate(fixed_points.sft_fixed_point(task, a), SpectrumConfig("sft", a))
+        frames.append(pd.DataFrame([dict(SpectrumConfig("sft", a).as_dict(), seed=-1, step=steps, **out,
+                                         student="exact", K=2)]))
+    return pd.concat(frames, ignore_index=True).assign(task_seed=t, horizon=task.horizon)
 
 
 def run_neural(cell):
@@ -141,14 +190,13 @@ def run_neural(cell):
 def run_robustness(cell):
     task = tasks.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
     configs = spectrum_configs(ROBUST["alphas"], ROBUST["objectives"], clip=cell["clip"], switch=False)
-    gen = torch.Generator().manual_seed(cell.base_seed)
-    students = TabularStudents(task, len(configs) * len(cell["seeds"]), gen, lr=LR)
-    df = training.train(task, configs, cell["seeds"], students, steps=cell["steps"], batch=16, eval_every=cell["steps"],
-                        gen=gen, fixed_points=False)
+    df = train_tabular(task, configs, cell["seeds"], cell["steps"], cell.base_seed, batch=16, eval_every=cell["steps"],
+                       fixed_points=False)
     return df.assign(K=2, H=cell["H"], task=task.name, horizon=task.horizon)
 
 
-RUNNERS = {"theory": run_theory, "tabular": run_tabular, "neural": run_neural, "robustness": run_robustness}
+RUNNERS = {"theory": run_theory, "tabular": run_tabular, "neural": run_neural, "robustness": run_robustness,
+           "tasks": run_tasks}
 
 
 def run_cell(cell):
@@ -251,6 +299,86 @@ def conclusions(tab, robust):
     return pd.DataFrame(rows)
 
 
+def per_task(df):
+    """The final evaluation of every run of the 'tasks' experiment, per position, averaged over the seeds
+    of each (student, K, task draw, objective, alpha, weighting)."""
+    f = final(df) if "student" not in df or (df.student != "exact").all() else pd.concat(
+        [final(df[df.student != "exact"]), df[df.student == "exact"]])
+    f = f.assign(**{c: f[c] / f.horizon for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
+    keys = ["student", "K", "task_seed", "objective", "alpha", "importance"]
+    return f.groupby(keys, dropna=False)[["kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point", "max_logit",
+                                          "accuracy"]].mean().reset_index()
+
+
+def count_verdict(values, tolerance, at_most=True):
+    """The verdict on a claim over task draws: each draw's ``values`` must be <= ``tolerance`` (``at_most``)
+    or > it. 'reproduces' when every draw meets it, 'does not reproduce' when none does, else 'reproduces
+    under stated conditions' (it holds on some draws only; the row says how many). Returns (verdict, met)."""
+    values = np.asarray(values, dtype=float)
+    met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
+    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
+            else "reproduces under stated conditions"), met
+
+
+def verdicts(df):
+    """verdicts.csv of E1 and E2 from the 'tasks' experiment: one row per claim and condition, the
+    statistic's median over task draws with its range [min, max] over them, the rule, and the verdict
+    (:func:`count_verdict`: every task draw meets the claim's tolerance, none, or some; TOL nats per
+    position unless the row says otherwise)."""
+    t = per_task(df)
+    rows = []
+
+    def pick(student, K, objective, alpha=None, importance=False):
+        sel = (t.student == student) & (t.K == K) & (t.objective == objective) & (t.importance == importance)
+        if alpha is not None:
+            sel &= t.alpha == alpha
+        return t[sel]
+
+    def spread(frame, column):                              # max minus min over alpha, per task draw
+        return frame.groupby("task_seed")[column].agg(lambda v: v.max() - v.min())
+
+    def bound_row(claim, condition, statistic, values, at_most=True, tolerance=TOL):
+        values = np.asarray(values, dtype=float)
+        verdict, met = count_verdict(values, tolerance, at_most)
+        side = "<=" if at_most else ">"
+        rows.append(verdict_row(claim, condition, f"{statistic}; {met} of {len(values)} task draws {side} {tolerance:g}; "
+                                f"median [min, max] over the draws", np.median(values), values.min(), values.max(),
+                                f"every task draw {side} {tolerance:g}: reproduces; none: does not; some: under stated "
+                                f"conditions", verdict))
+
+    fkl = pick("tabular", 2, "fkl")
+    bound_row("E1 FKL is flat across the rollout spectrum", "tabular, K = 2, full conditionals",
+              "max over alpha of KL(q || A) per position", fkl.groupby("task_seed").kl_arithmetic.max())
+    bound_row("E1 FKL is flat across the rollout spectrum", "capacity-limited log-linear student (4 shared features)",
+              "max - min over alpha of KL(q || A) per position", spread(pick("capacity", 2, "fkl"), "kl_arithmetic"))
+    bound_row("E1 SFT is flat across the rollout spectrum", "one teacher (K = 1)",
+              "max - min over alpha of KL(q || A) per position", spread(pick("tabular", 1, "sft"), "kl_arithmetic"))
+    bound_row("E1 SFT is flat across the rollout spectrum", "K = 2, against A",
+              "max - min over alpha of KL(q || A) per position", spread(pick("tabular", 2, "sft"), "kl_arithmetic"))
+    ends = pd.concat([pick("tabular", 2, "sft", 0.0).set_index("task_seed").kl_mixture,
+                      pick("tabular", 2, "sft", 1.0).set_index("task_seed").kl_arithmetic], axis=1).max(axis=1)
+    bound_row("SFT is FKL to the sequence-level mixture at alpha = 0 and to A at alpha = 1", "K = 2",
+              "max(KL(q || mixture) at alpha 0, KL(q || A) at alpha 1) per position", ends)
+    bound_row("SFT's fixed point has the same accuracy at every alpha", "K = 2, exact fixed points",
+              "max - min over alpha of the correct first token's probability", spread(pick("exact", 2, "sft"), "accuracy"),
+              tolerance=1e-12)
+    for est in TASKS["weighted"]:
+        at0 = pick("tabular", 2, est, 0.0).set_index("task_seed")
+        bound_row(f"E2 {est} needs student rollouts", "K = 2, teacher samples (alpha = 0), no weights",
+                  "KL(q || l) per position", at0.kl_local, at_most=False)
+        if at0.kl_fixed_point.notna().all():
+            bound_row(f"E2 {est} on teacher samples is a biased fixed point, not a divergence", "K = 2, alpha = 0",
+                      "KL(q || the solved fixed point) per position", at0.kl_fixed_point)
+        bound_row(f"E2 {est} reaches l on its own samples", "K = 2, alpha = 1", "KL(q || l) per position",
+                  pick("tabular", 2, est, 1.0).kl_local)
+        bound_row(f"importance weights restore {est} on teacher samples", "K = 2, alpha = 0, weighted",
+                  "KL(q || l) per position", pick("tabular", 2, est, 0.0, importance=True).kl_local)
+    bound_row("k1 as a loss on teacher samples is not an RKL learner (it drives q to a vertex)", "K = 2, alpha = 0",
+              "largest centred logit", pick("tabular", 2, "k1", 0.0).max_logit, at_most=False,
+              tolerance=0.8 * evaluation.DIVERGED_LOGIT)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
 def main(argv=None):
     ap = experiment_parser("rollout_spectrum.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -261,7 +389,7 @@ def main(argv=None):
                         scheduler=args.scheduler, progress=not args.quiet, desc="rollout spectrum")
     frames = {}
     for kind, name in (("theory", "sft_theory.csv"), ("tabular", "spectrum.csv"), ("neural", "neural.csv"),
-                       ("robustness", "robustness.csv")):
+                       ("robustness", "robustness.csv"), ("tasks", "tasks.csv")):
         parts = [r for c, r in zip(cells, results) if c.kind == kind]
         if parts:
             frames[kind] = pd.concat(parts, ignore_index=True)
@@ -269,6 +397,8 @@ def main(argv=None):
     summaries = [summary(frames[kind], by).assign(experiment=kind) for kind, by in SUMMARY_KEYS if kind in frames]
     if summaries:
         write_csv(os.path.join(args.out, "summary.csv"), pd.concat(summaries, ignore_index=True))
+    if "tasks" in frames:
+        write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(frames["tasks"]))
     if "tabular" in frames and "robustness" in frames:
         table = conclusions(frames["tabular"], frames["robustness"])
         write_csv(os.path.join(args.out, "conclusions.csv"), table)

@@ -11,6 +11,7 @@ import aggregation as ag
 from conftest import assert_usage_error, run_script
 from distillation import evaluation, fixed_points, tasks
 from distillation.configs import SpectrumConfig
+from sims import rollout_spectrum
 
 TOL = 0.01
 
@@ -38,7 +39,13 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     flat = c[c.conclusion.str.startswith("E1: FKL") & c.condition.str.startswith("tree")]
     assert flat.holds.all()
     neural = pd.read_csv(out / "neural.csv")
-    assert np.isfinite(neural.kl_named).all()
+    assert np.isfinite(neural.kl_named).all() and neural.seed.nunique() == 2
+    draws = pd.read_csv(out / "tasks.csv")
+    assert draws.task_seed.nunique() == 2 and set(draws.student) == {"tabular", "capacity", "exact"}
+    v = pd.read_csv(out / "verdicts.csv")
+    assert list(v.columns) == ["claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict"]
+    row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tabular")].iloc[0]
+    assert row.verdict == "reproduces" and row.hi < TOL
 
 
 @pytest.mark.integration
@@ -47,7 +54,7 @@ def test_rollout_spectrum_is_deterministic_and_resumes(quick_spectrum, tmp_path)
                "--no-figures")
     assert (tmp_path / "spectrum.csv").read_bytes() == (quick_spectrum / "spectrum.csv").read_bytes()
     proc = run_script("sims/rollout_spectrum.py", "--quick", "--out", quick_spectrum, "--resume", "--no-figures")
-    assert "(8 resumed)" in proc.stderr
+    assert "(10 resumed)" in proc.stderr
 
 
 @pytest.mark.integration
@@ -74,6 +81,77 @@ def test_bad_arguments_exit_2_with_one_line(script, bad, tmp_path):
     proc = run_script(script, *bad, "--quick", "--out", tmp_path, check=False, timeout=60)
     assert_usage_error(proc)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdicts and the summary follow their rules (synthetic inputs with known answers)
+# ------------------------------------------------------------------------------------------------
+def _draws(values, draws=3):
+    """A tasks.csv-shaped frame: every (student, K, objective, alpha, importance) the verdicts read, on
+    ``draws`` task draws and 2 seeds, all distances 0.001 per position (H = 3) and centred logits 21,
+    except ``values`` {(student, K, objective, alpha, importance, column): value or [one per draw]}."""
+    keys = [("tabular", 2, o, a, False) for o, alphas in rollout_spectrum.TASKS["objectives"].items() for a in alphas]
+    keys += [("tabular", 2, o, 0.0, True) for o in rollout_spectrum.TASKS["weighted"]]
+    keys += [("tabular", 1, "sft", a, False) for a in (0.0, 1.0)] + [("capacity", 2, "fkl", a, False) for a in (0.0, 1.0)]
+    keys += [("exact", 2, "sft", a, False) for a in (0.0, 1.0)]
+    rows = []
+    for student, K, obj, a, imp in keys:
+        for t in range(draws):
+            for seed in ((-1,) if student == "exact" else (0, 1)):
+                row = dict(student=student, K=K, objective=obj, alpha=a, importance=imp, switch=False, task_seed=t,
+                           seed=seed, step=300, horizon=3, max_logit=21.0, accuracy=0.55,
+                           **{c: 0.003 for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
+                for (st, k, o, al, im, col), v in values.items():
+                    if (st, k, o, al, im) == (student, K, obj, a, imp):
+                        row[col] = (v[t] if isinstance(v, list) else v) * (3 if col.startswith("kl_") else 1)
+                rows.append(row)
+                rows.append(dict(row, step=0, kl_arithmetic=9.0, kl_local=9.0))     # an earlier evaluation
+    return pd.DataFrame(rows)
+
+
+def _verdict(frame, claim, condition=""):
+    v = rollout_spectrum.verdicts(frame)
+    return v[v.claim.str.startswith(claim) & v.condition.str.startswith(condition)].iloc[0]
+
+
+def test_verdicts_follow_their_rules_on_synthetic_task_draws():
+    base = _verdict(_draws({}), "E1 FKL", "tabular")
+    assert base.verdict == "reproduces" and base.estimate == pytest.approx(0.001)        # the last evaluation
+    some = _draws({("tabular", 2, "fkl", 1.0, False, "kl_arithmetic"): [0.001, 0.05, 0.001]})
+    row = _verdict(some, "E1 FKL", "tabular")
+    assert row.verdict == "reproduces under stated conditions" and "2 of 3" in row.statistic
+    assert row.hi == pytest.approx(0.05)
+    every = _draws({("tabular", 2, "fkl", 1.0, False, "kl_arithmetic"): 0.05})
+    assert _verdict(every, "E1 FKL", "tabular").verdict == "does not reproduce"
+    # a departure claim counts the draws above the tolerance: flat distances are no departure
+    assert _verdict(_draws({}), "E2 k2 needs").verdict == "does not reproduce"
+    far = _draws({("tabular", 2, "k2", 0.0, False, "kl_local"): [0.03, 0.002, 0.04]})
+    row = _verdict(far, "E2 k2 needs")
+    assert row.verdict == "reproduces under stated conditions" and "2 of 3 task draws > 0.01" in row.statistic
+    # SFT's spread over alpha against A, with one teacher and with two
+    drift = _draws({("tabular", 2, "sft", 0.0, False, "kl_arithmetic"): 0.03})
+    assert _verdict(drift, "E1 SFT", "K = 2").verdict == "does not reproduce"
+    assert _verdict(drift, "E1 SFT", "one teacher").verdict == "reproduces"
+    # k1 must drive the logits to a vertex on every draw
+    tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0, 2.0, 21.0]})
+    assert _verdict(tame, "k1 as a loss").verdict == "reproduces under stated conditions"
+
+
+def test_count_verdict_closed_cases():
+    assert rollout_spectrum.count_verdict([0.001, 0.002], 0.01) == ("reproduces", 2)
+    assert rollout_spectrum.count_verdict([0.1, 0.002], 0.01) == ("reproduces under stated conditions", 1)
+    assert rollout_spectrum.count_verdict([0.1, 0.2], 0.01) == ("does not reproduce", 0)
+    assert rollout_spectrum.count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
+    assert rollout_spectrum.count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself
+
+
+def test_summary_reports_the_last_evaluation_and_the_first_step_within_tolerance():
+    rows = [dict(objective="fkl", alpha=0.0, switch=False, importance=False, seed=s, step=step, horizon=3, K=2,
+                 clip=False, kl_named=3 * kl, kl_fixed_point=3 * kl, accuracy=acc, diverged=False)
+            for s in (0, 1) for step, kl, acc in ((0, 0.5, 0.1), (50, 0.02, 0.3), (100, 0.004, 0.5), (150, 0.006, 0.55))]
+    out = rollout_spectrum.summary(pd.DataFrame(rows), ("K", "clip")).iloc[0]
+    assert out.kl_per_position == pytest.approx(0.006) and out.accuracy == pytest.approx(0.55)
+    assert out.steps == 150 and out.steps_to_tol == 100
 
 
 def test_evaluator_equals_aggregation_sequence_kl():
