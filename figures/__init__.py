@@ -1,7 +1,9 @@
 """Figures: pure functions from the tidy CSVs of a results folder to matplotlib Figures.
 
     python -m figures [--results DIR]     # rebuild every figure of every results folder under DIR
-    python -m figures --gallery           # ... then copy the headline figures to docs/figures/
+    python -m figures --gallery           # ... then copy the headline figures to docs/figures/, the
+                                          # studies' verdicts.csv to docs/verdicts/ and regenerate the
+                                          # verdict block of paper_repro.md from them
     figures.rebuild(folder)               # what the experiment scripts call at the end of a run
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
@@ -101,6 +103,41 @@ def results_folders(root):
 def rebuild_all(root="results", quiet=True):
     """Rebuild the figures of every results folder under ``root``; returns the paths written."""
     return [p for folder in results_folders(root) for p in rebuild(folder, quiet=quiet)]
+
+
+VERDICT_STUDIES = ("rollout_spectrum",)      # the studies that write a verdicts.csv
+VERDICTS_DIR = os.path.join("docs", "verdicts")
+REPRO = "paper_repro.md"
+
+
+def verdict_frames(verdicts_dir=VERDICTS_DIR):
+    """{study: its verdicts DataFrame} from the copies in ``verdicts_dir``, in VERDICT_STUDIES order."""
+    import pandas as pd
+    return {s: pd.read_csv(os.path.join(verdicts_dir, f"{s}.csv")) for s in VERDICT_STUDIES
+            if os.path.exists(os.path.join(verdicts_dir, f"{s}.csv"))}
+
+
+def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO):
+    """Copy each study's ``root/<study>/verdicts.csv`` to ``verdicts_dir/<study>.csv`` and regenerate the
+    verdict block of ``repro`` from the copies; returns the copies. ValueError naming a missing file."""
+    from .verdicts import markdown_table, replace_block
+    copies = []
+    for study in VERDICT_STUDIES:
+        src = os.path.join(root, study, "verdicts.csv")
+        if not os.path.exists(src):
+            raise ValueError(f"{src} is missing: run the {study} script (default settings) first")
+        os.makedirs(verdicts_dir, exist_ok=True)
+        copies.append(shutil.copyfile(src, os.path.join(verdicts_dir, f"{study}.csv")))
+    with open(repro) as f:
+        text = f.read()
+    text = replace_block(text, markdown_table(verdict_frames(verdicts_dir)))
+    from harness import atomic_write
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(repro, write)
+    return copies
 
 
 def refresh_gallery(root="results", gallery_dir=GALLERY_DIR):

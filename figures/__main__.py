@@ -5,7 +5,7 @@ import sys
 
 from harness import Parser
 
-from . import GALLERY_DIR, rebuild_all, refresh_gallery, results_folders
+from . import GALLERY_DIR, REPRO, VERDICTS_DIR, rebuild_all, refresh_gallery, refresh_verdicts, results_folders
 
 
 def main(argv=None):
@@ -28,6 +28,12 @@ def main(argv=None):
         except ValueError as exc:
             ap.error(str(exc))
         print(f"figures: {len(copies)} headline figures copied to {GALLERY_DIR}", file=sys.stderr)
+        try:
+            copies = refresh_verdicts(args.results)
+        except ValueError as exc:
+            ap.error(str(exc))
+        print(f"figures: {len(copies)} verdict tables copied to {VERDICTS_DIR}; {REPRO}'s verdict block regenerated",
+              file=sys.stderr)
     return 0
 
 

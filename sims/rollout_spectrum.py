@@ -21,8 +21,11 @@ Writes to ``--out`` (default results/rollout_spectrum):
   tasks.csv        E1 and E2 over 8 task draws (column task_seed): the tabular student on the K = 2
                    configurations of TASKS, SFT with one teacher, FKL with a capacity-limited log-linear
                    student (column student: tabular, capacity, exact for SFT's exact fixed points)
-  verdicts.csv     each claim of E1 and E2 per condition: the statistic's median and range over the task
-                   draws, the decision rule and the verdict (``verdicts``)
+  convergence.csv  E5 over the same task draws: k2, k3, pg0 on weighted teacher samples and on their own
+                   samples on the looping machine (H = 16) over 1000 steps, with the importance weights'
+                   exact second moments at l (per token and per sequence)
+  verdicts.csv     each claim of E1, E2 and E5 per condition: the statistic's median and range over the
+                   task draws, the decision rule and the verdict (``verdicts``)
   summary.csv      per configuration: final KL per position, accuracy, share diverged, steps to reach TOL
   conclusions.csv  each conclusion of the study under each condition, with the numbers and a verdict
   figures/         spectrum.png, spectrum_neural.png
@@ -37,15 +40,16 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+from scipy.special import logsumexp  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
 from analysis.verdicts import COLUMNS, verdict_row  # noqa: E402
-from distillation import evaluation, fixed_points, tasks, training  # noqa: E402
+from distillation import evaluation, fixed_points, moments, tasks, training  # noqa: E402
 from distillation.configs import SpectrumConfig  # noqa: E402
 from distillation.students import LogLinearStudents, TabularStudents, TokenStudents  # noqa: E402
 
-EXPERIMENTS = ("tabular", "neural", "robustness", "theory", "tasks")
+EXPERIMENTS = ("tabular", "neural", "robustness", "theory", "tasks", "convergence")
 DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
 
 # ------------------------------------------------------------------------------------------------
@@ -57,7 +61,8 @@ SIZES = {                                   # full run / --quick
     "neural_steps": (200, 20),
     "robust_steps": (200, 40),
     "neural_seeds": (5, 2),                 # trained together (vmap)
-    "task_draws": (8, 2),                   # E1, E2 over task draws (the 'tasks' experiment)
+    "task_draws": (8, 2),                   # E1, E2, E5 over task draws (the 'tasks' and 'convergence' experiments)
+    "convergence_steps": (1000, 100),
 }
 ALPHAS = tuple(np.round(np.linspace(0, 1, 11), 2))
 QUICK_ALPHAS = (0.0, 0.5, 1.0)
@@ -73,6 +78,7 @@ TASKS = {                                   # per task draw (K = 2): objective -
     "capacity_features": 4,                  # the capacity-limited student: log-linear on 4 shared features
     "capacity_alphas": (0.0, 0.5, 1.0),
 }
+CONVERGENCE = {"H": 16, "estimators": ("k2", "k3", "pg0"), "evaluations": 20}   # E5: weighted teacher samples, long traces
 BATCH, LR, NEURAL_LR = 64, 0.05, 3e-3
 SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("H", "clip")))
 TOL = 0.01                                   # nats per position (KL_seq / H): "reached its target"
@@ -114,6 +120,11 @@ def cells_for(size, quick, only, base_seed=0):
         for t in range(size["task_draws"]):
             out.append(Cell("tasks", "tasks", dict(task_seed=base_seed + t, seeds=seeds, steps=size["tabular_steps"]),
                             seeds=3, base_seed=base_seed, stream=("tasks", t)))
+    if "convergence" in only:
+        for t in range(size["task_draws"]):
+            out.append(Cell("convergence", "convergence", dict(task_seed=base_seed + t, H=CONVERGENCE["H"], seeds=seeds[:1],
+                                                               steps=size["convergence_steps"]),
+                            base_seed=base_seed, stream=("convergence", t)))
     if "robustness" in only:
         for H in ROBUST["horizons"][:1] if quick else ROBUST["horizons"]:
             for clip in (False, True):
@@ -187,6 +198,32 @@ def run_neural(cell):
     return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
 
 
+def weight_moments(task):
+    """The importance weights' second moments at the target l on a task, max over its teachers k: per
+    token (k2, k3 weight each token by q / p_k: ln E_{p_k}[(l / p_k)^2], the largest over states) and per
+    sequence (the policy gradients weight by the product over the response: ln E_{p_k}[w^2] / H)."""
+    t, H = task.teachers, task.horizon
+    local = fixed_points.target_table(task, "local")[0]
+    lp = np.asarray(t.log_probs)
+    token = max(float(logsumexp(2 * local - lp[k], axis=-1).max()) for k in range(t.K))
+    sequence = max(float(moments.sequence_is_second_moment(np.asarray(t.next_state), t.start, H, local, lp[k])[H])
+                   for k in range(t.K))
+    return dict(log_w2_token=token, log_w2_sequence_per_token=sequence / H)
+
+
+def run_convergence(cell):
+    """E5 on one task draw of the looping machine (H = 16): k2, k3 and pg0 on weighted teacher samples
+    (alpha = 0) and on their own samples (alpha = 1), evaluated CONVERGENCE['evaluations'] times over a
+    long budget (steps to the tolerance), beside the weights' exact second moments at l."""
+    task = tasks.make_task("loop", K=2, seed=cell["task_seed"], horizon=cell["H"])
+    configs = [SpectrumConfig(e, 0.0, importance=True) for e in CONVERGENCE["estimators"]]
+    configs += [SpectrumConfig(e, 1.0) for e in CONVERGENCE["estimators"]]
+    steps = cell["steps"]
+    df = train_tabular(task, configs, cell["seeds"], steps, int(cell.seed_array()[0]), batch=16,
+                       eval_every=max(steps // CONVERGENCE["evaluations"], 1), fixed_points=False)
+    return df.assign(task_seed=cell["task_seed"], H=cell["H"], horizon=task.horizon, **weight_moments(task))
+
+
 def run_robustness(cell):
     task = tasks.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
     configs = spectrum_configs(ROBUST["alphas"], ROBUST["objectives"], clip=cell["clip"], switch=False)
@@ -196,7 +233,7 @@ def run_robustness(cell):
 
 
 RUNNERS = {"theory": run_theory, "tabular": run_tabular, "neural": run_neural, "robustness": run_robustness,
-           "tasks": run_tasks}
+           "tasks": run_tasks, "convergence": run_convergence}
 
 
 def run_cell(cell):
@@ -320,8 +357,9 @@ def count_verdict(values, tolerance, at_most=True):
             else "reproduces under stated conditions"), met
 
 
-def verdicts(df):
-    """verdicts.csv of E1 and E2 from the 'tasks' experiment: one row per claim and condition, the
+def verdicts(df, convergence=None):
+    """verdicts.csv of E1 and E2 from the 'tasks' experiment (and E5 from the 'convergence' one, when
+    given): one row per claim and condition, the
     statistic's median over task draws with its range [min, max] over them, the rule, and the verdict
     (:func:`count_verdict`: every task draw meets the claim's tolerance, none, or some; TOL nats per
     position unless the row says otherwise)."""
@@ -376,6 +414,27 @@ def verdicts(df):
     bound_row("k1 as a loss on teacher samples is not an RKL learner (it drives q to a vertex)", "K = 2, alpha = 0",
               "largest centred logit", pick("tabular", 2, "k1", 0.0).max_logit, at_most=False,
               tolerance=0.8 * evaluation.DIVERGED_LOGIT)
+    if convergence is not None:
+        c = convergence.assign(kl=convergence.kl_local / convergence.horizon)
+        steps, H = int(c.step.max()), int(c.H.iloc[0])
+        early = int(c.step[c.step >= steps / 5].min())
+        for est in CONVERGENCE["estimators"]:
+            w = c[(c.objective == est) & c.importance].groupby(["task_seed", "step"]).kl.mean().unstack()
+            weights = "per-token weights q / p_k" if est in ("k2", "k3") else "sequence weights (prefix products)"
+            bound_row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {weights})",
+                      f"loop, H = {H}, alpha = 0, weighted, after {steps} steps", "KL(q || l) per position",
+                      w[steps], at_most=False)
+            bound_row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)",
+                      f"loop, H = {H}, alpha = 0, weighted", f"KL(q || l) at step {steps} over KL at step {early}",
+                      w[steps] / w[early], tolerance=1.0)
+        moments_ = c.groupby("task_seed")[["log_w2_token", "log_w2_sequence_per_token"]].first()
+        bound_row("E5 the sequence weight's second moment grows exponentially with H", f"loop, H = {H}, at q = l",
+                  "ln E_p[w^2] / H, w the product of l / p_k over the response (largest over the teachers)",
+                  moments_.log_w2_sequence_per_token, at_most=False, tolerance=0.1)
+        bound_row("E5 a per-token weight (k2, k3) has a smaller second moment than the sequence weight (pg0)",
+                  f"loop, H = {H}, at q = l", "ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a "
+                  "token weight at its worst state (nats)",
+                  moments_.log_w2_sequence_per_token * H - moments_.log_w2_token, at_most=False, tolerance=0.0)
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -389,7 +448,7 @@ def main(argv=None):
                         scheduler=args.scheduler, progress=not args.quiet, desc="rollout spectrum")
     frames = {}
     for kind, name in (("theory", "sft_theory.csv"), ("tabular", "spectrum.csv"), ("neural", "neural.csv"),
-                       ("robustness", "robustness.csv"), ("tasks", "tasks.csv")):
+                       ("robustness", "robustness.csv"), ("tasks", "tasks.csv"), ("convergence", "convergence.csv")):
         parts = [r for c, r in zip(cells, results) if c.kind == kind]
         if parts:
             frames[kind] = pd.concat(parts, ignore_index=True)
@@ -398,7 +457,7 @@ def main(argv=None):
     if summaries:
         write_csv(os.path.join(args.out, "summary.csv"), pd.concat(summaries, ignore_index=True))
     if "tasks" in frames:
-        write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(frames["tasks"]))
+        write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(frames["tasks"], frames.get("convergence")))
     if "tabular" in frames and "robustness" in frames:
         table = conclusions(frames["tabular"], frames["robustness"])
         write_csv(os.path.join(args.out, "conclusions.csv"), table)

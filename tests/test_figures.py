@@ -7,6 +7,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 
 import figures
+from conftest import ROOT
 from figures import mechanisms as fm
 from figures import regret as fr
 from figures.style import TWO_COLUMNS
@@ -108,3 +109,31 @@ def test_rebuild_writes_every_figure_from_the_csvs(quick_regret, quick_mechanism
     width, _ = Image.open(paths[0]).size
     assert width == pytest.approx(TWO_COLUMNS * figures.DPI, abs=2)
     assert set(figures.results_folders(str(quick_regret.parent))) >= {str(quick_regret), str(quick_mechanisms)}
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdict tables of paper_repro.md
+# ------------------------------------------------------------------------------------------------
+def test_paper_repro_verdict_block_is_the_table_of_the_committed_verdicts():
+    """The block between the markers is exactly what ``python -m figures --gallery`` generates from
+    docs/verdicts/*.csv, and every verdict there comes from a committed CSV."""
+    import figures
+    from figures.verdicts import BEGIN, END, markdown_table, replace_block
+    frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
+    assert set(frames) == set(figures.VERDICT_STUDIES)
+    text = (ROOT / figures.REPRO).read_text()
+    assert replace_block(text, markdown_table(frames)) == text
+    block = text[text.index(BEGIN):text.index(END)]
+    assert block.count("\n| `") == sum(len(f) for f in frames.values())
+
+
+def test_markdown_table_and_replace_block():
+    from figures.verdicts import BEGIN, END, markdown_table, replace_block
+    frame = pd.DataFrame([dict(claim="c", condition="k", statistic="a | b", estimate=0.00123, lo=1e-5, hi=float("nan"),
+                               rule="r", verdict="inconclusive")])
+    table = markdown_table({"study": frame})
+    assert table.splitlines()[2] == "| `study` | c | k | a \\| b | 0.0012 [1e-05, ] | **inconclusive** |"
+    text = f"head\n{BEGIN}\nold\n{END}\ntail"
+    assert replace_block(text, "new") == f"head\n{BEGIN}\nnew\n{END}\ntail"
+    with pytest.raises(ValueError, match="markers"):
+        replace_block("no markers", "new")

@@ -42,6 +42,8 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     assert np.isfinite(neural.kl_named).all() and neural.seed.nunique() == 2
     draws = pd.read_csv(out / "tasks.csv")
     assert draws.task_seed.nunique() == 2 and set(draws.student) == {"tabular", "capacity", "exact"}
+    conv = pd.read_csv(out / "convergence.csv")
+    assert conv.task_seed.nunique() == 2 and conv.step.nunique() == rollout_spectrum.CONVERGENCE["evaluations"] + 1 and (conv.log_w2_token > 0).all()
     v = pd.read_csv(out / "verdicts.csv")
     assert list(v.columns) == ["claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict"]
     row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tabular")].iloc[0]
@@ -54,7 +56,7 @@ def test_rollout_spectrum_is_deterministic_and_resumes(quick_spectrum, tmp_path)
                "--no-figures")
     assert (tmp_path / "spectrum.csv").read_bytes() == (quick_spectrum / "spectrum.csv").read_bytes()
     proc = run_script("sims/rollout_spectrum.py", "--quick", "--out", quick_spectrum, "--resume", "--no-figures")
-    assert "(10 resumed)" in proc.stderr
+    assert "(12 resumed)" in proc.stderr
 
 
 @pytest.mark.integration
@@ -135,6 +137,63 @@ def test_verdicts_follow_their_rules_on_synthetic_task_draws():
     # k1 must drive the logits to a vertex on every draw
     tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0, 2.0, 21.0]})
     assert _verdict(tame, "k1 as a loss").verdict == "reproduces under stated conditions"
+
+
+def _convergence(final, draws=2, steps=1000):
+    """A convergence.csv-shaped frame: every estimator's weighted run falls from 0.8 to ``final`` per
+    position ({estimator: value or [one per draw]}; default 0.005) linearly over ``steps``."""
+    rows = []
+    for est in rollout_spectrum.CONVERGENCE["estimators"]:
+        for t in range(draws):
+            end = final.get(est, 0.005)
+            end = end[t] if isinstance(end, list) else end
+            for step in range(0, steps + 1, steps // 10):
+                kl = 0.8 + (end - 0.8) * step / steps
+                for imp, a in ((True, 0.0), (False, 1.0)):
+                    rows.append(dict(objective=est, importance=imp, alpha=a, task_seed=t, seed=0, step=step, H=16,
+                                     horizon=16, kl_local=16 * kl, log_w2_token=5.0, log_w2_sequence_per_token=2.0))
+    return pd.DataFrame(rows)
+
+
+def test_e5_verdicts_follow_their_rules_on_synthetic_curves():
+    v = rollout_spectrum.verdicts(_draws({}), _convergence({"k3": [0.04, 0.005], "pg0": 0.05}))
+
+    def row(start):
+        return v[v.claim.str.startswith(start)].iloc[0]
+    assert row("E5 importance weights do not restore l within the budget on long traces (k2").verdict == \
+        "does not reproduce"                                        # k2 reaches 0.005 < 0.01 on both draws
+    assert row("E5 importance weights do not restore l within the budget on long traces (k3").verdict == \
+        "reproduces under stated conditions"
+    assert row("E5 importance weights do not restore l within the budget on long traces (pg0").verdict == "reproduces"
+    slow = row("E5 k2 on weighted teacher samples is slow")
+    assert slow.verdict == "reproduces" and slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
+    assert row("E5 the sequence weight's second moment").estimate == pytest.approx(2.0)
+    assert row("E5 a per-token weight").estimate == pytest.approx(2.0 * 16 - 5.0)
+    rising = rollout_spectrum.verdicts(_draws({}), _convergence({}).assign(
+        kl_local=lambda d: np.where(d.objective == "k2", 16 * 0.8 * (1 + d.step / 1000), d.kl_local)))
+    assert rising[rising.claim.str.startswith("E5 k2 on weighted")].verdict.iloc[0] == "does not reproduce"
+
+
+def test_weight_moments_vanish_with_one_teacher_and_match_an_enumeration():
+    one = tasks.make_task("loop", K=1, seed=0, horizon=4)                 # l is the teacher: every weight is 1
+    assert rollout_spectrum.weight_moments(one) == pytest.approx(dict(log_w2_token=0.0, log_w2_sequence_per_token=0.0),
+                                                                 abs=1e-12)
+    task = tasks.make_task("loop", K=2, seed=1, horizon=3)
+    t, local = task.teachers, fixed_points.target_table(task, "local")[0]
+    lp, ns = np.asarray(t.log_probs), np.asarray(t.next_state)
+    best = -np.inf
+    for k in range(t.K):                                               # sum over every response y of l(y)^2 / p_k(y)
+        total = 0.0
+        for y in np.ndindex(*(t.n,) * 3):
+            s, lw = t.start, 0.0
+            for a in y:
+                lw += 2 * local[s, a] - lp[k, s, a]
+                s = ns[s, a]
+            total += math.exp(lw)
+        best = max(best, math.log(total))
+    got = rollout_spectrum.weight_moments(task)
+    assert got["log_w2_sequence_per_token"] * 3 == pytest.approx(best, rel=1e-10)
+    assert got["log_w2_token"] == pytest.approx(max(np.log(np.exp(2 * local - lp[k]).sum(-1)).max() for k in range(2)))
 
 
 def test_count_verdict_closed_cases():
