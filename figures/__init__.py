@@ -60,7 +60,7 @@ GALLERY = {
     "mechanisms": ("mechanism_confident-expert", "mechanism_confident-expert_learned", "mechanism_low-prob",
                    "mechanism_low-prob_learned", "mechanism_prefix-bias", "mechanism_prefix-bias_learned"),
     "topk_bias": ("topk_bias",),
-    "rollout_spectrum": ("spectrum", "spectrum_neural"),
+    "rollout_spectrum": ("spectrum", "spectrum_neural", "spectrum_verdicts"),
     "estimators": ("estimators",),
     "forgetting": ("forgetting_shares", "forgetting"),
     "rlvr": ("rlvr", "rlvr_cost"),

@@ -11,10 +11,12 @@ from .style import TWO_COLUMNS, figure, legend_below, paper
 
 LABELS = {"fkl": "FKL, full conditionals -> A", "sft": "SFT, sampled token -> SFT(alpha)",
           "rkl": "RKL, full conditionals -> l", "k1": "k1 loss (largest logit)", "k2": "k2 loss -> l",
-          "k3": "k3 loss, pooled -> l", "k3-teacher": "k3 loss, one teacher -> A",
+          "k3": "k3 loss, pooled -> l", "k3-teacher": "k3 loss, one teacher -> A (weighted: its derived point)",
           "pg0": "policy gradient g=0 -> l", "pg1": "policy gradient g=1 -> g"}
 PANELS = (("exact conditionals", ("fkl", "rkl", "sft")), ("sampled-token estimators", ("k2", "k3", "k3-teacher")),
           ("policy gradients and k1", ("pg0", "pg1", "k1")))
+TOL = 0.01                 # nats per position: "reached" (sims/rollout_spectrum.py)
+TOL_STYLE = dict(color="black", lw=0.7, ls=(0, (1, 2)))
 
 
 def _final(df):
@@ -36,15 +38,21 @@ def spectrum_figure(tab, theory):
     f = _final(tab)
     fig = figure(TWO_COLUMNS, 4.6)
     axes = fig.subplots(2, 2).ravel()
+    logit_ax = axes[2].twinx()                            # k1's largest centred logit on its own axis
     for ax, (title, objectives) in zip(axes, PANELS):
         for obj in objectives:
             for imp, ls in ((False, "-"), (True, "--")):
                 s = f[(f.objective == obj) & (f.importance == imp) & ~f.switch.astype(bool)]
                 if s.empty:
                     continue
-                m = s.groupby("alpha").kl_per_position.mean()
-                y = m.to_numpy() if obj != "k1" else s.groupby("alpha").max_logit.mean().to_numpy()
-                ax.plot(m.index, np.maximum(y, 1e-6), ls=ls, marker="o", ms=2.5, color=_colour(obj))
+                if obj == "k1":
+                    m = s.groupby("alpha").max_logit.mean()
+                    logit_ax.plot(m.index, m.to_numpy(), ls=ls, marker="o", ms=2.5, color=_colour(obj))
+                    continue
+                # the weighted routed k3 is drawn against its derived point (the mixture), not A
+                column = "kl_fixed_point" if (obj == "k3-teacher" and imp) else "kl_per_position"
+                m = (s[column] / (s.horizon if column == "kl_fixed_point" else 1)).groupby(s.alpha).mean()
+                ax.plot(m.index, np.maximum(m.to_numpy(), 1e-6), ls=ls, marker="o", ms=2.5, color=_colour(obj))
                 if not imp and obj in ("k2", "k3", "k3-teacher"):
                     fp = (s.kl_fixed_point / s.horizon).groupby(s.alpha).mean()
                     ax.plot(fp.index, np.maximum(fp.to_numpy(), 1e-6), ls=":", lw=1.0, color=_colour(obj))
@@ -52,12 +60,14 @@ def spectrum_figure(tab, theory):
                 if len(sw) and obj != "k1":
                     ax.plot([1.12], [max(sw.kl_per_position.mean(), 1e-6)], marker="s", ms=4, mfc="white",
                             color=_colour(obj))
+        ax.axhline(TOL, **TOL_STYLE)
         ax.set_yscale("log")
         ax.set_xlabel("alpha (share of student rollouts)")
-        ax.set_ylabel("KL to target (nats/position)" if "k1" not in objectives else
-                      "KL to target; k1: largest logit")
+        ax.set_ylabel("KL to target (nats/position)")
         ax.set_title(title)
         ax.grid(True)
+    logit_ax.set_ylabel("k1: largest centred logit", color=_colour("k1"))
+    logit_ax.set_ylim(0, None)
     ax = axes[3]
     for ref, colour in (("arithmetic", "tab:blue"), ("mixture", "tab:green")):
         s = theory[theory.reference == ref].sort_values("alpha")
@@ -69,10 +79,12 @@ def spectrum_figure(tab, theory):
     ax.grid(True)
     handles = [Line2D([], [], color=_colour(o), marker="o", ms=2.5) for o in LABELS]
     handles += [Line2D([], [], color="grey", ls="--"), Line2D([], [], color="grey", ls="-"),
-                Line2D([], [], color="grey", ls=":"), Line2D([], [], color="grey", ls="", marker="s", mfc="white")]
+                Line2D([], [], color="grey", ls=":"), Line2D([], [], color="grey", ls="", marker="s", mfc="white"),
+                Line2D([], [], **TOL_STYLE)]
     legend_below(fig, handles, list(LABELS.values()) + ["importance-weighted teacher samples", "unweighted",
-                                                         "unweighted: KL to the derived fixed point",
-                                                         "switch-point variant (at 1.12)"], ncol=3)
+                                                         "unweighted: to the derived point",
+                                                         "switch-point variant (at 1.12)",
+                                                         f"{TOL} nats/position: 'reached'"], ncol=3)
     fig.suptitle("Tabular students, K = 2 exact finite-state teachers: distance to each objective's own target",
                  fontsize=8)
     return fig
@@ -86,17 +98,49 @@ def neural_figure(neural, tab):
     fig = figure(TWO_COLUMNS, 2.8)
     ax = fig.subplots()
     for obj in dict.fromkeys(f.objective):
-        s = f[f.objective == obj].groupby("alpha").kl_per_position.mean()
+        g = f[f.objective == obj].groupby("alpha").kl_per_position
+        s, lo, hi = g.mean(), g.min(), g.max()
         ax.plot(s.index, np.maximum(s.to_numpy(), 1e-6), marker="o", color=_colour(obj),
-                label=f"{LABELS[obj]} (tiny Qwen2)")
+                label=f"{LABELS[obj]} (tiny Qwen2, {f.seed.nunique()} seeds)")
+        ax.fill_between(s.index, np.maximum(lo.to_numpy(), 1e-6), np.maximum(hi.to_numpy(), 1e-6), color=_colour(obj),
+                        alpha=0.15, lw=0)
         s2 = t[t.objective == obj].groupby("alpha").kl_per_position.mean()
         ax.plot(s2.index, np.maximum(s2.to_numpy(), 1e-6), ls=":", color=_colour(obj))
     ax.set_yscale("log")
     ax.set_xlabel("alpha: share of student rollouts")
     ax.set_ylabel("KL to its target (nats / position)")
-    ax.set_title("shared parameters and a finite budget (solid: tiny Qwen2; dotted: tabular student)")
+    ax.axhline(TOL, **TOL_STYLE)
+    ax.set_title("shared parameters and a finite budget (solid: tiny Qwen2, mean and range over seeds; "
+                 "dotted: tabular student)")
     ax.grid(True)
     legend_below(fig, *ax.get_legend_handles_labels(), ncol=2)
+    return fig
+
+
+@paper
+def verdicts_figure(verdicts):
+    """Each distance claim of verdicts.csv (KL per position, tolerance 0.01) as its median (dot) and range
+    over the task draws (bar), coloured by verdict, beside the tolerance."""
+    rows = verdicts[verdicts.statistic.str.contains("per position") & ~verdicts.statistic.str.contains("over KL")]
+    colours = {"reproduces": "tab:green", "reproduces under stated conditions": "tab:orange",
+               "does not reproduce": "tab:red", "inconclusive": "tab:grey"}
+    fig = figure(TWO_COLUMNS, 0.9 + 0.24 * len(rows))
+    text_ax, ax = fig.subplots(1, 2, width_ratios=[1.3, 1], sharey=True)
+    y = np.arange(len(rows))[::-1]
+    for yi, r in zip(y, rows.itertuples()):
+        c = colours[r.verdict]
+        ax.plot([max(r.lo, 1e-7), max(r.hi, 1e-7)], [yi, yi], color=c, lw=2, solid_capstyle="butt")
+        ax.plot([max(r.estimate, 1e-7)], [yi], marker="o", ms=3.5, color=c)
+        text_ax.text(1.0, yi, f"{r.claim}\n[{r.condition}]", ha="right", va="center", fontsize=5)
+    text_ax.axis("off")
+    ax.axvline(TOL, **TOL_STYLE)
+    ax.set_xscale("log")
+    ax.set_xlabel("nats / position: median, range over draws")
+    ax.tick_params(axis="y", left=False)
+    ax.grid(True, axis="x")
+    handles = [Line2D([], [], color=c, lw=2) for c in colours.values()] + [Line2D([], [], **TOL_STYLE)]
+    legend_below(fig, handles, list(colours) + [f"tolerance {TOL}"], ncol=5)
+    fig.suptitle("E1, E2, E5 over task draws (verdicts.csv)", fontsize=8)
     return fig
 
 
@@ -107,4 +151,6 @@ def figures_from(folder):
         out["spectrum"] = spectrum_figure(tab, pd.read_csv(os.path.join(folder, "sft_theory.csv")))
     if os.path.exists(os.path.join(folder, "neural.csv")):
         out["spectrum_neural"] = neural_figure(pd.read_csv(os.path.join(folder, "neural.csv")), tab)
+    if os.path.exists(os.path.join(folder, "verdicts.csv")):
+        out["spectrum_verdicts"] = verdicts_figure(pd.read_csv(os.path.join(folder, "verdicts.csv")))
     return out

@@ -234,7 +234,7 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
     from figures import spectrum as fs
     from figures.style import TWO_COLUMNS
     figs = fs.figures_from(str(quick_spectrum))
-    assert set(figs) == {"spectrum", "spectrum_neural"}
+    assert set(figs) == {"spectrum", "spectrum_neural", "spectrum_verdicts"}
     fig = figs["spectrum"]
     assert fig.get_size_inches()[0] == pytest.approx(TWO_COLUMNS)
     exact, sampled, pg, theory = fig.axes[:4]
@@ -242,3 +242,17 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
     alphas, kl_to_a = theory.get_lines()[0].get_data()
     assert kl_to_a[0] > 0.05 and kl_to_a[-1] == pytest.approx(0.0, abs=1e-12)    # SFT's point: mixture -> A
     assert all(ax.get_xlabel() for ax in fig.axes[:4])
+    for ax in (exact, sampled, pg):                                       # the tolerance is drawn
+        assert any(np.allclose(line.get_ydata(), 0.01) for line in ax.get_lines())
+    (logit_ax,) = fig.axes[4:]                                           # k1's centred logit on its own axis
+    assert "logit" in logit_ax.get_ylabel() and max(max(line.get_ydata()) for line in logit_ax.get_lines()) > 1
+    tab = pd.read_csv(quick_spectrum / "spectrum.csv")
+    last = tab[(tab.step == tab.step.max()) & (tab.K == 2) & ~tab["clip"] & ~tab.switch]
+    routed = last[(last.objective == "k3-teacher") & last.importance]      # drawn against its derived point
+    want = (routed.kl_fixed_point / routed.horizon).groupby(routed.alpha).mean().to_numpy()
+    assert any(len(line.get_ydata()) == len(want) and np.allclose(line.get_ydata(), np.maximum(want, 1e-6))
+               for line in sampled.get_lines())
+    v = pd.read_csv(quick_spectrum / "verdicts.csv")
+    forest = figs["spectrum_verdicts"].axes[1]
+    kl_rows = v.statistic.str.contains("per position") & ~v.statistic.str.contains("over KL")
+    assert len([line for line in forest.get_lines() if len(line.get_xdata()) == 1]) == kl_rows.sum()
