@@ -159,3 +159,37 @@ def test_neural_forgetting_is_exactly_zero_at_learning_rate_zero():
     frozen, moving = out.iloc[0], out.iloc[1:]
     assert frozen["forgetting"] == 0.0 and frozen["sparsity"] == 0.0
     assert (moving.forgetting > 1e-3).all() and (moving.sparsity > 0.5).all()
+
+
+def test_alpha_reaches_the_sampler_of_every_student(monkeypatch):
+    """Each phase-2 run's rollouts are drawn with its own config's alpha (one value per sequence), for
+    both students."""
+    pair = tasks.make_pair(0)
+    seen = []
+    original = continual.rollouts
+
+    def spy(task, student_logp, alpha, switch, n, gen, labels=True):
+        seen.append(torch.as_tensor(alpha).clone())
+        return original(task, student_logp, alpha, switch, n, gen, labels)
+    monkeypatch.setattr(continual, "rollouts", spy)
+    for kind in ("loglinear", "neural"):
+        start = continual.learn_a(pair, continual.students_for(kind, pair, [0]), steps=2)
+        runs = [(_config(alpha=a, lr=1e-3), 0) for a in (0.0, 0.5, 1.0)]
+        seen.clear()
+        continual.distil(pair, runs, start, steps=2, batch=4)
+        assert len(seen) == 2
+        for alpha in seen:
+            assert alpha.tolist() == [0.0] * 4 + [0.5] * 4 + [1.0] * 4, kind
+
+
+def test_bf16_storage_rounds_after_every_step_not_only_at_the_end():
+    """Updates below half a bfloat16 ulp vanish when the parameters are rounded after every step: at lr
+    1e-4 for 100 steps (each step far below half an ulp of most entries, their sum far above it) the bf16
+    run moves a small fraction of the entries that the float32 run moves; rounding once at the end would
+    let the sum through."""
+    pair = tasks.make_pair(1)
+    start = continual.learn_a(pair, continual.students_for("loglinear", pair, [0]), steps=60)
+    runs = [(_config(lr=1e-4, storage=st), 0) for st in ("float32", "bf16")]
+    out = continual.distil(pair, runs, start, steps=100, batch=16).set_index("storage")
+    assert out.loc["float32", "sparsity_bf16"] > 0.3
+    assert out.loc["bf16", "sparsity_bf16"] < 0.5 * out.loc["float32", "sparsity_bf16"]

@@ -94,3 +94,24 @@ def test_neural_students_learn_and_runs_stay_independent(task):
     first, last = rows[rows.step == 0].set_index("method"), rows[rows.step == 80].set_index("method")
     assert last.loc["on-policy FKL", "kl_arithmetic"] < 0.3 * first.loc["on-policy FKL", "kl_arithmetic"]
     assert last.loc["on-policy RKL", "kl_local"] < 0.3 * first.loc["on-policy RKL", "kl_local"]
+
+
+def test_on_policy_arms_sample_from_the_student(task, monkeypatch):
+    """The first on-policy batch is drawn from each on-policy run's own student table (its starting
+    policy), row by row; the offline run draws only from the teachers' pool."""
+    calls = []
+    original = verifiable.rollouts
+
+    def spy(task_, tables, starts, gen, horizon=None):
+        calls.append(tables.detach().clone())
+        return original(task_, tables, starts, gen, horizon)
+    monkeypatch.setattr(verifiable, "rollouts", spy)
+    runs = [(METHODS[0], 0), (METHODS[1], 1), (METHODS[2], 2)]            # offline FKL, on-policy FKL, RKL
+    students = LogLinearStudents(task.features, task.n, [0, 1, 2], lr=0.05)
+    start = torch.as_tensor(students.log_probs(), dtype=torch.float32)
+    verifiable.distil(task, runs, students, steps=1, batch=4)
+    pool, first = calls[0], calls[1]
+    teachers = torch.as_tensor(task.teacher_logp, dtype=torch.float32)
+    assert all(any(torch.equal(row, t) for t in teachers) for row in pool)  # the pool: the teachers' tables
+    assert first.shape[0] == 2 * 4
+    torch.testing.assert_close(first, start[[1, 1, 1, 1, 2, 2, 2, 2]], rtol=0, atol=1e-6)
