@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
+from analysis.verdicts import COLUMNS, cluster_bootstrap, effect_verdict, mde_80, power, tost, verdict_row  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
@@ -66,6 +67,7 @@ METHODS = (
     Method("no distillation"),
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
+EQUIVALENCE_MARGIN = 0.01                    # E4: an OOD-accuracy difference within +-1 point is "no edge" (TOST)
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
                    "neural": tuple(m for m in METHODS if m.pool in (0, 1024))}
 TRAINING = dict(batch=32, contexts=8, group=8)
@@ -157,6 +159,52 @@ def e4_table(curves):
     return pd.DataFrame(rows)
 
 
+def task_clustered(diff, tasks):
+    """A paired difference per run, its runs clustered by task (the seeds of a task share it): (mean of the
+    task means, 95% task-level bootstrap interval (lo, hi), the cluster standard error, the number of tasks)."""
+    means = pd.Series(np.asarray(diff, dtype=float)).groupby(np.asarray(tasks)).mean()
+    estimate, lo, hi = cluster_bootstrap(means.to_numpy(), means.index.to_numpy())
+    se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
+    return estimate, lo, hi, se, len(means)
+
+
+def verdicts(curves):
+    """verdicts.csv of E4 by stated rules, per student, feature condition and objective, the runs
+    clustered by task: 'an on-policy edge exists after distillation' (the task-bootstrap interval of
+    on-policy minus offline OOD accuracy above 0: reproduces; below the margin throughout: does not;
+    else inconclusive) and 'the edge does not survive RL' (TOST within +-EQUIVALENCE_MARGIN: reproduces;
+    interval after RL above 0: does not reproduce; otherwise inconclusive, with the smallest effect the
+    design detects at 80% power and its power to see the edge measured before RL)."""
+    ends = stage_ends(curves)
+    rows = []
+    for (student, condition), g in ends.groupby(["student", "condition"], sort=False):
+        wide = g.set_index(["task", "seed", "method"]).unstack("method")
+        tasks_ = wide.index.get_level_values("task")
+        for objective, (on, off) in PAIRS.items():
+            where = f"{student}, {condition}, {objective.upper()}"
+            diff = {stage: wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
+                    for stage in ("distil", "rl")}
+            est, lo, hi, se, n = task_clustered(diff["distil"], tasks_)
+            rows.append(verdict_row("E4 an on-policy edge in OOD accuracy exists after distillation", where,
+                                    f"on-policy minus offline OOD accuracy, mean of {n} task means, 95% task bootstrap",
+                                    est, lo, hi, "interval above 0: reproduces; below +margin throughout: does not; "
+                                    "else inconclusive", effect_verdict(lo, hi, 1, EQUIVALENCE_MARGIN)))
+            edge = est
+            est, lo, hi, se, n = task_clustered(diff["rl"], tasks_)
+            if n < 2:                                  # one task: no between-task spread to test against
+                verdict, tests = "inconclusive", "one task: no task-level interval, power or TOST"
+            else:
+                p, equivalent = tost(est, max(se, 1e-12), EQUIVALENCE_MARGIN, df=n - 1)
+                verdict = ("reproduces" if equivalent else "does not reproduce" if lo > 0 else "inconclusive")
+                tests = (f"TOST p = {p:.2g} (margin {EQUIVALENCE_MARGIN:g}); smallest effect detectable at 80% power "
+                         f"{mde_80(se):.3f}; power to see the pre-RL edge ({edge:+.3f}) {power(edge, max(se, 1e-12)):.2f}")
+            rows.append(verdict_row(
+                "E4 the edge does not survive RL", where, f"the same difference after RL; {tests}", est, lo, hi,
+                f"TOST within +-{EQUIVALENCE_MARGIN:g}: reproduces; interval above 0: does not; else inconclusive",
+                verdict))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
 def _first_at_most(cost, value, threshold):
     """The cost at the first checkpoint where value <= threshold (NaN if never)."""
     hit = np.nonzero(np.asarray(value) <= threshold)[0]
@@ -221,6 +269,7 @@ def main(argv=None):
     e4, e6 = e4_table(curves), e6_table(curves)
     write_csv(os.path.join(args.out, "e4.csv"), e4)
     write_csv(os.path.join(args.out, "e6.csv"), e6)
+    write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(curves))
     if not args.quiet:
         print(e4[e4.comparison.str.contains(" - ")].to_string(index=False, float_format=lambda v: f"{v:.3f}"),
               file=sys.stderr)

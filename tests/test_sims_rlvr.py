@@ -12,15 +12,15 @@ from conftest import assert_usage_error, run_script
 # ------------------------------------------------------------------------------------------------
 # the E4 and E6 tables on synthetic curves with known answers
 # ------------------------------------------------------------------------------------------------
-def _synthetic_curves(edge_distil, edge_rl, n=12):
+def _synthetic_curves(edge_distil, edge_rl, n=12, tasks=2, noise_sd=0.005):
     rng = np.random.default_rng(0)
     rows = []
     for condition in ("shared", "unshared"):
-        for task_id, seed in itertools.product(range(2), range(n // 2)):
+        for task_id, seed in itertools.product(range(tasks), range(n // tasks)):
             base = 0.3 + 0.1 * rng.normal(size=2)
             for method in ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL"):
                 on = method.startswith("on")
-                noise = 0.005 * rng.normal(size=2)
+                noise = noise_sd * rng.normal(size=2)
                 for stage, b, edge, e in (("distil", base[0], edge_distil, noise[0]), ("rl", base[1], edge_rl, noise[1])):
                     rows.append(dict(student="loglinear", condition=condition, task=task_id, method=method, seed=seed,
                                      stage=stage, step=10, ood_accuracy=b + (edge if on else 0.0) + e, id_accuracy=0.5))
@@ -40,6 +40,29 @@ def test_e4_table_verdicts(edge_distil, edge_rl, verdict):
     assert len(diffs) == 8 and (diffs.verdict == verdict).all()
     d = diffs[diffs.stage == "distil"].ood_accuracy.to_numpy()
     np.testing.assert_allclose(d, edge_distil, atol=0.01)
+
+
+@pytest.mark.parametrize("edge_rl, noise_sd, verdict", [
+    (0.0, 0.005, "reproduces"),               # equivalent to 0 within the margin: the edge is gone
+    (0.05, 0.005, "does not reproduce"),      # the edge survives RL
+    (0.0, 0.05, "inconclusive"),              # too noisy to tell: report the MDE
+])
+def test_e4_verdicts_by_rule_with_task_clusters(edge_rl, noise_sd, verdict):
+    from sims import rlvr
+    v = rlvr.verdicts(_synthetic_curves(0.1, edge_rl, n=12, tasks=6, noise_sd=noise_sd))
+    edge, survive = v[v.claim.str.contains("exists")], v[v.claim.str.contains("survive")]
+    assert len(edge) == len(survive) == 4 and (edge.verdict == "reproduces").all()
+    assert (survive.verdict == verdict).all(), survive[["condition", "estimate", "lo", "hi", "verdict"]]
+    assert edge.statistic.str.contains("mean of 6 task means").all()
+    assert survive.statistic.str.contains("80% power").all() and survive.statistic.str.contains("TOST p").all()
+
+
+def test_task_clustered_interval_and_standard_error():
+    from sims import rlvr
+    diff = np.array([1.0, 3.0, 10.0, 10.0, 4.0, 6.0])                    # task means 2, 10, 5
+    est, lo, hi, se, n = rlvr.task_clustered(diff, np.array([0, 0, 1, 1, 2, 2]))
+    assert n == 3 and est == pytest.approx(17 / 3) and se == pytest.approx(np.std([2, 10, 5], ddof=1) / np.sqrt(3))
+    assert 2.0 <= lo <= est <= hi <= 10.0
 
 
 def test_e6_table_on_curves_with_known_crossings():
@@ -86,6 +109,10 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     assert (rl.groupby(["student", "condition", "task", "method", "seed"]).teacher_tokens.nunique() == 1).all()
     e4 = pd.read_csv(out / "e4.csv")
     assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
+    v = pd.read_csv(out / "verdicts.csv")
+    assert len(v) == 16 and set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
+    one_task = v[v.condition.str.startswith("neural") & v.claim.str.contains("survive")]
+    assert (one_task.verdict == "inconclusive").all() and one_task.statistic.str.contains("one task").all()
     e6 = pd.read_csv(out / "e6.csv")
     assert set(e6.method) == {m.method for m in rlvr.METHODS if m.objective}
     teachers = pd.read_csv(out / "teachers.csv")
