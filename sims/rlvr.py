@@ -68,6 +68,7 @@ METHODS = (
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
 EQUIVALENCE_MARGIN = 0.01                    # E4: an OOD-accuracy difference within +-1 point is "no edge" (TOST)
+PARITY = 0.001                               # E6: "reached the offline arm's ID accuracy" = within 0.001 of it
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
                    "neural": tuple(m for m in METHODS if m.pool in (0, 1024))}
 TRAINING = dict(batch=32, contexts=8, group=8)
@@ -169,18 +170,22 @@ def task_clustered(diff, tasks):
 
 
 def verdicts(curves):
-    """verdicts.csv of E4 by stated rules, per student, feature condition and objective, the runs
+    """verdicts.csv of E4 and E6 by stated rules, per student, feature condition and objective, the runs
     clustered by task: 'an on-policy edge exists after distillation' (the task-bootstrap interval of
     on-policy minus offline OOD accuracy above 0: reproduces; below the margin throughout: does not;
     else inconclusive) and 'the edge does not survive RL' (TOST within +-EQUIVALENCE_MARGIN: reproduces;
     interval after RL above 0: does not reproduce; otherwise inconclusive, with the smallest effect the
-    design detects at 80% power and its power to see the edge measured before RL)."""
+    design detects at 80% power and its power to see the edge measured before RL); E6 'offline traces
+    reach parity at a lower cost': the on-policy arm's tokens to reach the offline arm's final ID accuracy
+    (and KL) over the offline arm's tokens, above 1 throughout the task-bootstrap interval: reproduces."""
     ends = stage_ends(curves)
     rows = []
     for (student, condition), g in ends.groupby(["student", "condition"], sort=False):
         wide = g.set_index(["task", "seed", "method"]).unstack("method")
         tasks_ = wide.index.get_level_values("task")
         for objective, (on, off) in PAIRS.items():
+            if ("ood_accuracy_distil", on) not in wide or ("ood_accuracy_distil", off) not in wide:
+                continue
             where = f"{student}, {condition}, {objective.upper()}"
             diff = {stage: wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
                     for stage in ("distil", "rl")}
@@ -202,6 +207,27 @@ def verdicts(curves):
                 "E4 the edge does not survive RL", where, f"the same difference after RL; {tests}", est, lo, hi,
                 f"TOST within +-{EQUIVALENCE_MARGIN:g}: reproduces; interval above 0: does not; else inconclusive",
                 verdict))
+    if not {"objective", "teacher_tokens", "student_tokens", "kl_arithmetic", "kl_local"} <= set(curves.columns):
+        return pd.DataFrame(rows, columns=list(COLUMNS))                 # E4's curves only
+    runs = e6_table(curves, summary=False)
+    for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
+        if method not in (on for on, _ in PAIRS.values()):
+            continue
+        for target, column in (("final ID accuracy (within 0.001)", "cost_to_offline_accuracy"),
+                               ("final KL to the target", "cost_to_offline_kl")):
+            reached = g[column].notna()
+            # a run that never reaches it within the budget counts at its whole budget: a lower bound
+            ratio = np.where(reached, g[column], g.cost) / g.offline_cost
+            est, lo, hi, _, n = task_clustered(np.log(ratio), g.task.to_numpy())
+            rows.append(verdict_row(
+                f"E6 offline traces reach parity with on-policy distillation at a lower cost ({target})",
+                f"{student}, {condition}, {method} against its offline arm (1,024 traces)",
+                f"on-policy tokens to reach the offline arm's {target} over the offline arm's tokens; reached in "
+                f"{int(reached.sum())} of {len(g)} runs (the others at their whole budget, a lower bound); "
+                f"geometric mean of {n} task means, 95% task bootstrap", float(np.exp(est)), float(np.exp(lo)),
+                float(np.exp(hi)),
+                "ratio interval above 1 (on-policy costs more): reproduces; below 1: does not; else inconclusive",
+                effect_verdict(lo, hi, 1, 0.0)))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -217,12 +243,13 @@ def _last_at_most(value, cost, budget):
     return float(within[-1]) if within.size else float("nan")
 
 
-def e6_table(curves):
+def e6_table(curves, summary=True):
     """Per run of a distilled method (then means and intervals over (task, seed)): cost = teacher forward
     tokens + student generated tokens at the end of distillation, the KL (per position, on the student's
     ID rollouts) to its objective's target, the ID accuracy; for the on-policy methods, their KL at the
-    offline method's cost (the offline pool of 1024 traces, same objective) and the cost to reach the
-    offline method's final KL."""
+    offline method's cost (the offline pool of 1024 traces, same objective), the cost to reach the
+    offline method's final KL and the cost to reach its final ID accuracy (within PARITY). With
+    ``summary`` False, the per-run rows (with the offline arm's cost, ``offline_cost``)."""
     d = curves[(curves.stage == "distil") & (curves.objective != "")].copy()
     d["cost"] = d.teacher_tokens + d.student_tokens
     d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
@@ -234,24 +261,31 @@ def e6_table(curves):
             run = run.sort_values("step")
             end = run.iloc[-1]
             ref = offline[end.objective]
-            ref_cost, ref_kl = float(ref.cost.iloc[-1]), float(ref.sort_values("step").kl_target.iloc[-1])
+            ref = ref.sort_values("step")
+            ref_cost, ref_kl, ref_acc = float(ref.cost.iloc[-1]), float(ref.kl_target.iloc[-1]), float(ref.id_accuracy.iloc[-1])
             row = dict(student=student, condition=condition, task=task, seed=seed, method=method,
                        objective=end.objective,
                        cost=end.cost, teacher_tokens=end.teacher_tokens, student_tokens=end.student_tokens,
                        kl_target=end.kl_target, id_accuracy=end.id_accuracy,
                        kl_at_offline_cost=_last_at_most(run.kl_target, run.cost, ref_cost),
-                       cost_to_offline_kl=_first_at_most(run.cost, run.kl_target, ref_kl))
+                       cost_to_offline_kl=_first_at_most(run.cost, run.kl_target, ref_kl),
+                       cost_to_offline_accuracy=_first_at_most(run.cost, -run.id_accuracy, -(ref_acc - PARITY)),
+                       offline_cost=ref_cost)
             per_run.append(row)
     per_run = pd.DataFrame(per_run)
+    if not summary:
+        return per_run
     rows = []
     for (student, condition, method), g in per_run.groupby(["student", "condition", "method"], sort=False):
         row = dict(student=student, condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))
         for col in ("cost", "teacher_tokens", "student_tokens", "kl_target", "id_accuracy", "kl_at_offline_cost",
-                    "cost_to_offline_kl"):
+                    "cost_to_offline_kl", "cost_to_offline_accuracy"):
             values = g[col].dropna()
             row[col], row[f"{col}_lo"], row[f"{col}_hi"] = _interval(values) if len(values) else (np.nan,) * 3
             if col == "cost_to_offline_kl":
                 row["reached_offline_kl"] = f"{len(values)}/{len(g)}"
+            if col == "cost_to_offline_accuracy":
+                row["reached_offline_accuracy"] = f"{len(values)}/{len(g)}"
         rows.append(row)
     return pd.DataFrame(rows)
 

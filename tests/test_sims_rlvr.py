@@ -78,12 +78,20 @@ def test_e6_table_on_curves_with_known_crossings():
             rows.append(dict(student="loglinear", condition="shared", task=0, seed=seed, method="on-policy FKL",
                              objective="fkl",
                              stage="distil", step=step, teacher_tokens=200 * step, student_tokens=100 * step,
-                             kl_arithmetic=2 / (1 + step), kl_local=1.0, id_accuracy=0.5))
+                             kl_arithmetic=2 / (1 + step), kl_local=1.0, id_accuracy=0.05 * step))
         rows.append(dict(rows[-2], method="offline RKL", objective="rkl", kl_local=0.1))
     e6 = rlvr.e6_table(pd.DataFrame(rows)).set_index("method")
     on = e6.loc["on-policy FKL"]
     assert on.cost == 3000 and on.kl_at_offline_cost == pytest.approx(0.5) and np.isnan(on.cost_to_offline_kl)
     assert on.reached_offline_kl == "0/3"
+    # ID accuracy 0.05 step reaches the offline 0.5 (within 0.001) at step 10: cost 3000, 3x the offline arm's
+    assert on.cost_to_offline_accuracy == 3000 and on.reached_offline_accuracy == "3/3"
+    v = rlvr.verdicts(pd.DataFrame(rows).assign(ood_accuracy=0.1)).set_index("claim")
+    parity = v.loc["E6 offline traces reach parity with on-policy distillation at a lower cost "
+                   "(final ID accuracy (within 0.001))"]
+    assert parity.estimate == pytest.approx(3.0) and parity.verdict == "reproduces"
+    kl = v.loc["E6 offline traces reach parity with on-policy distillation at a lower cost (final KL to the target)"]
+    assert kl.estimate == pytest.approx(3.0) and "reached in 0 of 3 runs" in kl.statistic     # never: its whole budget
     off = e6.loc["offline FKL"]
     assert off.cost == 1000 and off.kl_target == pytest.approx(1 / 11) and off.cost_to_offline_kl == 1000
 
@@ -110,7 +118,7 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     e4 = pd.read_csv(out / "e4.csv")
     assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
     v = pd.read_csv(out / "verdicts.csv")
-    assert len(v) == 16 and set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
+    assert len(v) == 32 and set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
     one_task = v[v.condition.str.startswith("neural") & v.claim.str.contains("survive")]
     assert (one_task.verdict == "inconclusive").all() and one_task.statistic.str.contains("one task").all()
     e6 = pd.read_csv(out / "e6.csv")
