@@ -47,13 +47,14 @@ def estimators_figure(values, gradients, is_horizon, topk):
     b.set_xscale("log")
     b.set_xlabel("samples for a 10% gradient error (median)")
     b.set_title("gradients (exact moments)")
-    for k, grp in is_horizon.groupby("teacher"):
-        c.plot(grp.H, grp.log_second_moment / np.log(10), "o-", ms=2.5, label=f"teacher {k}: exact")
+    for k, grp in is_horizon.groupby("teacher"):               # per token, so short and long H share a scale
+        c.plot(grp.H, grp.log_second_moment / grp.H, "o-", ms=2.5, label=f"teacher {k}: exact")
         mc = grp[np.isfinite(grp.mc_log_second_moment)]
-        c.plot(mc.H, mc.mc_log_second_moment / np.log(10), "x", ms=4, color="black")
+        c.plot(mc.H, mc.mc_log_second_moment / mc.H, "x", ms=4, color="black")
+    c.set_xscale("log", base=2)
     c.set_xlabel("response length H")
-    c.set_ylabel("log10 E_p[w^2], w = prod q/p")
-    c.set_title("sequence importance weights (x: Monte Carlo, 4000 samples)")
+    c.set_ylabel("ln E_p[w^2] / H (nats per token)")
+    c.set_title("sequence importance weights, w = prod q/p (x: Monte Carlo)")
     c.legend()
     c.grid(True)
     m = topk.groupby("k")[["e_k3", "kl", "teacher_tail"]].mean()

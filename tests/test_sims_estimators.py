@@ -4,6 +4,7 @@ routes (autograd over every token, enumeration of every response), not by distil
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -79,3 +80,16 @@ def test_is_horizon_csv_against_an_enumeration_of_every_response():
             assert got.per_step.item() == pytest.approx(np.log(total) / H, rel=1e-10, abs=1e-12)
             if got.mc_rel_se.item() < 0.05:     # the Monte-Carlo check, where its spread is small (w^2 is heavy-tailed)
                 assert abs(got.mc_log_second_moment.item() - np.log(total)) < 5 * got.mc_rel_se.item() + 1e-3
+
+
+@pytest.mark.integration
+def test_importance_weight_panel_is_per_token_so_the_monte_carlo_points_are_readable(quick_run):
+    from figures import estimators as fe
+    out = quick_run("estimators")
+    fig = fe.figures_from(str(out))["estimators"]
+    panel = fig.axes[2]
+    h = pd.read_csv(out / "is_horizon.csv")
+    exact = h[h.teacher == 0]
+    lines = [line for line in panel.get_lines() if line.get_label() == "teacher 0: exact"]
+    np.testing.assert_allclose(lines[0].get_ydata(), exact.log_second_moment / exact.H)
+    assert panel.get_xscale() == "log" and "per token" in panel.get_ylabel()
