@@ -256,3 +256,41 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
     forest = figs["spectrum_verdicts"].axes[1]
     kl_rows = v.statistic.str.contains("per position") & ~v.statistic.str.contains("over KL")
     assert len([line for line in forest.get_lines() if len(line.get_xdata()) == 1]) == kl_rows.sum()
+
+
+def _conclusion_frames(per_position):
+    """Final-step frames for conclusions(): a tree (K = 2, clipping off) and a loop (H = 16) condition,
+    every KL per position 0.001 except ``per_position`` {(objective, alpha, importance): value}; k1's
+    centred logit 21."""
+    rows = []
+    for H, extra in ((3, dict(K=2, clip=False)), (16, dict(H=16, clip=False))):
+        for obj in ("fkl", "rkl", "k2", "k3", "pg0", "sft", "k1"):
+            for a, imp in ((0.0, False), (1.0, False), (0.0, True)):
+                if imp and obj in ("fkl", "rkl", "sft"):
+                    continue
+                v = per_position.get((obj, a, imp), 0.001)
+                rows.append(dict(extra, objective=obj, alpha=a, importance=imp, switch=False, seed=0, step=300,
+                                 horizon=H, kl_named=v * H, kl_arithmetic=v * H, kl_fixed_point=0.001 * H,
+                                 max_logit=21.0 if obj == "k1" else 1.0, diverged=False))
+    frame = pd.DataFrame(rows)
+    return (frame[frame.H.isna()].drop(columns="H").astype({"K": int}),
+            frame[frame.H.notna()].drop(columns="K").astype({"H": int}))
+
+
+def test_conclusions_follow_the_numbers_they_quote():
+    base = {(est, 0.0, False): 0.05 for est in ("k2", "k3", "pg0")}
+    tab, robust = _conclusion_frames(base)
+    c = rollout_spectrum.conclusions(tab, robust).set_index(["condition", "conclusion"]).holds
+    tree, loop = "tree, K=2, clipping off", "loop, H=16, clipping off"
+    assert c[(tree, "E1: FKL with full conditionals reaches A at every alpha (flat)")]
+    k2 = "E2: k2 needs student rollouts (reaches l at alpha = 1, not on teacher samples without importance weights)"
+    assert c[(tree, k2)] and c[(loop, k2)]
+    assert c[(tree, "importance weights restore k2 on teacher samples")]
+    assert c[(tree, "k1 as a loss on teacher samples diverges")]
+    tab, robust = _conclusion_frames({**base, ("fkl", 1.0, False): 0.05, ("k2", 0.0, False): 0.001,
+                                      ("k2", 0.0, True): 0.05})
+    c = rollout_spectrum.conclusions(tab, robust).set_index(["condition", "conclusion"]).holds
+    assert not c[(tree, "E1: FKL with full conditionals reaches A at every alpha (flat)")]
+    assert not c[(tree, k2)] and not c[(tree, "importance weights restore k2 on teacher samples")]
+    assert c[(tree, "E2: k3 needs student rollouts (reaches l at alpha = 1, not on teacher samples without "
+                    "importance weights)")]
