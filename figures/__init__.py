@@ -105,7 +105,7 @@ def rebuild_all(root="results", quiet=True):
     return [p for folder in results_folders(root) for p in rebuild(folder, quiet=quiet)]
 
 
-VERDICT_STUDIES = ("rollout_spectrum", "rlvr")      # the studies that write a verdicts.csv
+VERDICT_STUDIES = ("rollout_spectrum", "forgetting", "rlvr")      # the studies that write a verdicts.csv
 VERDICTS_DIR = os.path.join("docs", "verdicts")
 REPRO = "paper_repro.md"
 

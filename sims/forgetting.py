@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
+from analysis.verdicts import COLUMNS, bound_verdict, verdict_row  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import continual, tasks  # noqa: E402
 from distillation.configs import SCHEDULES, STORAGES, ContinualConfig  # noqa: E402
@@ -66,6 +67,7 @@ NEURAL_QUICK = dict(NEURAL, lr=(1e-4, 1e-2), schedule=("constant",), objective=(
 BATCH = 32
 OUTCOMES = {"forgetting": "log10", "quality": "log10", "sparsity": "fraction", "sparsity_bf16": "fraction"}
 FLOOR = 1e-6                                 # log10(max(value, FLOOR)) for the outcomes analysed on a log scale
+LEARNED = 0.01                               # a learning rate "learns task B" when its runs' mean quality is below this
 
 
 def grid(factors):
@@ -126,6 +128,40 @@ def shares(df, factors, student):
     return pd.concat(frames, ignore_index=True)
 
 
+def learning_rates_that_learn(df):
+    """The learning rates whose runs' mean quality on B (KL per position to the objective's target) is
+    below LEARNED."""
+    quality = df.groupby("lr").quality.mean()
+    return sorted(quality[quality < LEARNED].index)
+
+
+def verdicts(df, student):
+    """E3's verdicts for one student: the learning rate's and alpha's shares of the variance of log10
+    forgetting over the full design and over the learning rates that learn B (where forgetting is
+    compared at a quality worth having), by stated bounds on the seed interval of each share."""
+    rows = []
+    designs = [("full design", df)]
+    learned = learning_rates_that_learn(df)
+    if len(learned) >= 2:
+        designs.append((f"learning rates that learn B (mean quality < {LEARNED:g}: {', '.join(f'{v:g}' for v in learned)})",
+                        df[df.lr.isin(learned)]))
+    for design, part in designs:
+        table = shares(part, FACTORS, student)
+        table = table[table.outcome == "forgetting"].set_index("term")
+        for term, claim, tol, at_most in (("lr", "E3 the learning rate governs forgetting (share >= 0.5)", 0.5, False),
+                                          ("alpha", "E3 the rollouts (alpha) do not govern forgetting (share <= 0.05)",
+                                           0.05, True)):
+            share = table.loc[term] if term in table.index else None
+            if share is None:
+                continue
+            rows.append(verdict_row(claim, f"{student}, {design}",
+                                    f"share of the variance of log10 forgetting, mean over {int(share.seeds)} seeds, "
+                                    f"95% t-interval", share.share, share.lo, share.hi,
+                                    f"interval {'<=' if at_most else '>='} {tol:g}: reproduces; on the other side: "
+                                    f"does not; else inconclusive", bound_verdict(share.lo, share.hi, tol, at_most)))
+    return rows
+
+
 def main(argv=None):
     ap = experiment_parser("forgetting.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -135,16 +171,18 @@ def main(argv=None):
     cells = cells_for(size, mode, only, args.base_seed)
     results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
                         scheduler=args.scheduler, progress=not args.quiet, desc="forgetting")
-    tables = []
+    tables, verdict_rows = [], []
     for kind in EXPERIMENTS:
         parts = [r for c, r in zip(cells, results) if c.kind == kind]
         if parts:
             df = pd.concat(parts, ignore_index=True)
             write_csv(os.path.join(args.out, f"{kind}.csv"), df)
             tables.append(shares(df, FACTORS, kind))
+            verdict_rows += verdicts(df, kind)
     if tables:
         table = pd.concat(tables, ignore_index=True)
         write_csv(os.path.join(args.out, "shares.csv"), table)
+        write_csv(os.path.join(args.out, "verdicts.csv"), pd.DataFrame(verdict_rows, columns=list(COLUMNS)))
         if not args.quiet:
             top = (table[table.term != "higher order"].sort_values("share", ascending=False)
                    .groupby(["student", "outcome"]).head(3).sort_values(["student", "outcome", "share"],

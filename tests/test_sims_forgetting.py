@@ -77,3 +77,28 @@ def test_make_pair_rejects_trees_of_different_shapes(monkeypatch):
     monkeypatch.setattr(tasks, "make_task", other_shape)
     with pytest.raises(ValueError, match="shape"):
         tasks.make_pair(0)
+
+
+def test_e3_verdicts_compare_the_full_design_with_the_rates_that_learn_b():
+    """A synthetic balanced design: forgetting = lr at the two rates that do not learn B (a decade per
+    level) and 0.05 (1 + 4 alpha) at the two that do (quality below LEARNED only there). The learning rate
+    governs the full design; among the rates that learn B, alpha does."""
+    from sims import forgetting
+    rows = []
+    rng = np.random.default_rng(0)
+    for seed in range(3):
+        for lr in (1e-4, 1e-3, 1e-2, 1e-1):
+            for alpha in (0.0, 1.0):
+                for objective in ("fkl", "rkl"):
+                    learned = lr >= 1e-2
+                    f = (0.05 * (1.0 + 4.0 * alpha) if learned else lr) * (1 + 0.01 * rng.normal())
+                    rows.append(dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective=objective,
+                                     clip=False, storage="float32", seed=seed, forgetting=f,
+                                     quality=0.001 if learned else 0.2, sparsity=0.5, sparsity_bf16=0.5))
+    v = pd.DataFrame(forgetting.verdicts(pd.DataFrame(rows), "loglinear")).set_index(["claim", "condition"]).verdict
+    assert forgetting.learning_rates_that_learn(pd.DataFrame(rows)) == [1e-2, 1e-1]
+    lr_claim = "E3 the learning rate governs forgetting (share >= 0.5)"
+    alpha_claim = "E3 the rollouts (alpha) do not govern forgetting (share <= 0.05)"
+    learned = "loglinear, learning rates that learn B (mean quality < 0.01: 0.01, 0.1)"
+    assert v[(lr_claim, "loglinear, full design")] == "reproduces"
+    assert v[(lr_claim, learned)] == "does not reproduce" and v[(alpha_claim, learned)] == "does not reproduce"
