@@ -23,6 +23,7 @@ Writes to ``--out`` (default results/forgetting):
 """
 
 import itertools
+import math
 import os
 import sys
 
@@ -159,6 +160,32 @@ def verdicts(df, student):
                                     f"95% t-interval", share.share, share.lo, share.hi,
                                     f"interval {'<=' if at_most else '>='} {tol:g}: reproduces; on the other side: "
                                     f"does not; else inconclusive", bound_verdict(share.lo, share.hi, tol, at_most)))
+    if {0.0, 1.0} <= set(df.alpha):
+        rows += alpha_rows(df, student)
+    return rows
+
+
+def alpha_rows(df, student, margin=0.05):
+    """Alpha's effect at each fixed learning rate: forgetting at alpha = 1 over forgetting at alpha = 0,
+    paired by every other factor, as a geometric mean per seed with a t-interval over seeds; 'alpha leaves
+    forgetting unchanged' when the interval lies within 1 +- ``margin``, fails when it lies outside."""
+    keys = [f for f in FACTORS if f not in ("alpha",)] + ["seed"]
+    wide = df[df.alpha.isin([0.0, 1.0])].pivot_table(index=keys, columns="alpha", values="forgetting")
+    log_ratio = np.log(np.maximum(wide[1.0], FLOOR) / np.maximum(wide[0.0], FLOOR)).rename("r").reset_index()
+    rows = []
+    for lr, g in log_ratio.groupby("lr"):
+        per_seed = g.groupby("seed").r.mean().to_numpy()
+        mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(per_seed[:, None]))
+        lo_r, hi_r = math.exp(lo), math.exp(hi)
+        verdict = ("inconclusive" if len(per_seed) < 2 else          # one seed: no interval to decide with
+                   "reproduces" if 1 - margin <= lo_r and hi_r <= 1 + margin else
+                   "does not reproduce" if hi_r < 1 - margin or lo_r > 1 + margin else "inconclusive")
+        rows.append(verdict_row(f"E3 alpha leaves forgetting unchanged at a fixed learning rate (within {margin:.0%})",
+                                f"{student}, lr = {lr:g}",
+                                f"forgetting at alpha = 1 over alpha = 0, paired by the other factors, geometric mean "
+                                f"over {len(per_seed)} seeds, 95% t-interval", math.exp(mean), lo_r, hi_r,
+                                f"interval within 1 +- {margin:g}: reproduces; outside it: does not; else inconclusive",
+                                verdict))
     return rows
 
 

@@ -102,3 +102,8 @@ def test_e3_verdicts_compare_the_full_design_with_the_rates_that_learn_b():
     learned = "loglinear, learning rates that learn B (mean quality < 0.01: 0.01, 0.1)"
     assert v[(lr_claim, "loglinear, full design")] == "reproduces"
     assert v[(lr_claim, learned)] == "does not reproduce" and v[(alpha_claim, learned)] == "does not reproduce"
+    at_rate = "E3 alpha leaves forgetting unchanged at a fixed learning rate (within 5%)"
+    assert v[(at_rate, "loglinear, lr = 0.0001")] == "reproduces"               # alpha does nothing there
+    assert v[(at_rate, "loglinear, lr = 0.1")] == "does not reproduce"          # x5 where B is learned
+    ratio = pd.DataFrame(forgetting.alpha_rows(pd.DataFrame(rows), "loglinear")).set_index("condition").estimate
+    assert ratio["loglinear, lr = 0.1"] == pytest.approx(5.0, rel=0.02)
