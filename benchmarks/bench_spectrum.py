@@ -27,13 +27,8 @@ import torch  # noqa: E402
 from timing import best_time  # noqa: E402  (benchmarks/timing.py, beside this script)
 
 
-def _train(task, configs, seeds, students, gen, **kw):
-    from distillation import training
-    return training.train(task, configs, seeds, students, gen=gen, **kw)
-
-
 def tabular(steps, repeats):
-    from distillation import tasks
+    from distillation import tasks, training
     from distillation.students import TabularStudents
     from sims.rollout_spectrum import ALPHAS, spectrum_configs
     task = tasks.make_task("tree", K=2, seed=0)
@@ -43,7 +38,7 @@ def tabular(steps, repeats):
 
     def run(configs, seeds, seed):
         gen = torch.Generator().manual_seed(seed)
-        return _train(task, configs, seeds, TabularStudents(task, len(configs) * len(seeds), gen), gen, **kw)
+        return training.train(task, configs, seeds, TabularStudents(task, len(configs) * len(seeds), gen), gen=gen, **kw)
 
     def vectorised():
         return run(configs, seeds, 0)
@@ -76,7 +71,7 @@ def check_fkl(task, batch=64):
 
 
 def neural(steps, repeats, runs=8, batch=64):
-    from distillation import tasks
+    from distillation import tasks, training
     from distillation.configs import SpectrumConfig
     from distillation.students import TokenStudents
     task = tasks.make_task("tree", K=2, seed=0)
@@ -88,7 +83,7 @@ def neural(steps, repeats, runs=8, batch=64):
 
     def run(seeds):
         students = TokenStudents(task, seeds, vocab=n + 1, bos=n, lr=3e-3)
-        return _train(task, [config], seeds, students, torch.Generator().manual_seed(seeds[0]), **kw)
+        return training.train(task, [config], seeds, students, gen=torch.Generator().manual_seed(seeds[0]), **kw)
 
     def vmapped():
         return run(seeds)

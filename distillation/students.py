@@ -21,7 +21,7 @@ The students:
                         pass over the tree's responses
 
 The neural students run together under ``torch.func.vmap`` over their stacked parameters
-(``benchmarks/bench_students.py`` measures this against a loop over the runs). The optimiser is a
+(``benchmarks/bench_spectrum.py`` measures this against a loop over the runs). The optimiser is a
 functional Adam rather than ``torch.optim.Adam`` because a sweep gives each run of one stacked tensor
 its own learning rate and schedule, which torch's Adam (one rate per parameter group) cannot.
 """
@@ -187,12 +187,12 @@ class LogLinearStudents(Students):
 class _Stacked(Students):
     """Students that are R copies of one torch module with stacked parameters, evaluated by vmap."""
 
-    def __init__(self, models, trained, lr, clip_norm, frozen=()):
+    def __init__(self, models, lr, clip_norm, frozen=()):
         from torch.func import stack_module_state
         params, self.buffers = stack_module_state(models)
         self.base = copy.deepcopy(models[0]).to("meta")
-        super().__init__(params, trained=[k for k in params if not k.startswith(frozen)] if frozen else trained,
-                         lr=lr, clip_norm=clip_norm)
+        super().__init__(params, trained=[k for k in params if not (frozen and k.startswith(frozen))], lr=lr,
+                         clip_norm=clip_norm)
 
     def _vmap(self, params, *args, **kwargs):
         from torch.func import functional_call, vmap
@@ -229,7 +229,7 @@ class FeatureStudents(_Stacked):
 
     def __init__(self, features, n, seeds, lr=3e-3, clip_norm=1.0):
         self.features, self.seeds = torch.as_tensor(features, dtype=torch.float32), list(seeds)
-        super().__init__([FeaturePolicy(self.features.shape[1], n, s) for s in seeds], None, lr, clip_norm,
+        super().__init__([FeaturePolicy(self.features.shape[1], n, s) for s in seeds], lr, clip_norm,
                          frozen=("lm.model.embed_tokens",))
 
     def forward(self, params, out=torch.float32):
@@ -246,22 +246,31 @@ class TokenStudents(_Stacked):
     def __init__(self, task, seeds, vocab, bos, lr=3e-3, clip_norm=1.0):
         from llm_bridge.models import tiny_model
         self.task, self.bos, self.seeds = task, bos, list(seeds)
-        super().__init__([tiny_model("qwen2", vocab_size=vocab, seed=s, attention="eager") for s in seeds], None,
-                         lr, clip_norm)
+        super().__init__([tiny_model("qwen2", vocab_size=vocab, seed=s, attention="eager") for s in seeds], lr,
+                         clip_norm)
+        self._tree = None
+
+    def _tree_index(self):
+        """(inputs (N, H), the reached (step, state) pairs hs, ss and the first response reaching each),
+        for the current task and first token; computed once per (task, bos), not at every step."""
+        if self._tree is None or self._tree[0] is not self.task or self._tree[1] != self.bos:
+            inputs, _, states = tree_responses(self.task.teachers, self.task.horizon)
+            inputs[:, 0] = self.bos
+            first = {}                                  # (step, state) -> the first response reaching it
+            for i in range(inputs.shape[0]):
+                for h in range(self.task.horizon):
+                    first.setdefault((h, int(states[i, h])), i)
+            (hs, ss), rows = zip(*first.keys()), list(first.values())
+            self._tree = (self.task, self.bos, inputs, torch.tensor(hs), torch.tensor(ss), rows)
+        return self._tree[2:]
 
     def forward(self, params, out=torch.float32):
         t, H = self.task.teachers, self.task.horizon
-        inputs, _, states = tree_responses(t, H)
-        inputs[:, 0] = self.bos
-        first = {}                                      # (step, state) -> the first response reaching it
-        for i in range(inputs.shape[0]):
-            for h in range(H):
-                first.setdefault((h, int(states[i, h])), i)
-        (hs, ss), rows = zip(*first.keys()), list(first.values())
+        inputs, hs, ss, rows = self._tree_index()
         logits = self._vmap(params, inputs, use_cache=False)                                     # (R, N, H, vocab)
-        logp = torch.log_softmax(logits[:, rows, list(hs), :t.n].to(out), -1)                  # (R, reached, n)
+        logp = torch.log_softmax(logits[:, rows, hs, :t.n].to(out), -1)                        # (R, reached, n)
         table = torch.full((logits.shape[0], H, t.S, t.n), -math.log(t.n), dtype=logp.dtype)
-        return _scatter(table, torch.tensor(hs), torch.tensor(ss), logp)
+        return _scatter(table, hs, ss, logp)
 
 
 def _scatter(table, hs, ss, values):

@@ -209,7 +209,7 @@ def verdicts(curves):
                 verdict))
     if not {"objective", "teacher_tokens", "student_tokens", "kl_arithmetic", "kl_local"} <= set(curves.columns):
         return pd.DataFrame(rows, columns=list(COLUMNS))                 # E4's curves only
-    runs = e6_table(curves, summary=False)
+    runs = e6_runs(curves)
     for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
         if method not in (on for on, _ in PAIRS.values()):
             continue
@@ -243,13 +243,12 @@ def _last_at_most(value, cost, budget):
     return float(within[-1]) if within.size else float("nan")
 
 
-def e6_table(curves, summary=True):
-    """Per run of a distilled method (then means and intervals over (task, seed)): cost = teacher forward
-    tokens + student generated tokens at the end of distillation, the KL (per position, on the student's
-    ID rollouts) to its objective's target, the ID accuracy; for the on-policy methods, their KL at the
-    offline method's cost (the offline pool of 1024 traces, same objective), the cost to reach the
-    offline method's final KL and the cost to reach its final ID accuracy (within PARITY). With
-    ``summary`` False, the per-run rows (with the offline arm's cost, ``offline_cost``)."""
+def e6_runs(curves):
+    """One row per run of a distilled method: cost = teacher forward tokens + student generated tokens at
+    the end of distillation, the KL (per position, on the student's ID rollouts) to its objective's
+    target, the ID accuracy; the KL at the offline method's cost (the offline pool of 1024 traces, same
+    objective; its cost ``offline_cost``), the cost to reach the offline method's final KL and the cost
+    to reach its final ID accuracy (within PARITY)."""
     d = curves[(curves.stage == "distil") & (curves.objective != "")].copy()
     d["cost"] = d.teacher_tokens + d.student_tokens
     d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
@@ -272,9 +271,13 @@ def e6_table(curves, summary=True):
                        cost_to_offline_accuracy=_first_at_most(run.cost, -run.id_accuracy, -(ref_acc - PARITY)),
                        offline_cost=ref_cost)
             per_run.append(row)
-    per_run = pd.DataFrame(per_run)
-    if not summary:
-        return per_run
+    return pd.DataFrame(per_run)
+
+
+def e6_table(curves):
+    """:func:`e6_runs` summarised per student, condition and method: means with intervals over (task,
+    seed), and how many runs reached the offline arm's KL and ID accuracy."""
+    per_run = e6_runs(curves)
     rows = []
     for (student, condition, method), g in per_run.groupby(["student", "condition", "method"], sort=False):
         row = dict(student=student, condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))

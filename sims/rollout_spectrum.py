@@ -339,8 +339,8 @@ def conclusions(tab, robust):
 def per_task(df):
     """The final evaluation of every run of the 'tasks' experiment, per position, averaged over the seeds
     of each (student, K, task draw, objective, alpha, weighting)."""
-    f = final(df) if "student" not in df or (df.student != "exact").all() else pd.concat(
-        [final(df[df.student != "exact"]), df[df.student == "exact"]])
+    exact = df.student == "exact"                       # SFT's exact fixed points: one row each, no training
+    f = pd.concat([final(df[~exact]), df[exact]])
     f = f.assign(**{c: f[c] / f.horizon for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
     keys = ["student", "K", "task_seed", "objective", "alpha", "importance"]
     return f.groupby(keys, dropna=False)[["kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point", "max_logit",
