@@ -1,6 +1,7 @@
 """The configurations of one training run, as frozen dataclasses validated at construction
 (``harness.Config``): a run's result rows start with its fields, in this order."""
 
+import math
 from dataclasses import dataclass
 
 from harness import Config
@@ -18,18 +19,24 @@ class SpectrumConfig(Config):
     """One point of the rollout spectrum (SPEC 5): the objective (``fixed_points.OBJECTIVES``), the
     probability ``alpha`` that a training sequence is the student's (NaN for the switch-point variant,
     where a teacher writes up to a uniform position and the student after), importance weights on the
-    teachers' tokens, and per-run gradient-norm clipping."""
+    teachers' tokens (truncated at ``truncate`` as practitioners do, e.g. V-trace's rho-bar = 1), and
+    per-run gradient-norm clipping."""
     objective: str
     alpha: float = 0.0            # P(a sequence is the student's); NaN when switch
     switch: bool = False          # teacher prefix up to a uniform position, student suffix
     importance: bool = False      # weight teacher tokens by q / mu (prefix products for pg0 / pg1)
     clip: bool = False            # clip each run's gradient to norm 1
+    truncate: float = math.inf    # importance weights above this are set to it (inf: never)
 
     def check(self):
         self.one_of("objective", OBJECTIVES)
         self.between("alpha", 0.0, 1.0, nan_ok=self.switch)
         for name in ("switch", "importance", "clip"):
             self.one_of(name, (False, True))
+        if not self.truncate > 0:
+            raise ValueError(f"SpectrumConfig.truncate = {self.truncate!r} must be a number > 0 (math.inf: never)")
+        if self.truncate < math.inf and not self.importance:
+            raise ValueError("SpectrumConfig.truncate needs importance = True (there are no weights to truncate)")
 
 
 @dataclass(frozen=True)

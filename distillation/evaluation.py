@@ -55,7 +55,8 @@ class Evaluator:
         tables = dict(self.tables)
         if config is not None:
             tables["sft"] = self._table("sft", config) if config.objective == "sft" else None
-            tables["fixed_point"] = self._table("fixed_point", config) if self.fixed_points else None
+            derived = self.fixed_points and config.truncate == math.inf     # truncated weights: none derived
+            tables["fixed_point"] = self._table("fixed_point", config) if derived else None
         occ = ag.policy_occupancy(t, H, log_q)[:H, :, None]                # q's occupancy, once for every target
         q = np.exp(log_q)
         out = {f"kl_{name}": math.nan if table is None else   # KL_seq = sum_h,s occ(h, s) KL(q(.|h, s) || P(.|h, s))

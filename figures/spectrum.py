@@ -28,14 +28,29 @@ def _colour(obj):
     return matplotlib.colormaps["tab10"](list(LABELS).index(obj) % 10)
 
 
+def draw_ranges(draws):
+    """{(objective, importance): (alphas, lo, hi)}: the range over the task draws of tasks.csv (tabular
+    student, K = 2) of each draw's final distance to the named target per position (k1: its largest
+    logit), averaged over its seeds."""
+    d = draws[(draws.student == "tabular") & (draws.K == 2)]
+    f = _final(d).assign(value=lambda x: np.where(x.objective == "k1", x.max_logit, x.kl_per_position))
+    per_draw = f.groupby(["objective", "importance", "alpha", "task_seed"]).value.mean()
+    span = per_draw.groupby(["objective", "importance", "alpha"]).agg(["min", "max"])
+    return {key: (g.index.get_level_values("alpha").to_numpy(), g["min"].to_numpy(), g["max"].to_numpy())
+            for key, g in span.groupby(level=["objective", "importance"])}
+
+
 @paper
-def spectrum_figure(tab, theory):
+def spectrum_figure(tab, theory, draws=None):
     """Final KL_seq(q || named target) per position against alpha (tabular students, K = 2, clipping
-    off), importance weights dashed, the distance to the derived fixed point dotted (sampled-token
-    losses); the switch-point variant at the right; the SFT fixed point's distance to A and to the
-    mixture against alpha."""
+    off, one task draw), importance weights dashed, the distance to the derived fixed point dotted
+    (sampled-token losses); the switch-point variant at the right; with ``draws`` (tasks.csv), each
+    configuration's range over the task draws as a bar at the alphas it runs; the SFT fixed point's
+    distance to A and to the mixture against alpha."""
     tab = tab[(tab.K == tab.K.max()) & (~tab["clip"].astype(bool))]
     f = _final(tab)
+    ranges = {} if draws is None else draw_ranges(draws)
+    n_draws = 0 if draws is None else draws.task_seed.nunique()
     fig = figure(TWO_COLUMNS, 4.6)
     axes = fig.subplots(2, 2).ravel()
     logit_ax = axes[2].twinx()                            # k1's largest centred logit on its own axis
@@ -48,14 +63,19 @@ def spectrum_figure(tab, theory):
                 if obj == "k1":
                     m = s.groupby("alpha").max_logit.mean()
                     logit_ax.plot(m.index, m.to_numpy(), ls=ls, marker="o", ms=2.5, color=_colour(obj))
-                    continue
-                # the weighted routed k3 is drawn against its derived point (the mixture), not A
-                column = "kl_fixed_point" if (obj == "k3-teacher" and imp) else "kl_per_position"
-                m = (s[column] / (s.horizon if column == "kl_fixed_point" else 1)).groupby(s.alpha).mean()
-                ax.plot(m.index, np.maximum(m.to_numpy(), 1e-6), ls=ls, marker="o", ms=2.5, color=_colour(obj))
+                else:   # the weighted routed k3 is drawn against its derived point (the mixture), not A
+                    column = "kl_fixed_point" if (obj == "k3-teacher" and imp) else "kl_per_position"
+                    m = (s[column] / (s.horizon if column == "kl_fixed_point" else 1)).groupby(s.alpha).mean()
+                    ax.plot(m.index, np.maximum(m.to_numpy(), 1e-6), ls=ls, marker="o", ms=2.5, color=_colour(obj))
                 if not imp and obj in ("k2", "k3", "k3-teacher"):
                     fp = (s.kl_fixed_point / s.horizon).groupby(s.alpha).mean()
                     ax.plot(fp.index, np.maximum(fp.to_numpy(), 1e-6), ls=":", lw=1.0, color=_colour(obj))
+                if (obj, imp) in ranges:                          # the range over task draws, beside the point
+                    a, lo, hi = ranges[obj, imp]
+                    target = logit_ax if obj == "k1" else ax
+                    floor = 0.0 if obj == "k1" else 1e-6
+                    target.vlines(a + (0.02 if imp else -0.02), np.maximum(lo, floor), np.maximum(hi, floor), lw=3,
+                                  alpha=0.35, color=_colour(obj))
                 sw = f[(f.objective == obj) & (f.importance == imp) & f.switch.astype(bool)]
                 if len(sw) and obj != "k1":
                     ax.plot([1.12], [max(sw.kl_per_position.mean(), 1e-6)], marker="s", ms=4, mfc="white",
@@ -81,12 +101,15 @@ def spectrum_figure(tab, theory):
     handles += [Line2D([], [], color="grey", ls="--"), Line2D([], [], color="grey", ls="-"),
                 Line2D([], [], color="grey", ls=":"), Line2D([], [], color="grey", ls="", marker="s", mfc="white"),
                 Line2D([], [], **TOL_STYLE)]
-    legend_below(fig, handles, list(LABELS.values()) + ["importance-weighted teacher samples", "unweighted",
-                                                         "unweighted: to the derived point",
-                                                         "switch-point variant (at 1.12)",
-                                                         f"{TOL} nats/position: 'reached'"], ncol=3)
-    fig.suptitle("Tabular students, K = 2 exact finite-state teachers: distance to each objective's own target",
-                 fontsize=8)
+    labels = list(LABELS.values()) + ["importance-weighted teacher samples", "unweighted",
+                                      "unweighted: to the derived point", "switch-point variant (at 1.12)",
+                                      f"{TOL} nats/position: 'reached'"]
+    if ranges:
+        handles.append(Line2D([], [], color="grey", lw=3, alpha=0.35))
+        labels.append(f"range over {n_draws} task draws (tasks.csv)")
+    legend_below(fig, handles, labels, ncol=3)
+    fig.suptitle("Tabular students, K = 2 exact finite-state teachers: distance to each objective's own target "
+                 "(lines: task draw 0)", fontsize=8)
     return fig
 
 
@@ -121,7 +144,8 @@ def neural_figure(neural, tab):
 def verdicts_figure(verdicts):
     """Each distance claim of verdicts.csv (KL per position, tolerance 0.01) as its median (dot) and range
     over the task draws (bar), coloured by verdict, beside the tolerance."""
-    rows = verdicts[verdicts.statistic.str.contains("per position") & ~verdicts.statistic.str.contains("over KL")]
+    rows = verdicts[verdicts.statistic.str.contains("per position") & ~verdicts.statistic.str.contains("over KL")
+                    & ~verdicts.statistic.str.startswith("steps")]
     colours = {"reproduces": "tab:green", "reproduces under stated conditions": "tab:orange",
                "does not reproduce": "tab:red", "inconclusive": "tab:grey"}
     fig = figure(TWO_COLUMNS, 0.9 + 0.24 * len(rows))
@@ -148,7 +172,9 @@ def figures_from(folder):
     out = {}
     tab = pd.read_csv(os.path.join(folder, "spectrum.csv"))
     if os.path.exists(os.path.join(folder, "sft_theory.csv")):
-        out["spectrum"] = spectrum_figure(tab, pd.read_csv(os.path.join(folder, "sft_theory.csv")))
+        draws = os.path.join(folder, "tasks.csv")
+        out["spectrum"] = spectrum_figure(tab, pd.read_csv(os.path.join(folder, "sft_theory.csv")),
+                                          pd.read_csv(draws) if os.path.exists(draws) else None)
     if os.path.exists(os.path.join(folder, "neural.csv")):
         out["spectrum_neural"] = neural_figure(pd.read_csv(os.path.join(folder, "neural.csv")), tab)
     if os.path.exists(os.path.join(folder, "verdicts.csv")):

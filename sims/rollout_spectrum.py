@@ -21,12 +21,15 @@ Writes to ``--out`` (default results/rollout_spectrum):
   tasks.csv        E1 and E2 over 8 task draws (column task_seed): the tabular student on the K = 2
                    configurations of TASKS, SFT with one teacher, FKL with a capacity-limited log-linear
                    student (column student: tabular, capacity, exact for SFT's exact fixed points)
-  convergence.csv  E5 over the same task draws: k2, k3, pg0 on weighted teacher samples and on their own
-                   samples on the looping machine (H = 16) over 1000 steps, with the importance weights'
-                   exact second moments at l (per token and per sequence)
+  convergence.csv  E5 over the same task draws: k2, k3, pg0 on weighted teacher samples (the weights
+                   whole, and truncated at 1 and 10 with the share of steps and tokens where that binds:
+                   truncated_steps, truncated_tokens) and on their own samples on the looping machine
+                   (H = 16) over 1000 steps, with the importance weights' exact second moments at l (per
+                   token and per sequence)
   verdicts.csv     each claim of E1, E2 and E5 per condition: the statistic's median and range over the
                    task draws, the decision rule and the verdict (``verdicts``)
-  summary.csv      per configuration: final KL per position, accuracy, share diverged, steps to reach TOL
+  summary.csv      per configuration (and per task draw for 'convergence'): final KL per position,
+                   accuracy, share diverged, steps_to_tol (the first evaluation within TOL; NaN if never)
   conclusions.csv  each conclusion of the study under each condition, with the numbers and a verdict
   figures/         spectrum.png, spectrum_neural.png
 """
@@ -78,9 +81,11 @@ TASKS = {                                   # per task draw (K = 2): objective -
     "capacity_features": 4,                  # the capacity-limited student: log-linear on 4 shared features
     "capacity_alphas": (0.0, 0.5, 1.0),
 }
-CONVERGENCE = {"H": 16, "estimators": ("k2", "k3", "pg0"), "evaluations": 20}   # E5: weighted teacher samples, long traces
+CONVERGENCE = {"H": 16, "estimators": ("k2", "k3", "pg0"), "evaluations": 20,    # E5: weighted teacher samples, long traces
+               "truncate": (1.0, 10.0)}      # truncated weights (1: V-trace's rho-bar), a clip that binds
 BATCH, LR, NEURAL_LR = 64, 0.05, 3e-3
-SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("H", "clip")))
+SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("H", "clip")),
+                ("convergence", ("task_seed", "H", "truncate")))
 TOL = 0.01                                   # nats per position (KL_seq / H): "reached its target"
 
 
@@ -124,7 +129,7 @@ def cells_for(size, quick, only, base_seed=0):
         for t in range(size["task_draws"]):
             out.append(Cell("convergence", "convergence", dict(task_seed=base_seed + t, H=CONVERGENCE["H"], seeds=seeds[:1],
                                                                steps=size["convergence_steps"]),
-                            base_seed=base_seed, stream=("convergence", t)))
+                            seeds=2, base_seed=base_seed, stream=("convergence", t)))
     if "robustness" in only:
         for H in ROBUST["horizons"][:1] if quick else ROBUST["horizons"]:
             for clip in (False, True):
@@ -213,14 +218,19 @@ def weight_moments(task):
 
 def run_convergence(cell):
     """E5 on one task draw of the looping machine (H = 16): k2, k3 and pg0 on weighted teacher samples
-    (alpha = 0) and on their own samples (alpha = 1), evaluated CONVERGENCE['evaluations'] times over a
-    long budget (steps to the tolerance), beside the weights' exact second moments at l."""
+    (alpha = 0), on the same with the weights truncated at each CONVERGENCE['truncate'] (its own random
+    stream, with the share of steps and tokens where the truncation binds) and on their own samples
+    (alpha = 1), evaluated CONVERGENCE['evaluations'] times over a long budget (steps to the tolerance),
+    beside the weights' exact second moments at l."""
     task = tasks.make_task("loop", K=2, seed=cell["task_seed"], horizon=cell["H"])
     configs = [SpectrumConfig(e, 0.0, importance=True) for e in CONVERGENCE["estimators"]]
     configs += [SpectrumConfig(e, 1.0) for e in CONVERGENCE["estimators"]]
-    steps = cell["steps"]
-    df = train_tabular(task, configs, cell["seeds"], steps, int(cell.seed_array()[0]), batch=16,
-                       eval_every=max(steps // CONVERGENCE["evaluations"], 1), fixed_points=False)
+    cut = [SpectrumConfig(e, 0.0, importance=True, truncate=c) for c in CONVERGENCE["truncate"]
+           for e in CONVERGENCE["estimators"]]
+    steps, stream = cell["steps"], [int(x) for x in cell.seed_array()]
+    every = max(steps // CONVERGENCE["evaluations"], 1)
+    df = pd.concat([train_tabular(task, c, cell["seeds"], steps, seed, batch=16, eval_every=every, fixed_points=False)
+                    for c, seed in ((configs, stream[0]), (cut, stream[1]))], ignore_index=True)
     return df.assign(task_seed=cell["task_seed"], H=cell["H"], horizon=task.horizon, **weight_moments(task))
 
 
@@ -347,6 +357,13 @@ def per_task(df):
                                           "accuracy"]].mean().reset_index()
 
 
+def steps_to(curves, tolerance):
+    """Per row of ``curves`` (a task draw x step frame of distances): the first step at or under
+    ``tolerance``, inf when no evaluation reaches it."""
+    hit = curves.le(tolerance)
+    return pd.Series(np.where(hit.any(axis=1), hit.idxmax(axis=1), np.inf), index=curves.index, dtype=float)
+
+
 def count_verdict(values, tolerance, at_most=True):
     """The verdict on a claim over task draws: each draw's ``values`` must be <= ``tolerance`` (``at_most``)
     or > it. 'reproduces' when every draw meets it, 'does not reproduce' when none does, else 'reproduces
@@ -418,15 +435,30 @@ def verdicts(df, convergence=None):
         c = convergence.assign(kl=convergence.kl_local / convergence.horizon)
         steps, H = int(c.step.max()), int(c.H.iloc[0])
         early = int(c.step[c.step >= steps / 5].min())
+        curves = c[c.importance].groupby(["objective", "truncate", "task_seed", "step"]).kl.mean()
         for est in CONVERGENCE["estimators"]:
-            w = c[(c.objective == est) & c.importance].groupby(["task_seed", "step"]).kl.mean().unstack()
+            w = curves[est, np.inf].unstack()
             weights = "per-token weights q / p_k" if est in ("k2", "k3") else "sequence weights (prefix products)"
             bound_row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {weights})",
                       f"loop, H = {H}, alpha = 0, weighted, after {steps} steps", "KL(q || l) per position",
                       w[steps], at_most=False)
+            reach = steps_to(w, TOL)
+            bound_row(f"E5 {est} on weighted teacher samples reaches l within {steps} steps",
+                      f"loop, H = {H}, alpha = 0, weighted", f"steps until KL(q || l) <= {TOL:g} per position (the "
+                      f"first of {c.step.nunique() - 1} evaluations; inf: not within the budget)",
+                      reach, tolerance=steps)
             bound_row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)",
                       f"loop, H = {H}, alpha = 0, weighted", f"KL(q || l) at step {steps} over KL at step {early}",
                       w[steps] / w[early], tolerance=1.0)
+        for cut in CONVERGENCE["truncate"]:
+            for est in CONVERGENCE["estimators"]:
+                runs = c[(c.objective == est) & (c["truncate"] == cut) & (c.step == steps)].groupby("task_seed").mean(
+                    numeric_only=True)
+                bound_row(f"E5 truncated importance weights restore l on teacher samples ({est}, a clip that binds)",
+                          f"loop, H = {H}, alpha = 0, weights truncated at {cut:g}, after {steps} steps",
+                          f"KL(q || l) per position (the truncation binds in {runs.truncated_steps.median():.0%} of "
+                          f"the steps and on {runs.truncated_tokens.median():.2%} of the weighted tokens, medians)",
+                          curves[est, cut].unstack()[steps])
         moments_ = c.groupby("task_seed")[["log_w2_token", "log_w2_sequence_per_token"]].first()
         bound_row("E5 the sequence weight's second moment grows exponentially with H", f"loop, H = {H}, at q = l",
                   "ln E_p[w^2] / H, w the product of l / p_k over the response (largest over the teachers)",

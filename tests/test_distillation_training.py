@@ -228,3 +228,53 @@ def test_the_switch_point_variant_hands_over_once_at_a_uniform_position():
     before = ~b.by_student
     rows = teacher_logp[b.teacher[:, None].expand(-1, H), b.states]
     assert torch.equal(b.gen_logp[before], rows.gather(-1, b.tokens[..., None])[..., 0][before])
+
+
+# ------------------------------------------------------------------------------------------------
+# truncated importance weights (a clip that binds)
+# ------------------------------------------------------------------------------------------------
+def _train_once(task, configs, steps=1, batch=4000, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    students = TabularStudents(task, len(configs), gen)
+    start = students.log_probs()
+    return start, training.train(task, configs, [0], students, steps=steps, batch=batch, eval_every=steps, gen=gen,
+                                 fixed_points=False)
+
+
+def test_truncation_binds_on_the_share_of_teacher_tokens_the_exact_weights_predict():
+    """At the first step the k2 weight of teacher k's token a in state s is q0(a|s) / p_k(a|s): the share of
+    weighted tokens it cuts is sum_k w_k sum_h,s occ_k(h, s) sum_a p_k(a|s) [q0 / p_k > c] over the
+    teachers' occupancies, which a 4000-sequence batch measures to about 0.003."""
+    task = tasks.make_task("loop", K=2, seed=0, horizon=6)
+    t, H, cut = task.teachers, task.horizon, 1.5
+    configs = [SpectrumConfig("k2", 0.0, importance=True, truncate=c) for c in (cut, 1e30)]
+    start, df = _train_once(task, configs)
+    lp = np.asarray(t.log_probs)
+    over = total = 0.0
+    for k in range(t.K):
+        occ = ag.policy_occupancy(t, H, np.broadcast_to(lp[k], (H,) + lp[k].shape))[:H]          # (H, S)
+        binds = (start[0] - lp[k][None]) > np.log(cut)                                           # (H, S, n)
+        over += task.weights[k] * np.sum(occ[..., None] * np.exp(lp[k])[None] * binds)
+        total += task.weights[k] * occ.sum()
+    last = df[df.step == 1].set_index("truncate")
+    assert 0.05 < over / total < 0.95                                      # the check is not vacuous
+    assert last.truncated_tokens[cut] == pytest.approx(over / total, abs=0.01)    # s.e. about 0.003
+    assert last.truncated_steps[cut] == 1.0
+    assert last.truncated_tokens[1e30] == 0.0 and last.truncated_steps[1e30] == 0.0
+
+
+def test_a_truncation_that_never_binds_changes_nothing_and_one_that_binds_changes_the_student():
+    task = tasks.make_task("loop", K=2, seed=0, horizon=6)
+    kl = {c: _train_once(task, [SpectrumConfig("pg0", 0.0, importance=True, truncate=c)], steps=20, batch=64)[1]
+          .query("step == 20").kl_local.iloc[0] for c in (math.inf, 1e30, 0.5)}
+    assert kl[1e30] == kl[math.inf]
+    assert abs(kl[0.5] - kl[math.inf]) > 1e-3
+    plain = _train_once(task, [SpectrumConfig("pg0", 0.0, importance=True)], steps=20, batch=64)[1]
+    assert "truncated_tokens" not in plain                                  # no truncation: no share columns
+
+
+def test_truncation_needs_weights_and_a_positive_level():
+    with pytest.raises(ValueError, match="importance"):
+        SpectrumConfig("k2", 0.0, truncate=1.0)
+    with pytest.raises(ValueError, match="truncate"):
+        SpectrumConfig("k2", 0.0, importance=True, truncate=0.0)

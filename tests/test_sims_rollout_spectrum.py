@@ -149,9 +149,12 @@ def _convergence(final, draws=2, steps=1000):
             end = end[t] if isinstance(end, list) else end
             for step in range(0, steps + 1, steps // 10):
                 kl = 0.8 + (end - 0.8) * step / steps
-                for imp, a in ((True, 0.0), (False, 1.0)):
-                    rows.append(dict(objective=est, importance=imp, alpha=a, task_seed=t, seed=0, step=step, H=16,
-                                     horizon=16, kl_local=16 * kl, log_w2_token=5.0, log_w2_sequence_per_token=2.0))
+                for imp, a, cut in ((True, 0.0, np.inf), (False, 1.0, np.inf), (True, 0.0, 1.0), (True, 0.0, 10.0)):
+                    rows.append(dict(objective=est, importance=imp, alpha=a, truncate=cut, task_seed=t, seed=0,
+                                     step=step, H=16, horizon=16, kl_local=16 * (kl if cut == np.inf else 0.5 / cut),
+                                     log_w2_token=5.0, log_w2_sequence_per_token=2.0,
+                                     truncated_steps=np.nan if cut == np.inf else 1 / cut,
+                                     truncated_tokens=np.nan if cut == np.inf else 0.1 / cut))
     return pd.DataFrame(rows)
 
 
@@ -169,6 +172,13 @@ def test_e5_verdicts_follow_their_rules_on_synthetic_curves():
     assert slow.verdict == "reproduces" and slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
     assert row("E5 the sequence weight's second moment").estimate == pytest.approx(2.0)
     assert row("E5 a per-token weight").estimate == pytest.approx(2.0 * 16 - 5.0)
+    reach = row("E5 k3 on weighted teacher samples reaches l")       # the first evaluation within 0.01
+    first = 100 * np.ceil((0.8 - 0.01) / (0.8 - 0.005) * 10)                 # draw 1 (0.005 at the end)
+    assert (reach.lo, reach.hi) == (first, np.inf) and reach.verdict == "reproduces under stated conditions"
+    cut = v[v.claim.str.startswith("E5 truncated")]                        # KL 0.5 / cut; binds 1 / cut of the steps
+    assert list(cut.estimate) == pytest.approx([0.5] * 3 + [0.05] * 3)
+    assert "binds in 10% of the steps and on 1.00% of the weighted tokens" in cut.statistic.iloc[-1]
+    assert set(cut.verdict) == {"does not reproduce"}
     rising = rollout_spectrum.verdicts(_draws({}), _convergence({}).assign(
         kl_local=lambda d: np.where(d.objective == "k2", 16 * 0.8 * (1 + d.step / 1000), d.kl_local)))
     assert rising[rising.claim.str.startswith("E5 k2 on weighted")].verdict.iloc[0] == "does not reproduce"
@@ -254,8 +264,18 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
                for line in sampled.get_lines())
     v = pd.read_csv(quick_spectrum / "verdicts.csv")
     forest = figs["spectrum_verdicts"].axes[1]
-    kl_rows = v.statistic.str.contains("per position") & ~v.statistic.str.contains("over KL")
+    kl_rows = v.statistic.str.contains("per position") & ~v.statistic.str.contains("over KL") & \
+        ~v.statistic.str.startswith("steps")                                # steps are no distance
     assert len([line for line in forest.get_lines() if len(line.get_xdata()) == 1]) == kl_rows.sum()
+    # the range over task draws: FKL's bar at alpha = 0 spans tasks.csv's per-draw means
+    draws = pd.read_csv(quick_spectrum / "tasks.csv")
+    fkl = draws[(draws.student == "tabular") & (draws.K == 2) & (draws.objective == "fkl") & (draws.alpha == 0.0)
+                & (draws.step == draws.step.max())]
+    per_draw = (fkl.kl_named / fkl.horizon).groupby(fkl.task_seed).mean()
+    assert per_draw.size >= 2
+    bars = [seg for c in exact.collections for seg in c.get_segments()]
+    want = [-0.02, max(per_draw.min(), 1e-6), -0.02, max(per_draw.max(), 1e-6)]
+    assert any(np.allclose(np.ravel(seg), want) for seg in bars)
 
 
 def _conclusion_frames(per_position):
