@@ -3,7 +3,8 @@
     python -m figures [--results DIR]     # rebuild every figure of every results folder under DIR
     python -m figures --gallery           # ... then copy the headline figures to docs/figures/, the
                                           # studies' verdicts.csv to docs/verdicts/ and regenerate the
-                                          # verdict block of paper_repro.md from them
+                                          # verdict block of paper_repro.md and the README's gallery
+                                          # (GALLERY_CAPTIONS) from them
     figures.rebuild(folder)               # what the experiment scripts call at the end of a run
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
@@ -108,6 +109,29 @@ def rebuild_all(root="results", quiet=True):
 VERDICT_STUDIES = ("rollout_spectrum", "forgetting", "rlvr")      # the studies that write a verdicts.csv
 VERDICTS_DIR = os.path.join("docs", "verdicts")
 REPRO = "paper_repro.md"
+README = "README.md"
+# The README's gallery: (figure, what it shows, the verdict rows (study, claim, condition) it states).
+GALLERY_CAPTIONS = (
+    ("regret_offpolicy-tabular", "off-policy learners: logarithmic regret at the theory's constants (T3)", ()),
+    ("mechanism_low-prob", "one teacher's tiny probability vetoes the geometric pool (T7)", ()),
+    ("mechanism_prefix-bias", "the sequence-level geometric target flips to the incorrect prefix beyond H* (T8)", ()),
+    ("spectrum", "distance to each objective's target across the rollout spectrum, bars the range over task draws",
+     (("rollout_spectrum", "E1 FKL is flat", "tabular"), ("rollout_spectrum", "E1 FKL is flat", "capacity"),
+      ("rollout_spectrum", "E2 k3 needs student rollouts", ""),
+      ("rollout_spectrum", "E2 k3 on teacher samples is a biased fixed point", ""))),
+    ("forgetting_shares", "shares of the variance of forgetting by factor",
+     (("forgetting", "E3 the learning rate governs", "loglinear, full design"),
+      ("forgetting", "E3 the learning rate governs", "loglinear, learning rates that learn B"))),
+    ("rlvr", "OOD accuracy after distillation and after RL, on-policy minus offline",
+     (("rlvr", "E4 an on-policy edge", "loglinear, shared, FKL"),
+      ("rlvr", "E4 the edge does not survive RL", "loglinear, shared, FKL"))),
+    ("rlvr_cost", "quality against tokens spent, offline traces and on-policy rollouts",
+     (("rlvr", "E6 offline traces reach parity with on-policy distillation at a lower cost (final KL",
+       "loglinear, shared, on-policy FKL"),
+      ("rlvr", "E6 offline traces reach parity with on-policy distillation at a lower cost (final ID",
+       "neural, shared, on-policy FKL"))),
+    ("estimators", "k1/k2/k3: bias, variance and gradient targets (SPEC 4)", ()),
+)
 
 
 def verdict_frames(verdicts_dir=VERDICTS_DIR):
@@ -117,10 +141,23 @@ def verdict_frames(verdicts_dir=VERDICTS_DIR):
             if os.path.exists(os.path.join(verdicts_dir, f"{s}.csv"))}
 
 
-def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO):
+def _rewrite(path, edit):
+    """Apply ``edit`` (text -> text) to the file at ``path``, atomically."""
+    from harness import atomic_write
+    with open(path) as f:
+        text = edit(f.read())
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+    atomic_write(path, write)
+
+
+def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO, readme=README):
     """Copy each study's ``root/<study>/verdicts.csv`` to ``verdicts_dir/<study>.csv`` and regenerate the
-    verdict block of ``repro`` from the copies; returns the copies. ValueError naming a missing file."""
-    from .verdicts import markdown_table, replace_block
+    verdict block of ``repro`` and the gallery block of ``readme`` from the copies; returns the copies.
+    ValueError naming a missing file."""
+    from .verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, markdown_table, replace_block
     copies = []
     for study in VERDICT_STUDIES:
         src = os.path.join(root, study, "verdicts.csv")
@@ -128,15 +165,10 @@ def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO):
             raise ValueError(f"{src} is missing: run the {study} script (default settings) first")
         os.makedirs(verdicts_dir, exist_ok=True)
         copies.append(shutil.copyfile(src, os.path.join(verdicts_dir, f"{study}.csv")))
-    with open(repro) as f:
-        text = f.read()
-    text = replace_block(text, markdown_table(verdict_frames(verdicts_dir)))
-    from harness import atomic_write
-
-    def write(tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-    atomic_write(repro, write)
+    frames = verdict_frames(verdicts_dir)
+    _rewrite(repro, lambda text: replace_block(text, markdown_table(frames)))
+    _rewrite(readme, lambda text: replace_block(text, gallery_table(GALLERY_CAPTIONS, frames, GALLERY_DIR),
+                                                GALLERY_BEGIN, GALLERY_END))
     return copies
 
 

@@ -127,6 +127,37 @@ def test_paper_repro_verdict_block_is_the_table_of_the_committed_verdicts():
     assert block.count("\n| `") == sum(len(f) for f in frames.values())
 
 
+def test_readme_gallery_is_generated_from_the_committed_verdicts():
+    """The README's gallery block is what ``python -m figures --gallery`` generates: every caption that
+    states a verdict reads it from docs/verdicts/*.csv, and every figure it shows is committed."""
+    import figures
+    from figures.verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, replace_block
+    frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
+    text = (ROOT / figures.README).read_text()
+    assert replace_block(text, gallery_table(figures.GALLERY_CAPTIONS, frames, figures.GALLERY_DIR),
+                         GALLERY_BEGIN, GALLERY_END) == text
+    for stem, _, picks in figures.GALLERY_CAPTIONS:
+        assert (ROOT / figures.GALLERY_DIR / f"{stem}.png").exists()
+        assert all(study in frames for study, _, _ in picks)
+
+
+def test_gallery_captions_follow_the_verdict_rows():
+    from figures.verdicts import gallery_table, row_caption
+    frame = pd.DataFrame([dict(claim="E9 x holds", condition="tabular, K = 2", verdict="reproduces", estimate=0.1,
+                               lo=0.05, hi=0.2, rule="r", statistic="KL; 7 of 8 task draws <= 0.01; median"),
+                          dict(claim="E9 y holds", condition="neural", verdict="inconclusive", estimate=0.1, lo=-0.05,
+                               hi=0.2, rule="r", statistic="a difference")])
+    assert row_caption(frame, "E9 x", "tabular") == \
+        "E9 x holds (tabular, K = 2): **reproduces**, 7 of 8 task draws <= 0.01"
+    assert row_caption(frame, "E9 y") == "E9 y holds (neural): **inconclusive**, 0.1 [-0.05, 0.2]"
+    flipped = frame.assign(verdict=["does not reproduce", "inconclusive"])
+    table = gallery_table([("a", "shows x", (("s", "E9 x", ""),)), ("b", "plain", ())], {"s": flipped}, "figs")
+    assert table.splitlines()[2] == ("| ![a](figs/a.png) shows x. E9 x holds (tabular, K = 2): **does not reproduce**, "
+                                     "7 of 8 task draws <= 0.01 | ![b](figs/b.png) plain |")
+    with pytest.raises(ValueError, match="no verdict row"):
+        row_caption(frame, "E9 z")
+
+
 def test_markdown_table_and_replace_block():
     from figures.verdicts import BEGIN, END, markdown_table, replace_block
     frame = pd.DataFrame([dict(claim="c", condition="k", statistic="a | b", estimate=0.00123, lo=1e-5, hi=float("nan"),
