@@ -7,6 +7,8 @@ cannot decide; report the smallest effect the design could have seen, :func:`mde
 
     effect_verdict     a claimed effect of a sign, against the smallest effect that matters (a margin)
     bound_verdict      a claimed bound: a statistic at most (or at least) a tolerance
+    count_verdict      a claimed bound checked on each of several units (task draws, random pairs):
+                       every unit, none or some; count_row writes it as a row
     mde_80, power      the smallest effect a two-sided test detects with 80% power; the power at an effect
     tost               two one-sided tests of equivalence within +-margin
     cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
@@ -60,6 +62,29 @@ def bound_verdict(lo, hi, tolerance, at_most=True):
     if lo > tolerance:
         return "does not reproduce"
     return "inconclusive"
+
+
+def count_verdict(values, tolerance, at_most=True):
+    """The verdict on a claim checked on each of several independent units (task draws, random pairs):
+    each unit's ``values`` must be <= ``tolerance`` (``at_most``) or > it. 'reproduces' when every unit
+    meets it, 'does not reproduce' when none does, else 'reproduces under stated conditions' (it holds
+    on some units only; the row says how many). Returns (verdict, met)."""
+    values = np.asarray(values, dtype=float)
+    met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
+    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
+            else "reproduces under stated conditions"), met
+
+
+def count_row(claim, condition, statistic, values, tolerance, at_most=True, unit="task draw"):
+    """The verdicts.csv row of :func:`count_verdict` over the units (``unit``, plural with an s): the
+    statistic's median and [min, max] over them, how many meet the tolerance, the rule and the verdict."""
+    values = np.asarray(values, dtype=float)
+    verdict, met = count_verdict(values, tolerance, at_most)
+    side = "<=" if at_most else ">"
+    return verdict_row(claim, condition, f"{statistic}; {met} of {len(values)} {unit}s {side} {tolerance:g}; "
+                       f"median [min, max] over the {unit.split()[-1]}s", np.median(values), values.min(),
+                       values.max(), f"every {unit} {side} {tolerance:g}: reproduces; none: does not; some: under "
+                       f"stated conditions", verdict)
 
 
 def mde_80(se, level=0.95, power_target=0.8):

@@ -106,7 +106,7 @@ def rebuild_all(root="results", quiet=True):
     return [p for folder in results_folders(root) for p in rebuild(folder, quiet=quiet)]
 
 
-VERDICT_STUDIES = ("rollout_spectrum", "forgetting", "rlvr")      # the studies that write a verdicts.csv
+VERDICT_STUDIES = ("rollout_spectrum", "estimators", "forgetting", "rlvr")   # the studies that write a verdicts.csv
 VERDICTS_DIR = os.path.join("docs", "verdicts")
 REPRO = "paper_repro.md"
 README = "README.md"
@@ -130,7 +130,10 @@ GALLERY_CAPTIONS = (
        "loglinear, shared, on-policy FKL"),
       ("rlvr", "E6 offline traces reach parity with on-policy distillation at a lower cost (final ID",
        "neural, shared, on-policy FKL"))),
-    ("estimators", "k1/k2/k3: bias, variance and gradient targets (SPEC 4)", ()),
+    ("estimators", "k1/k2/k3: bias, variance and gradient targets (SPEC 4)",
+     (("estimators", "the k2 loss gives the RKL gradient", ""), ("estimators", "the k3 loss gives the FKL gradient", ""),
+      ("estimators", "the k2 loss on teacher samples is biased", ""),
+      ("estimators", "k3 has a smaller variance than k1", ""))),
 )
 
 

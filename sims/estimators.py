@@ -16,6 +16,8 @@ Writes to ``--out`` (default results/estimators):
   is_horizon.csv  ln E_p[w^2] of the sequence-level importance weight against the horizon H (exact up
                   to 256, Monte Carlo for H <= 16)
   topk.csv        E_q[k3] for a student sampling its top k only, against KL - p(V \\ S)
+  verdicts.csv    each claim of SPEC 4 checked on every random pair (every teacher for the weights'
+                  growth): the statistic's median and range, how many meet the rule, the verdict
   figures/estimators.png
 """
 
@@ -30,6 +32,7 @@ import pandas as pd  # noqa: E402
 from scipy.special import logsumexp  # noqa: E402
 
 import aggregation as ag  # noqa: E402
+from analysis.verdicts import COLUMNS, count_row  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import moments  # noqa: E402
 
@@ -40,6 +43,8 @@ N_TOKENS = 50
 SPREADS = (0.5, 1.0, 2.0)                     # the logits' standard deviation: how far apart q and p are
 HORIZONS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ZERO_GRADIENT = 1e-9                           # a mean gradient this small relative to both references is zero
+EXACT = 1e-9                                   # a relative error this small is an identity (float64 sums)
+BIASED = 0.1                                   # a relative gradient error this large is a different target
 TOPK_V, TOPK_KS = 1000, (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
@@ -163,6 +168,46 @@ def run_topk(cell):
     return pd.DataFrame(rows)
 
 
+def verdicts(values, gradients, topk, horizon):
+    """verdicts.csv: each claim of SPEC 4 on every random pair (``analysis.verdicts.count_row``: every
+    pair meets the rule, none, or some), from values.csv, gradients.csv, topk.csv and is_horizon.csv."""
+    rows = []
+    token = values[values.kind == "token"].set_index(["spread", "pair", "estimator"])
+
+    def pairs(claim, condition, statistic, vals, tolerance, at_most=True):
+        rows.append(count_row(claim, condition, statistic, vals, tolerance, at_most, unit="random pair"))
+
+    for est in ("k1", "k3"):
+        pairs(f"{est} is unbiased for KL(q || p)", "x ~ q, exact over 50 tokens", "|E_q[estimator] - KL| (nats)",
+              token.xs(est, level="estimator").bias.abs(), EXACT)
+    pairs("k2 is biased", "x ~ q, exact over 50 tokens", "|E_q[k2] - KL| (nats)",
+          token.xs("k2", level="estimator").bias.abs(), EXACT, at_most=False)
+    pairs("k3 has a smaller variance than k1", "x ~ q, one sample, exact", "s.d.(k3) - s.d.(k1) (nats)",
+          token.xs("k3", level="estimator").sd - token.xs("k1", level="estimator").sd, 0.0)
+    g = gradients.set_index(["estimator", "mode", "source", "importance"])
+
+    def grad(est, mode, source="student", importance=False):
+        return g.loc[(est, mode, source, importance)]
+    pairs("the k1 loss has zero expected gradient", "x ~ q", f"1 where the mean gradient is not below "
+          f"{ZERO_GRADIENT:g} of both references", (grad("k1", "loss").nearest != "zero").astype(float), 0.0)
+    for est, mode, ref in (("k2", "loss", "rkl"), ("k3", "loss", "fkl"), ("k1", "reward", "rkl")):
+        pairs(f"the {est} {mode} gives the {ref.upper()} gradient", "x ~ q",
+              f"|E[gradient] - grad {ref.upper()}| / |grad {ref.upper()}|", grad(est, mode)[f"bias_vs_{ref}"], EXACT)
+    for est, mode in (("k2", "loss"), ("k1", "reward")):
+        pairs(f"the {est} {mode} on teacher samples is biased (RKL needs student rollouts)", "x ~ p, unweighted",
+              "|E[gradient] - grad RKL| / |grad RKL|", grad(est, mode, "teacher")["bias_vs_rkl"], BIASED, at_most=False)
+        pairs(f"importance weights q / p restore the {est} {mode}'s RKL gradient on teacher samples", "x ~ p, weighted",
+              "|E[gradient] - grad RKL| / |grad RKL|", grad(est, mode, "teacher", True)["bias_vs_rkl"], EXACT)
+    pairs("E_q~[k3] = KL(q~ || p) - p(V \\ S) for a top-k sampler", f"V = {TOPK_V}, k in {TOPK_KS[0]}..{TOPK_KS[-1]}",
+          "|identity error| (nats), largest over k", topk.groupby(["spread", "pair"]).identity_error.agg(
+              lambda e: e.abs().max()), EXACT)
+    top = horizon[horizon.H == horizon.H.max()]
+    rows.append(count_row("the sequence importance weight's second moment grows exponentially with H",
+                          f"random 4-state machine and student, H = {int(top.H.iloc[0])}",
+                          "ln E_p[w^2] / H (exact recursion)", top.per_step, 0.1, at_most=False, unit="teacher"))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
 RUNNERS = {"values": run_values, "gradients": run_gradients, "is-horizon": run_is_horizon, "topk": run_topk}
 
 
@@ -178,11 +223,16 @@ def main(argv=None):
     cells = cells_for(size, only, args.base_seed)
     results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
                         scheduler=args.scheduler, progress=not args.quiet, desc="estimators")
+    frames = {}
     for exp, name in (("values", "values.csv"), ("gradients", "gradients.csv"), ("is-horizon", "is_horizon.csv"),
                       ("topk", "topk.csv")):
         parts = [r for c, r in zip(cells, results) if c.experiment == exp]
         if parts:
-            write_csv(os.path.join(args.out, name), pd.concat(parts, ignore_index=True))
+            frames[exp] = pd.concat(parts, ignore_index=True)
+            write_csv(os.path.join(args.out, name), frames[exp])
+    if len(frames) == len(EXPERIMENTS):
+        write_csv(os.path.join(args.out, "verdicts.csv"),
+                  verdicts(frames["values"], frames["gradients"], frames["topk"], frames["is-horizon"]))
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)

@@ -47,7 +47,7 @@ from scipy.special import logsumexp  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
-from analysis.verdicts import COLUMNS, verdict_row  # noqa: E402
+from analysis.verdicts import COLUMNS, count_row  # noqa: E402
 from distillation import evaluation, fixed_points, moments, tasks, training  # noqa: E402
 from distillation.configs import SpectrumConfig  # noqa: E402
 from distillation.students import LogLinearStudents, TabularStudents, TokenStudents  # noqa: E402
@@ -364,21 +364,11 @@ def steps_to(curves, tolerance):
     return pd.Series(np.where(hit.any(axis=1), hit.idxmax(axis=1), np.inf), index=curves.index, dtype=float)
 
 
-def count_verdict(values, tolerance, at_most=True):
-    """The verdict on a claim over task draws: each draw's ``values`` must be <= ``tolerance`` (``at_most``)
-    or > it. 'reproduces' when every draw meets it, 'does not reproduce' when none does, else 'reproduces
-    under stated conditions' (it holds on some draws only; the row says how many). Returns (verdict, met)."""
-    values = np.asarray(values, dtype=float)
-    met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
-    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
-            else "reproduces under stated conditions"), met
-
-
 def verdicts(df, convergence=None):
     """verdicts.csv of E1 and E2 from the 'tasks' experiment (and E5 from the 'convergence' one, when
     given): one row per claim and condition, the
     statistic's median over task draws with its range [min, max] over them, the rule, and the verdict
-    (:func:`count_verdict`: every task draw meets the claim's tolerance, none, or some; TOL nats per
+    (``analysis.verdicts.count_row``: every task draw meets the claim's tolerance, none, or some; TOL nats per
     position unless the row says otherwise)."""
     t = per_task(df)
     rows = []
@@ -393,13 +383,7 @@ def verdicts(df, convergence=None):
         return frame.groupby("task_seed")[column].agg(lambda v: v.max() - v.min())
 
     def bound_row(claim, condition, statistic, values, at_most=True, tolerance=TOL):
-        values = np.asarray(values, dtype=float)
-        verdict, met = count_verdict(values, tolerance, at_most)
-        side = "<=" if at_most else ">"
-        rows.append(verdict_row(claim, condition, f"{statistic}; {met} of {len(values)} task draws {side} {tolerance:g}; "
-                                f"median [min, max] over the draws", np.median(values), values.min(), values.max(),
-                                f"every task draw {side} {tolerance:g}: reproduces; none: does not; some: under stated "
-                                f"conditions", verdict))
+        rows.append(count_row(claim, condition, statistic, values, tolerance, at_most))
 
     fkl = pick("tabular", 2, "fkl")
     bound_row("E1 FKL is flat across the rollout spectrum", "tabular, K = 2, full conditionals",
@@ -459,6 +443,10 @@ def verdicts(df, convergence=None):
                           f"KL(q || l) per position (the truncation binds in {runs.truncated_steps.median():.0%} of "
                           f"the steps and on {runs.truncated_tokens.median():.2%} of the weighted tokens, medians)",
                           curves[est, cut].unstack()[steps])
+                bound_row(f"E5 truncating the weights brings {est} closer to l than the whole weights",
+                          f"loop, H = {H}, alpha = 0, weights truncated at {cut:g}, after {steps} steps",
+                          "KL(q || l) with truncated weights over KL with the whole weights, the same task draw",
+                          curves[est, cut].unstack()[steps] / curves[est, np.inf].unstack()[steps], tolerance=1.0)
         moments_ = c.groupby("task_seed")[["log_w2_token", "log_w2_sequence_per_token"]].first()
         bound_row("E5 the sequence weight's second moment grows exponentially with H", f"loop, H = {H}, at q = l",
                   "ln E_p[w^2] / H, w the product of l / p_k over the response (largest over the teachers)",

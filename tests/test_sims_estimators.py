@@ -93,3 +93,28 @@ def test_importance_weight_panel_is_per_token_so_the_monte_carlo_points_are_read
     lines = [line for line in panel.get_lines() if line.get_label() == "teacher 0: exact"]
     np.testing.assert_allclose(lines[0].get_ydata(), exact.log_second_moment / exact.H)
     assert panel.get_xscale() == "log" and "per token" in panel.get_ylabel()
+
+
+@pytest.mark.integration
+def test_verdicts_follow_the_csvs_and_flip_when_a_gradient_identity_breaks(quick_run):
+    """verdicts.csv of a quick run: SPEC 4's identities hold on every pair, and each verdict follows its
+    rule: a synthetic k2 loss whose expected gradient misses RKL on one pair, or a k3 no longer unbiased on
+    any, turns 'reproduces' into 'under stated conditions' and 'does not reproduce'."""
+    out = quick_run("estimators")
+    csvs = [pd.read_csv(out / f) for f in ("values.csv", "gradients.csv", "topk.csv", "is_horizon.csv")]
+    v = pd.read_csv(out / "verdicts.csv").set_index("claim")
+    for claim in ("k1 is unbiased for KL(q || p)", "k3 is unbiased for KL(q || p)", "k2 is biased",
+                  "the k1 loss has zero expected gradient", "the k2 loss gives the RKL gradient",
+                  "the k3 loss gives the FKL gradient", "the k1 reward gives the RKL gradient",
+                  "the k2 loss on teacher samples is biased (RKL needs student rollouts)"):
+        assert v.loc[claim, "verdict"] == "reproduces", claim
+    values, gradients, topk, horizon = csvs
+    k2 = (gradients.estimator == "k2") & (gradients["mode"] == "loss") & (gradients.source == "student")
+    assert v.loc["the k2 loss gives the RKL gradient", "hi"] == pytest.approx(gradients[k2].bias_vs_rkl.max())
+    broken = gradients.copy()
+    broken.loc[broken.index[k2][0], "bias_vs_rkl"] = 0.3
+    again = estimators.verdicts(values, broken, topk, horizon).set_index("claim")
+    assert again.loc["the k2 loss gives the RKL gradient", "verdict"] == "reproduces under stated conditions"
+    biased = values.assign(bias=np.where(values.estimator == "k3", 0.01, values.bias))
+    again = estimators.verdicts(biased, gradients, topk, horizon).set_index("claim")
+    assert again.loc["k3 is unbiased for KL(q || p)", "verdict"] == "does not reproduce"
