@@ -9,8 +9,10 @@ from harness import Config
 from .fixed_points import OBJECTIVES
 
 SCHEDULES = ("constant", "linear", "cosine")       # the learning rate after the warm-up
-STORAGES = ("float32", "bf16")                     # how the parameters are kept between steps
-ROLLOUTS = ("offline", "on-policy")                # where a goal-task distillation's sequences come from
+STORAGES = ("float32", "bf16", "bf16-master")      # how the parameters are kept between steps: bf16-master is
+                                                   # mixed precision (float32 master weights, a bf16 forward)
+ROLLOUTS = ("offline", "on-policy", "fresh")       # where a goal-task distillation's sequences come from:
+                                                   # a pool drawn once, the student, new teacher traces each step
 GOAL_OBJECTIVES = ("fkl", "rkl")                   # the goal-task distillation losses ('' = none)
 
 
@@ -49,7 +51,8 @@ class ContinualConfig(Config):
     alpha: float = 0.0            # P(a sequence is the student's)
     objective: str = "fkl"        # one of fixed_points.OBJECTIVES
     clip: bool = False            # clip each run's gradient to norm 1
-    storage: str = "float32"      # one of STORAGES: bf16 rounds the parameters after every step
+    storage: str = "float32"      # one of STORAGES: bf16 rounds the parameters after every step,
+                                  # bf16-master reads a bf16 copy of float32 master weights
 
     def check(self):
         self.between("lr", 0.0, float("inf"))
@@ -68,7 +71,9 @@ class ContinualConfig(Config):
 @dataclass(frozen=True)
 class Method(Config):
     """A goal-task distillation method (distillation.verifiable): its name, objective ('' for none),
-    where its sequences come from, and the size of an offline method's pool of teacher traces."""
+    where its sequences come from (``ROLLOUTS``: 'fresh' is offline distillation on new teacher traces
+    every step, the control that separates data freshness from on-policy sampling), and the size of an
+    offline method's pool of teacher traces."""
     method: str                   # the name in the CSVs
     objective: str = ""           # one of GOAL_OBJECTIVES, or '' for no distillation
     rollouts: str = ""            # one of ROLLOUTS ('' without an objective)
@@ -88,3 +93,7 @@ class Method(Config):
     @property
     def on_policy(self):
         return bool(self.objective) and self.rollouts == "on-policy"
+
+    @property
+    def fresh(self):
+        return bool(self.objective) and self.rollouts == "fresh"

@@ -19,7 +19,10 @@ spectrum's sampler and losses (``training``), and the outcomes are exact:
                  and the fraction whose bfloat16 value changed
 
 Parameter storage 'bf16' keeps the parameters in bfloat16 (the update is computed in float32 and
-rounded back, so updates below half an ulp vanish); 'float32' keeps them in float32.
+rounded back, so updates below half an ulp vanish); 'float32' keeps them in float32; 'bf16-master' is
+mixed precision as training frameworks do it: float32 master weights accumulate every update and the
+forward pass (training and evaluation) reads their bfloat16 copy. For a run in mixed precision,
+``sparsity`` is the master's and ``sparsity_bf16`` the served bfloat16 copy's.
 """
 
 import math
@@ -110,6 +113,7 @@ def distil(pair, runs, start, steps=150, batch=32, seed=0):
     students = start.take([start.seeds.index(s) for _, s in runs])
     students.clip = torch.tensor([c.clip for c in configs])
     students.store_bf16([c.storage == "bf16" for c in configs])
+    students.cast_bf16([c.storage == "bf16-master" for c in configs])
     theta0 = students.flat().clone()
     read_task(students, pair, 0)
     q_a0 = students.log_probs()

@@ -84,12 +84,14 @@ class Students:
     """R runs with parameters ``params`` {name: (R, ...) tensor}, the names in ``trained`` updated;
     ``lr`` a float or (R,); ``clip`` (R,) bool: the runs whose gradient is clipped to ``clip_norm``
     (default all); ``bf16`` (R,) bool: the runs whose parameters are stored in bfloat16 (rounded after
-    every step; set by :meth:`store_bf16`). A subclass defines ``forward(params)``."""
+    every step; set by :meth:`store_bf16`); ``cast`` (R,) bool: the runs trained in mixed precision, float32
+    master weights read through their bfloat16 copy (set by :meth:`cast_bf16`). A subclass defines
+    ``forward(params)``."""
 
     def __init__(self, params, trained=None, lr=1e-3, clip_norm=1.0):
         self.params = {k: v.detach().clone() for k, v in params.items()}
         self.trained = list(self.params) if trained is None else [k for k in self.params if k in trained]
-        self.lr, self.clip_norm, self.clip, self.bf16 = lr, clip_norm, None, None
+        self.lr, self.clip_norm, self.clip, self.bf16, self.cast = lr, clip_norm, None, None, None
         self.reset()
 
     @property
@@ -108,12 +110,24 @@ class Students:
         self.bf16 = torch.as_tensor(runs, dtype=torch.bool)
         self.params = {k: self._round(p) for k, p in self.params.items()}
 
+    def cast_bf16(self, runs):
+        """Train ``runs`` (R,) bool in mixed precision from now on: float32 master weights, updated in
+        float32, whose bfloat16 copy is what the forward pass reads, in training and in evaluation (the
+        gradient passes straight through the rounding to the master)."""
+        self.cast = torch.as_tensor(runs, dtype=torch.bool)
+
     def _round(self, p):
         return p if self.bf16 is None else torch.where(_per_run(self.bf16, p), round_bf16(p), p)
 
+    def _read(self, params):
+        """What the forward pass reads: the bfloat16 copy of the runs in mixed precision (straight-through)."""
+        if self.cast is None:
+            return params
+        return {k: torch.where(_per_run(self.cast, p), p + (round_bf16(p) - p).detach(), p) for k, p in params.items()}
+
     def tables(self):
         self._leaves = {k: v.detach().requires_grad_(k in self.trained) for k, v in self.params.items()}
-        return self.forward(self._leaves)
+        return self.forward(self._read(self._leaves))
 
     def step(self, loss, lr=None):
         """One update from ``loss`` (the sum of the runs' losses, built from the last :meth:`tables`);
@@ -128,7 +142,7 @@ class Students:
 
     def log_probs(self):
         with torch.no_grad():
-            return self.forward({k: v.double() for k, v in self.params.items()}).numpy()
+            return self.forward(self._read({k: v.double() for k, v in self.params.items()})).numpy()
 
     def flat(self):
         """Every parameter of each run as one row (R, P) (for update sparsity)."""
@@ -143,7 +157,7 @@ class Students:
             other.seeds = [self.seeds[i] for i in rows]
         if hasattr(self, "buffers"):
             other.buffers = {k: v[idx] for k, v in self.buffers.items()}
-        for name in ("clip", "bf16"):
+        for name in ("clip", "bf16", "cast"):
             if getattr(self, name) is not None:
                 setattr(other, name, getattr(self, name)[idx])
         if not isinstance(self.lr, (int, float)):
@@ -205,7 +219,7 @@ class _Stacked(Students):
     def log_probs(self):
         """The tables as float64 NumPy: the network in float32, the final log-softmax in float64."""
         with torch.no_grad():
-            return self.forward(self.params, out=torch.float64).numpy()
+            return self.forward(self._read(self.params), out=torch.float64).numpy()
 
 
 class FeaturePolicy(torch.nn.Module):

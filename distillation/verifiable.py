@@ -64,13 +64,16 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
     """Distil every run at once (``students`` one per run, trained in place): runs is a list of (method,
     seed), method a ``configs.Method`` with ``objective`` (fkl, rkl, or '': no distillation), ``rollouts`` (offline:
     minibatches from a pool of ``pool`` teacher traces drawn once per seed and shared by that seed's
-    offline methods; on-policy: the student's own responses) and ``pool``. Returns (rows of the exact
-    outcomes at the :func:`checkpoints` with the cumulative costs, the final costs (teacher_tokens,
-    student_tokens) (R,))."""
+    offline methods; on-policy: the student's own responses; fresh: ``batch`` new teacher traces per run
+    every step, from their own generator so that adding them changes no other run) and ``pool``. Returns
+    (rows of the exact outcomes at the :func:`checkpoints` with the cumulative costs, the final costs
+    (teacher_tokens, student_tokens) (R,))."""
     R = len(runs)
     gen = torch.Generator().manual_seed(seed)
+    fresh_gen = torch.Generator().manual_seed(20_000 + seed)
     offline = [r for r, (m, _) in enumerate(runs) if m.offline]
     online = [r for r, (m, _) in enumerate(runs) if m.on_policy]
+    fresh = [r for r, (m, _) in enumerate(runs) if m.fresh]
     pools = {}
     teacher_tokens, student_tokens = np.zeros(R), np.zeros(R)
     for r in offline:
@@ -85,7 +88,7 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
     record_at = checkpoints(steps)
     students.reset()
     rows = _record(task, students, runs, "distil", 0, (teacher_tokens, student_tokens))
-    if not offline + online:
+    if not offline + online + fresh:
         return rows, (teacher_tokens, student_tokens)
     for step in range(1, steps + 1):
         table = students.tables()                                                         # (R, S, n)
@@ -103,6 +106,11 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
             teacher_tokens[online] += task.K * lengths
             parts.append(b)
             owner.extend(online)
+        if fresh:                                    # new teacher traces, generated and scored every step
+            b = teacher_traces(task, len(fresh) * batch, fresh_gen)
+            teacher_tokens[fresh] += task.K * b.mask.sum(1).float().view(len(fresh), batch).sum(1).numpy()
+            parts.append(b)
+            owner.extend(fresh)
         tr = Batch.cat(parts)
         row_run = torch.as_tensor(owner).repeat_interleave(batch)
         logits = at_positions(table, row_run, tr.states)                                  # (N, H, n)

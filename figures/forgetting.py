@@ -47,12 +47,27 @@ def _by(df, x, line, y):
     return df.groupby([line, x])[y].mean().unstack(0)
 
 
+FLOOR = 1e-6               # forgetting at or below this is drawn at it, hollow (sims/forgetting.py's FLOOR)
+STORAGE_STYLES = {("float32", "sparsity"): ("float32", "tab:grey", "s"),
+                  ("bf16", "sparsity"): ("bf16 storage", "tab:red", "o"),
+                  ("bf16-master", "sparsity"): ("mixed precision: float32 master", "tab:blue", "^"),
+                  ("bf16-master", "sparsity_bf16"): ("mixed precision: its bf16 copy", "tab:cyan", "v")}
+
+
+def pareto(quality, forgetting):
+    """The frontier as a step line: (qualities ascending, the least forgetting at or below each)."""
+    order = np.argsort(quality)
+    return np.asarray(quality)[order], np.minimum.accumulate(np.asarray(forgetting)[order])
+
+
 @paper
-def forgetting_figure(loglinear, neural):
+def forgetting_figure(loglinear, neural, precision=None):
     """(a) forgetting against the learning rate, a line per alpha (solid: log-linear, dashed: tiny
     Qwen2); (b) the same per schedule; (c) forgetting against the distance to B's target (each point a
-    configuration, mean over seeds), coloured by alpha; (d) the bf16 sparsity against the learning rate
-    per storage."""
+    configuration, mean over seeds), coloured by alpha, with each alpha's frontier (the least forgetting
+    at a quality) and the points at the floor hollow; (d) the share of parameters an update moves
+    against the learning rate per storage (precision.csv when given, mixed precision included; else
+    the bf16 view of the factorial's runs)."""
     fig = figure(TWO_COLUMNS, 4.8)
     (a, b), (c, d) = fig.subplots(2, 2)
     alphas = sorted(set(loglinear.alpha) | set(neural.alpha if len(neural) else []))
@@ -77,40 +92,49 @@ def forgetting_figure(loglinear, neural):
     keys = ["lr", "schedule", "warmup", "alpha", "objective", "clip", "storage"]
     pts = loglinear.groupby(keys, as_index=False)[["forgetting", "quality"]].mean()
     for al, grp in pts.groupby("alpha"):
-        c.scatter(np.maximum(grp.quality, 1e-6), np.maximum(grp.forgetting, 1e-6), s=2, color=colour[al], alpha=0.5)
+        floored = grp.forgetting <= FLOOR
+        c.scatter(np.maximum(grp.quality[~floored], 1e-6), grp.forgetting[~floored], s=2, color=colour[al], alpha=0.5)
+        c.scatter(np.maximum(grp.quality[floored], 1e-6), np.full(int(floored.sum()), FLOOR), s=6,
+                  facecolors="none", edgecolors=colour[al], lw=0.5)
+        q, best = pareto(grp.quality, np.maximum(grp.forgetting, FLOOR))
+        c.step(np.maximum(q, 1e-6), best, where="post", color=colour[al], lw=1.0)
     c.set_xscale("log")
     c.set_yscale("log")
     c.set_xlabel("distance to B's target after distillation (nats / position)")
     c.set_ylabel("forgetting on A (nats)")
-    c.set_title("the trade-off: each log-linear configuration")
+    c.set_title(f"the trade-off and its frontier per alpha (hollow: at the floor {FLOOR:g})")
     c.grid(True)
-    for df, ls in ((loglinear, "-"), (neural, "--")):
-        if len(df) == 0:
-            continue
-        for st, col in _by(df, "lr", "storage", "sparsity_bf16").items():
-            d.plot(col.index, col, ls=ls, marker="o" if st == "bf16" else "s", ms=3,
-                   color="tab:red" if st == "bf16" else "tab:grey")
+    styles = {k: v for k, v in STORAGE_STYLES.items() if precision is not None or k[0] != "bf16-master"}
+    source = precision if precision is not None else loglinear
+    for (storage, column), (label, col, marker) in styles.items():
+        if precision is None:                           # the factorial's runs: the bf16 view of each
+            column = "sparsity_bf16"
+        part = source[source.storage == storage]
+        if len(part):
+            m = part.groupby("lr")[column].mean()
+            d.plot(m.index, m.to_numpy(), marker=marker, ms=3, color=col)
     d.set_xscale("log")
     d.set_ylim(0, 1.05)
     d.set_xlabel("peak learning rate")
-    d.set_ylabel("share changed (bf16 value)")
-    d.set_title("update sparsity: bf16 storage swallows small updates")
+    d.set_ylabel("share of parameters moved")
+    d.set_title("update sparsity: learning rate x storage (log-linear)")
     d.grid(True)
     handles = [Line2D([], [], color=colour[al], marker="o", ms=2.5) for al in alphas]
-    handles += [Line2D([], [], color="grey", ls="-"), Line2D([], [], color="grey", ls="--"),
-                Line2D([], [], color="tab:red", marker="o", ms=3), Line2D([], [], color="tab:grey", marker="s", ms=3)]
-    legend_below(fig, handles, [f"alpha = {al:g}" for al in alphas] +
-                 ["log-linear student", "tiny Qwen2 student", "bf16 storage", "float32 storage"], ncol=4)
+    handles += [Line2D([], [], color="grey", ls="-"), Line2D([], [], color="grey", ls="--")]
+    handles += [Line2D([], [], color=col, marker=marker, ms=3) for _, col, marker in styles.values()]
+    legend_below(fig, handles, [f"alpha = {al:g}" for al in alphas] + ["log-linear student", "tiny Qwen2 student"]
+                 + [label for label, _, _ in styles.values()], ncol=4)
     return fig
 
 
 def figures_from(folder):
-    paths = {name: os.path.join(folder, f"{name}.csv") for name in ("loglinear", "neural", "shares")}
+    paths = {name: os.path.join(folder, f"{name}.csv") for name in ("loglinear", "neural", "shares", "precision")}
     if not os.path.exists(paths["loglinear"]):
         return {}
     loglinear = pd.read_csv(paths["loglinear"])
     neural = pd.read_csv(paths["neural"]) if os.path.exists(paths["neural"]) else loglinear.iloc[:0]
-    out = {"forgetting": forgetting_figure(loglinear, neural)}
+    precision = pd.read_csv(paths["precision"]) if os.path.exists(paths["precision"]) else None
+    out = {"forgetting": forgetting_figure(loglinear, neural, precision)}
     if os.path.exists(paths["shares"]):
         out["forgetting_shares"] = shares_figure(pd.read_csv(paths["shares"]))
     return out

@@ -9,8 +9,10 @@ from .style import BAND, TWO_COLUMNS, figure, legend_below, mean_band, paper
 
 METHOD_COLOURS = {"offline FKL": "tab:blue", "offline RKL": "tab:red", "on-policy FKL": "tab:cyan",
                   "on-policy RKL": "tab:orange", "no distillation": "tab:grey",
-                  "offline FKL, 256 traces": "tab:purple", "offline FKL, 4096 traces": "tab:green"}
-MAIN = ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL", "no distillation")
+                  "offline FKL, 256 traces": "tab:purple", "offline FKL, 4096 traces": "tab:green",
+                  "fresh-teacher FKL": "tab:olive", "fresh-teacher RKL": "tab:brown"}
+MAIN = ("offline FKL", "on-policy FKL", "fresh-teacher FKL", "offline RKL", "on-policy RKL", "fresh-teacher RKL",
+        "no distillation")
 CONDITION_TITLES = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
 STUDENT_NAMES = {"loglinear": "log-linear", "neural": "tiny Qwen2"}
 
@@ -26,7 +28,7 @@ def _runs(df, x, y):
 def rlvr_figure(curves, e4):
     """A row per student: OOD accuracy through distillation and then RL, per condition (a line per method,
     the band a 95% interval over (task, seed)), and the paired on-policy minus offline OOD accuracy after
-    each stage with 95% intervals."""
+    each stage with 95% t-intervals over the task means (e4.csv)."""
     conditions = [c for c in CONDITION_TITLES if c in set(curves.condition)]
     students = [s for s in STUDENT_NAMES if s in set(curves.student)]
     fig = figure(TWO_COLUMNS, 2.5 * len(students) + 0.5)
@@ -63,7 +65,8 @@ def rlvr_figure(curves, e4):
         ax.set_yticks(range(len(labels)), labels, fontsize=6)
         ax.invert_yaxis()
         ax.set_xlabel("on-policy - offline")
-        ax.set_title(f"OOD edge ({int(diffs.runs.max()) if len(diffs) else 0} paired runs)")
+        ax.set_title(f"OOD edge ({int(diffs.runs.max()) if len(diffs) else 0} paired runs, "
+                     f"{int(diffs.tasks.max()) if len(diffs) else 0} tasks)", fontsize=7)
         ax.grid(True, axis="x")
     legend_below(fig, list(handles.values()), list(handles), ncol=5, title=BAND)
     return fig

@@ -1,6 +1,6 @@
 """Forgetting and update sparsity against the learning rate, its schedule and the rollout mix (claim E3).
 
-    python sims/forgetting.py            # about 7 min on 2 cores
+    python sims/forgetting.py            # about 2 min on 2 cores
     python sims/forgetting.py --quick    # seconds (the tests run this)
     python sims/forgetting.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 
@@ -11,14 +11,19 @@ gradient) x clipping (off, on) x storage (float32, bf16), 3 seeds. The tiny Qwen
 factorial (learning rate x schedule constant / cosine x alpha 0 / 1 x FKL / RKL x storage; warm-up off,
 clipping on), 2 seeds. Which knob governs each outcome is answered by the share of its variance over
 the design that each factor and each pair explains (analysis.variance_shares), with 95% intervals
-over seeds.
+over seeds. A third design ('precision') crosses the learning rate with three storages, float32, bf16
+and mixed precision (float32 master weights read through their bf16 copy), for the log-linear student
+(constant schedule, FKL, alpha 0 and 1), to separate the learning rate x storage interaction behind
+update sparsity.
 
 Writes to ``--out`` (default results/forgetting):
-  loglinear.csv, neural.csv   one row per run: the config, seed, forgetting (the increase of
-                              KL_seq(P_A || q_A)), quality (KL per position to the objective's target on
-                              B), sparsity (|dtheta| > 1e-6 (1 + |theta_0|)) and sparsity_bf16
+  loglinear.csv, neural.csv,  one row per run: the config, seed, forgetting (the increase of
+  precision.csv               KL_seq(P_A || q_A)), quality (KL per position to the objective's target on
+                              B), sparsity (|dtheta| > 1e-6 (1 + |theta_0|)) and sparsity_bf16 (the
+                              share whose bfloat16 value changed: what a bf16 copy of the weights sees)
   shares.csv                  student, outcome, term, share, lo, hi (outcomes on the scale analysed:
                               log10 forgetting, log10 quality, the two sparsities as fractions)
+  verdicts.csv                E3's claims by stated rules (:func:`verdicts`, :func:`precision_rows`)
   figures/                    forgetting_shares.png, forgetting.png
 """
 
@@ -39,7 +44,7 @@ from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa
 from distillation import continual, tasks  # noqa: E402
 from distillation.configs import SCHEDULES, STORAGES, ContinualConfig  # noqa: E402
 
-EXPERIMENTS = ("loglinear", "neural")
+EXPERIMENTS = ("loglinear", "neural", "precision")
 DEFAULT_OUT = os.path.join("results", "forgetting")
 
 # ------------------------------------------------------------------------------------------------
@@ -59,9 +64,12 @@ FACTORS = {
     "alpha": (0.0, 0.5, 1.0),
     "objective": ("fkl", "rkl", "pg1"),
     "clip": (False, True),
-    "storage": STORAGES,
+    "storage": ("float32", "bf16"),
 }
+PRECISION = dict(lr=FACTORS["lr"], schedule=("constant",), warmup=(False,), alpha=(0.0, 1.0), objective=("fkl",),
+                 clip=(False,), storage=STORAGES)   # sparsity: learning rate x storage, mixed precision included
 QUICK = dict(FACTORS, lr=(1e-3, 1e-1), schedule=("constant", "cosine"), alpha=(0.0, 1.0), objective=("fkl", "rkl"))
+PRECISION_QUICK = dict(PRECISION, lr=(1e-4, 1e-1))
 NEURAL = dict(FACTORS, schedule=("constant", "cosine"), warmup=(False,), alpha=(0.0, 1.0), objective=("fkl", "rkl"),
               clip=(True,))
 NEURAL_QUICK = dict(NEURAL, lr=(1e-4, 1e-2), schedule=("constant",), objective=("fkl",))
@@ -87,6 +95,11 @@ def cells_for(size, mode, only, base_seed=0):
             out.append(Cell("loglinear", "loglinear", {"factors": factors, "seed": seed, "steps": size["steps"],
                                                        "a_steps": size["a_steps"]},
                             base_seed=base_seed, stream=("loglinear", seed)))
+    if "precision" in only:                  # the log-linear student on PRECISION's design
+        for seed in range(size["loglinear_seeds"]):
+            out.append(Cell("precision", "loglinear", {"factors": PRECISION_QUICK if mode == "quick" else PRECISION,
+                                                       "seed": seed, "steps": size["steps"], "a_steps": size["a_steps"]},
+                            base_seed=base_seed, stream=("precision", seed)))
     if "neural" in only:
         for seed in range(size["neural_seeds"]):
             for storage in neural["storage"]:
@@ -162,7 +175,46 @@ def verdicts(df, student):
                                     f"does not; else inconclusive", bound_verdict(share.lo, share.hi, tol, at_most)))
     if {0.0, 1.0} <= set(df.alpha):
         rows += alpha_rows(df, student)
+        rows += frontier_rows(df, student)
     return rows
+
+
+def frontier(quality, forgetting, at):
+    """The quality-forgetting frontier of a set of runs read at the qualities ``at``: the least forgetting
+    among the runs whose quality on B is at most each value (NaN where none is)."""
+    order = np.argsort(quality)
+    q, best = np.asarray(quality)[order], np.minimum.accumulate(np.asarray(forgetting)[order])
+    i = np.searchsorted(q, at, side="right") - 1
+    return np.where(i >= 0, best[np.maximum(i, 0)], np.nan)
+
+
+def frontier_rows(df, student, margin=0.05, points=9):
+    """Forgetting at equal quality on B: per seed, the frontier of the alpha = 1 runs over that of the
+    alpha = 0 runs (every other factor free), read at ``points`` log-spaced qualities from the best both
+    reach up to LEARNED, as a geometric mean; a t-interval over seeds; 'alpha leaves forgetting
+    unchanged at equal quality' within 1 +- ``margin``."""
+    per_seed = []
+    for _, g in df.groupby("seed"):
+        ends = [g[g.alpha == a] for a in (0.0, 1.0)]
+        lo = max(e.quality.min() for e in ends)
+        if lo >= LEARNED:
+            continue
+        at = np.geomspace(lo, LEARNED, points)
+        f0, f1 = (np.maximum(frontier(e.quality, e.forgetting, at), FLOOR) for e in ends)
+        per_seed.append(float(np.mean(np.log(f1 / f0))))
+    if not per_seed:
+        return []
+    mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(np.array(per_seed)[:, None]))
+    lo_r, hi_r = math.exp(lo), math.exp(hi)
+    verdict = ("inconclusive" if len(per_seed) < 2 else
+               "reproduces" if 1 - margin <= lo_r and hi_r <= 1 + margin else
+               "does not reproduce" if hi_r < 1 - margin or lo_r > 1 + margin else "inconclusive")
+    return [verdict_row(f"E3 alpha leaves forgetting unchanged at equal quality on B (within {margin:.0%})",
+                        f"{student}, the quality-forgetting frontier (quality < {LEARNED:g}), every other factor free",
+                        f"least forgetting at a quality on B, alpha = 1 over alpha = 0, geometric mean over {points} "
+                        f"qualities, mean over {len(per_seed)} seeds, 95% t-interval", math.exp(mean), lo_r, hi_r,
+                        f"interval within 1 +- {margin:g}: reproduces; outside it: does not; else inconclusive",
+                        verdict)]
 
 
 def alpha_rows(df, student, margin=0.05):
@@ -189,6 +241,34 @@ def alpha_rows(df, student, margin=0.05):
     return rows
 
 
+SPARSITY_STEP = 0.05       # E3: "the learning rate governs sparsity" when it moves it by at least this
+
+
+def precision_rows(df):
+    """E3's sparsity verdicts per storage condition (precision.csv): the share of parameters an update
+    moves at the highest learning rate minus at the lowest, per seed (mean over alpha), with a t-interval
+    over seeds; 'the learning rate governs sparsity' when the interval lies above SPARSITY_STEP, not when
+    it lies below. Mixed precision is read twice: its float32 master weights and the bf16 copy it serves."""
+    lo_lr, hi_lr = df.lr.min(), df.lr.max()
+    conditions = (("float32", "float32", "sparsity"), ("bf16 storage (no master weights)", "bf16", "sparsity"),
+                  ("mixed precision: the float32 master weights", "bf16-master", "sparsity"),
+                  ("mixed precision: the bf16 copy it serves", "bf16-master", "sparsity_bf16"))
+    rows = []
+    for name, storage, column in conditions:
+        d = df[df.storage == storage].groupby(["seed", "lr"])[column].mean().unstack("lr")
+        if d.empty:
+            continue
+        step = (d[hi_lr] - d[lo_lr]).to_numpy()
+        mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(step[:, None]))
+        rows.append(verdict_row("E3 the learning rate governs update sparsity", f"loglinear, {name}",
+                                f"share of parameters moved at lr = {hi_lr:g} minus at lr = {lo_lr:g} (at lr = "
+                                f"{lo_lr:g}: {d[lo_lr].mean():.2f}; at {hi_lr:g}: {d[hi_lr].mean():.2f}), mean over "
+                                f"{len(step)} seeds, 95% t-interval", mean, lo, hi,
+                                f"interval >= {SPARSITY_STEP:g}: reproduces; below it: does not; else inconclusive",
+                                bound_verdict(lo, hi, SPARSITY_STEP, at_most=False)))
+    return rows
+
+
 def main(argv=None):
     ap = experiment_parser("forgetting.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -199,17 +279,21 @@ def main(argv=None):
     results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
                         scheduler=args.scheduler, progress=not args.quiet, desc="forgetting")
     tables, verdict_rows = [], []
-    for kind in EXPERIMENTS:
-        parts = [r for c, r in zip(cells, results) if c.kind == kind]
-        if parts:
-            df = pd.concat(parts, ignore_index=True)
-            write_csv(os.path.join(args.out, f"{kind}.csv"), df)
-            tables.append(shares(df, FACTORS, kind))
-            verdict_rows += verdicts(df, kind)
+    for experiment in EXPERIMENTS:
+        parts = [r for c, r in zip(cells, results) if c.experiment == experiment]
+        if not parts:
+            continue
+        df = pd.concat(parts, ignore_index=True)
+        write_csv(os.path.join(args.out, f"{experiment}.csv"), df)
+        if experiment == "precision":
+            verdict_rows += precision_rows(df)
+        else:
+            tables.append(shares(df, FACTORS, experiment))
+            verdict_rows += verdicts(df, experiment)
+    write_csv(os.path.join(args.out, "verdicts.csv"), pd.DataFrame(verdict_rows, columns=list(COLUMNS)))
     if tables:
         table = pd.concat(tables, ignore_index=True)
         write_csv(os.path.join(args.out, "shares.csv"), table)
-        write_csv(os.path.join(args.out, "verdicts.csv"), pd.DataFrame(verdict_rows, columns=list(COLUMNS)))
         if not args.quiet:
             top = (table[table.term != "higher order"].sort_values("share", ascending=False)
                    .groupby(["student", "outcome"]).head(3).sort_values(["student", "outcome", "share"],

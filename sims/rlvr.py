@@ -10,7 +10,8 @@ runs) is distilled from two teachers on in-distribution contexts, to an equal bu
 and batch):
 offline (FKL or RKL with the full conditionals on minibatches from a pool of teacher traces drawn once:
 256, 1024 or 4096 traces for FKL; 1024 for the tiny Qwen2) or on-policy (the same losses on the student's own responses); a
-control is not distilled. Then every student runs the same policy-gradient RL with the 0/1 reward of
+control is not distilled, and another (fresh-teacher) is offline on new teacher traces every step, which
+separates data freshness from on-policy sampling. Then every student runs the same policy-gradient RL with the 0/1 reward of
 the checker on in-distribution contexts (REINFORCE with a group-relative baseline). Two conditions: the
 student's features carry a shared skill (what it learns on one state transfers to others) or do not.
 
@@ -18,8 +19,9 @@ Writes to ``--out`` (default results/rlvr):
   curves.csv     every run at log-spaced checkpoints of both stages: student, condition, task, method, seed, stage,
                  step, teacher_tokens, student_tokens, id_accuracy, ood_accuracy, kl_arithmetic, kl_local
   teachers.csv   the exact outcomes of each teacher and of the targets A and l, per task
-  e4.csv         OOD accuracy after distillation and after RL per method, and the paired on-policy minus
-                 offline difference per objective, with 95% intervals over (task, seed) and a verdict
+  e4.csv         OOD accuracy after distillation and after RL per method (95% intervals over its runs), and
+                 the paired on-policy minus offline difference per objective, its runs clustered by task
+                 (a t-interval over the task means), with a verdict
   e6.csv         per method: the cost of the run, the KL to its objective's target and the ID accuracy at
                  the end of distillation, the KL at the offline method's cost, and the cost to reach the
                  offline method's final KL
@@ -36,7 +38,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
-from analysis.verdicts import COLUMNS, cluster_bootstrap, effect_verdict, mde_80, power, tost, verdict_row  # noqa: E402
+from analysis.verdicts import COLUMNS, effect_verdict, mde_80, power, tost, verdict_row  # noqa: E402
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
@@ -65,8 +67,11 @@ METHODS = (
     Method("on-policy FKL", "fkl", "on-policy"),
     Method("on-policy RKL", "rkl", "on-policy"),
     Method("no distillation"),
+    Method("fresh-teacher FKL", "fkl", "fresh"),      # the control: new teacher traces every step
+    Method("fresh-teacher RKL", "rkl", "fresh"),
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
+FRESH = {"fkl": "fresh-teacher FKL", "rkl": "fresh-teacher RKL"}
 EQUIVALENCE_MARGIN = 0.01                    # E4: an OOD-accuracy difference within +-1 point is "no edge" (TOST)
 PARITY = 0.001                               # E6: "reached the offline arm's ID accuracy" = within 0.001 of it
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
@@ -133,9 +138,10 @@ def _interval(values):
 
 
 def e4_table(curves):
-    """OOD accuracy per method after each stage, and the paired on-policy minus offline differences
-    with a verdict: an edge exists where the interval after distillation lies above 0; it survives where
-    the interval after RL does too."""
+    """OOD accuracy per method after each stage (95% interval over its runs), and the paired on-policy
+    minus offline differences, their runs clustered by task (:func:`task_clustered`), with a verdict: an
+    edge exists where the interval after distillation lies above 0; it survives where the interval after
+    RL does too."""
     ends = stage_ends(curves)
     rows = []
     for (student, condition, method), g in ends.groupby(["student", "condition", "method"], sort=False):
@@ -149,10 +155,10 @@ def e4_table(curves):
             verdict = {}
             for stage in ("distil", "rl"):
                 diff = wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
-                mean, lo, hi = _interval(diff)
+                mean, lo, hi, _, n_tasks = task_clustered(diff, wide.index.get_level_values("task"))
                 verdict[stage] = "above 0" if lo > 0 else "below 0" if hi < 0 else "includes 0"
                 rows.append(dict(student=student, condition=condition, comparison=f"{on} - {off}", stage=stage,
-                                 ood_accuracy=mean, lo=lo, hi=hi, runs=len(diff)))
+                                 ood_accuracy=mean, lo=lo, hi=hi, runs=len(diff), tasks=n_tasks))
             edge = verdict["distil"] == "above 0"
             rows[-1]["verdict"] = rows[-2]["verdict"] = (
                 ("edge survives RL" if verdict["rl"] == "above 0" else f"edge does not survive RL (after RL: "
@@ -162,22 +168,24 @@ def e4_table(curves):
 
 def task_clustered(diff, tasks):
     """A paired difference per run, its runs clustered by task (the seeds of a task share it): (mean of the
-    task means, 95% task-level bootstrap interval (lo, hi), the cluster standard error, the number of tasks)."""
+    task means, its 95% Student-t interval over the tasks (lo, hi), the cluster standard error, the number
+    of tasks). A t-interval on the task means rather than a percentile bootstrap of them: with 4 or 8
+    tasks the bootstrap's interval is too narrow (it covers 0.87 of the time at 8, less at 4)."""
     means = pd.Series(np.asarray(diff, dtype=float)).groupby(np.asarray(tasks)).mean()
-    estimate, lo, hi = cluster_bootstrap(means.to_numpy(), means.index.to_numpy())
+    estimate, lo, hi = (float(x[0]) for x in analysis.mean_interval(means.to_numpy()[:, None]))
     se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
     return estimate, lo, hi, se, len(means)
 
 
 def verdicts(curves):
     """verdicts.csv of E4 and E6 by stated rules, per student, feature condition and objective, the runs
-    clustered by task: 'an on-policy edge exists after distillation' (the task-bootstrap interval of
+    clustered by task: 'an on-policy edge exists after distillation' (the t-interval over task means of
     on-policy minus offline OOD accuracy above 0: reproduces; below the margin throughout: does not;
     else inconclusive) and 'the edge does not survive RL' (TOST within +-EQUIVALENCE_MARGIN: reproduces;
     interval after RL above 0: does not reproduce; otherwise inconclusive, with the smallest effect the
     design detects at 80% power and its power to see the edge measured before RL); E6 'offline traces
     reach parity at a lower cost': the on-policy arm's tokens to reach the offline arm's final ID accuracy
-    (and KL) over the offline arm's tokens, above 1 throughout the task-bootstrap interval: reproduces."""
+    (and KL) over the offline arm's tokens, above 1 throughout the t-interval over task means: reproduces."""
     ends = stage_ends(curves)
     rows = []
     for (student, condition), g in ends.groupby(["student", "condition"], sort=False):
@@ -191,7 +199,7 @@ def verdicts(curves):
                     for stage in ("distil", "rl")}
             est, lo, hi, se, n = task_clustered(diff["distil"], tasks_)
             rows.append(verdict_row("E4 an on-policy edge in OOD accuracy exists after distillation", where,
-                                    f"on-policy minus offline OOD accuracy, mean of {n} task means, 95% task bootstrap",
+                                    f"on-policy minus offline OOD accuracy, mean of {n} task means, 95% t-interval over tasks",
                                     est, lo, hi, "interval above 0: reproduces; below +margin throughout: does not; "
                                     "else inconclusive", effect_verdict(lo, hi, 1, EQUIVALENCE_MARGIN)))
             edge = est
@@ -207,9 +215,33 @@ def verdicts(curves):
                 "E4 the edge does not survive RL", where, f"the same difference after RL; {tests}", est, lo, hi,
                 f"TOST within +-{EQUIVALENCE_MARGIN:g}: reproduces; interval above 0: does not; else inconclusive",
                 verdict))
+            fresh = FRESH[objective]
+            if ("ood_accuracy_distil", fresh) not in wide:
+                continue
+            for claim, a, b in (("E4 control: fresh teacher traces carry an OOD edge over the pool (data freshness)",
+                                 fresh, off),
+                                ("E4 control: on-policy sampling carries an OOD edge beyond fresh teacher data",
+                                 on, fresh)):
+                est, lo, hi, _, n = task_clustered(wide[("ood_accuracy_distil", a)] - wide[("ood_accuracy_distil", b)],
+                                                   tasks_)
+                rows.append(verdict_row(claim, where, f"{a} minus {b} OOD accuracy after distillation, mean of {n} "
+                                        f"task means, 95% t-interval over tasks", est, lo, hi,
+                                        "interval above 0: reproduces; below +margin throughout: does not; else "
+                                        "inconclusive", effect_verdict(lo, hi, 1, EQUIVALENCE_MARGIN)))
     if not {"objective", "teacher_tokens", "student_tokens", "kl_arithmetic", "kl_local"} <= set(curves.columns):
         return pd.DataFrame(rows, columns=list(COLUMNS))                 # E4's curves only
-    runs = e6_runs(curves)
+    by_pool = {}                                   # E6 against each pool size: {pool: {objective: method}}
+    for m in METHODS:
+        if m.offline and m.method in set(curves.method):
+            by_pool.setdefault(m.pool, {})[m.objective] = m.method
+    for pool, references in sorted(by_pool.items()):
+        rows += _e6_rows(e6_runs(curves, references), pool)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _e6_rows(runs, pool):
+    """E6's verdict rows: the on-policy arms' cost to parity against the offline arms of ``pool`` traces."""
+    rows = []
     for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
         if method not in (on for on, _ in PAIRS.values()):
             continue
@@ -221,14 +253,14 @@ def verdicts(curves):
             est, lo, hi, _, n = task_clustered(np.log(ratio), g.task.to_numpy())
             rows.append(verdict_row(
                 f"E6 offline traces reach parity with on-policy distillation at a lower cost ({target})",
-                f"{student}, {condition}, {method} against its offline arm (1,024 traces)",
+                f"{student}, {condition}, {method} against its offline arm ({pool:,} traces)",
                 f"on-policy tokens to reach the offline arm's {target} over the offline arm's tokens; reached in "
                 f"{int(reached.sum())} of {len(g)} runs (the others at their whole budget, a lower bound); "
-                f"geometric mean of {n} task means, 95% task bootstrap", float(np.exp(est)), float(np.exp(lo)),
+                f"geometric mean of {n} task means, 95% t-interval over tasks", float(np.exp(est)), float(np.exp(lo)),
                 float(np.exp(hi)),
                 "ratio interval above 1 (on-policy costs more): reproduces; below 1: does not; else inconclusive",
                 effect_verdict(lo, hi, 1, 0.0)))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return rows
 
 
 def _first_at_most(cost, value, threshold):
@@ -243,24 +275,26 @@ def _last_at_most(value, cost, budget):
     return float(within[-1]) if within.size else float("nan")
 
 
-def e6_runs(curves):
+def e6_runs(curves, references=None):
     """One row per run of a distilled method: cost = teacher forward tokens + student generated tokens at
     the end of distillation, the KL (per position, on the student's ID rollouts) to its objective's
-    target, the ID accuracy; the KL at the offline method's cost (the offline pool of 1024 traces, same
-    objective; its cost ``offline_cost``), the cost to reach the offline method's final KL and the cost
-    to reach its final ID accuracy (within PARITY)."""
-    d = curves[(curves.stage == "distil") & (curves.objective != "")].copy()
+    target, the ID accuracy; the KL at the reference offline method's cost (``references`` {objective:
+    method}, default the pools of 1024 traces of PAIRS; its cost ``offline_cost``), the cost to reach the
+    reference's final KL and the cost to reach its final ID accuracy (within PARITY)."""
+    references = references or {obj: off for obj, (_, off) in PAIRS.items()}
+    d = curves[(curves.stage == "distil") & curves.objective.isin(list(references))].copy()
     d["cost"] = d.teacher_tokens + d.student_tokens
     d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
     keys = ["student", "condition", "task", "seed"]
     per_run = []
     for (student, condition, task, seed), g in d.groupby(keys, sort=False):
-        offline = {obj: g[g.method == off] for obj, (_, off) in PAIRS.items()}
+        offline = {obj: g[g.method == off] for obj, off in references.items()}
         for method, run in g.groupby("method", sort=False):
             run = run.sort_values("step")
             end = run.iloc[-1]
-            ref = offline[end.objective]
-            ref = ref.sort_values("step")
+            ref = offline[end.objective].sort_values("step")
+            if ref.empty:                               # this student does not run that reference arm
+                continue
             ref_cost, ref_kl, ref_acc = float(ref.cost.iloc[-1]), float(ref.kl_target.iloc[-1]), float(ref.id_accuracy.iloc[-1])
             row = dict(student=student, condition=condition, task=task, seed=seed, method=method,
                        objective=end.objective,

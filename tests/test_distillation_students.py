@@ -9,7 +9,7 @@ import torch
 
 from distillation import tasks
 from distillation.students import (FeaturePolicy, FeatureStudents, LogLinearStudents, TabularStudents, TokenStudents,
-                                   adam_step, at_positions, clip_per_run, round_bf16)
+                                   adam_step, at_positions, clip_per_run, loglinear_tables, round_bf16)
 from llm_bridge.models import tiny_model
 from llm_bridge.tabular import tree_responses
 
@@ -114,6 +114,33 @@ def test_bf16_storage_rounds_the_chosen_runs_after_every_step():
         W = students.params["W"]
         assert torch.equal(W[0], round_bf16(W[0]))                       # stored in bfloat16
         assert not torch.equal(W[1], round_bf16(W[1]))                   # float32 keeps its low bits
+
+
+def test_mixed_precision_keeps_float32_masters_and_reads_their_bf16_copy():
+    """A run in mixed precision ('bf16-master') accumulates updates below half a bfloat16 ulp in its float32
+    master, which bf16 storage loses; its forward pass, in training and evaluation, reads the bf16 copy,
+    and its gradient is the one at that copy (straight through the rounding)."""
+    students = LogLinearStudents(np.eye(5), 3, [0, 0, 0])          # the same start for float32, bf16, master
+    students.params["W"] = 1 + torch.rand(students.params["W"].shape[1:], generator=torch.Generator().manual_seed(0)
+                                          ).expand_as(students.params["W"]).clone()   # |W| >= 1: half an ulp >= 2^-9
+    students.store_bf16([False, True, False])
+    students.cast_bf16([False, False, True])
+    start = students.params["W"].clone()
+    leaf = round_bf16(start[2:3]).clone().requires_grad_()
+    expected = torch.autograd.grad(_fkl_to_uniform(loglinear_tables(leaf, students.features)), [leaf])[0][0]
+    tables = students.tables()
+    torch.testing.assert_close(tables[2], loglinear_tables(round_bf16(start[2:3]), students.features)[0])
+    got = torch.autograd.grad(_fkl_to_uniform(tables), [students._leaves["W"]], retain_graph=True)[0][2]
+    torch.testing.assert_close(got, expected)
+    for _ in range(3):
+        students.step(_fkl_to_uniform(students.tables()), lr=1e-5)          # far below half a bf16 ulp
+    W = students.params["W"]
+    moved = (W - round_bf16(start)).abs() > 0
+    assert not moved[1].any()                                             # bf16 storage: every update lost
+    assert moved[2].sum() == moved[0].sum() > 0 and not torch.equal(W[2], round_bf16(W[2]))   # the master kept them
+    np.testing.assert_allclose(students.log_probs()[2],
+                               loglinear_tables(round_bf16(W[2:3]).double(), students.features.double())[0].numpy())
+    assert torch.equal(students.take([2]).cast, torch.tensor([True]))
 
 
 def test_at_positions_reads_per_step_and_stationary_tables():

@@ -115,3 +115,31 @@ def test_on_policy_arms_sample_from_the_student(task, monkeypatch):
     assert all(any(torch.equal(row, t) for t in teachers) for row in pool)  # the pool: the teachers' tables
     assert first.shape[0] == 2 * 4
     torch.testing.assert_close(first, start[[1, 1, 1, 1, 2, 2, 2, 2]], rtol=0, atol=1e-6)
+
+
+def test_the_fresh_teacher_control_samples_new_teacher_traces_every_step_and_pays_for_each(task, monkeypatch):
+    """Each step the fresh-teacher run draws ``batch`` new teacher traces (tables: the teachers', starts
+    fresh each step), and its teacher_tokens are K times their tokens, summed over the steps; it generates
+    nothing itself, and adding it leaves the other runs' distillation unchanged."""
+    calls = []
+    original = verifiable.rollouts
+
+    def spy(task_, tables, starts, gen, horizon=None):
+        out = original(task_, tables, starts, gen, horizon)
+        calls.append((tables.detach().clone(), starts.clone(), out))
+        return out
+    monkeypatch.setattr(verifiable, "rollouts", spy)
+    fresh = Method("fresh FKL", "fkl", "fresh")
+    runs = [(METHODS[0], 0), (METHODS[1], 1), (fresh, 2)]
+    students = LogLinearStudents(task.features, task.n, [0, 1, 2], lr=0.05)
+    rows, (teacher, student) = verifiable.distil(task, runs, students, steps=3, batch=4)
+    teachers = torch.as_tensor(task.teacher_logp, dtype=torch.float32)
+    drawn = [c for c in calls[1:] if all(any(torch.equal(row, t) for t in teachers) for row in c[0])]
+    assert len(drawn) == 3 and all(c[0].shape[0] == 4 for c in drawn)        # one teacher batch per step
+    assert len({tuple(c[1].tolist()) + tuple(c[2].tokens.flatten().tolist()) for c in drawn}) == 3   # all new
+    assert teacher[2] == task.K * sum(int(c[2].mask.sum()) for c in drawn) and student[2] == 0
+    students_alone = LogLinearStudents(task.features, task.n, [0, 1], lr=0.05)
+    monkeypatch.setattr(verifiable, "rollouts", original)
+    alone, _ = verifiable.distil(task, runs[:2], students_alone, steps=3, batch=4)
+    both = pd.DataFrame(rows)
+    pd.testing.assert_frame_equal(both[both.method != "fresh FKL"].reset_index(drop=True), pd.DataFrame(alone))

@@ -21,7 +21,8 @@ def quick_forgetting(quick_run):
 def test_forgetting_quick_end_to_end(quick_forgetting):
     from sims import forgetting
     out = quick_forgetting
-    for name in ("loglinear.csv", "neural.csv", "shares.csv", "figures/forgetting.png", "figures/forgetting_shares.png"):
+    for name in ("loglinear.csv", "neural.csv", "precision.csv", "shares.csv", "verdicts.csv", "figures/forgetting.png",
+                 "figures/forgetting_shares.png"):
         assert (out / name).exists(), name
     ll = pd.read_csv(out / "loglinear.csv")
     assert len(ll) == len(forgetting.grid(forgetting.QUICK)) * forgetting.SIZES["loglinear_seeds"][1]
@@ -57,6 +58,12 @@ def test_forgetting_figures_read_the_csvs(quick_forgetting):
     np.testing.assert_allclose(y, np.maximum(expected.to_numpy(), 1e-6))
     panels = figs["forgetting_shares"].axes[:4]
     assert [ax.get_title() for ax in panels] == list(ff.OUTCOME_LABELS.values())
+    precision = pd.read_csv(quick_forgetting / "precision.csv")               # (d): every storage, the served copy
+    d = figs["forgetting"].axes[3]
+    master = precision[precision.storage == "bf16-master"].groupby("lr")
+    for column in ("sparsity", "sparsity_bf16"):
+        assert any(np.allclose(line.get_ydata(), master[column].mean().to_numpy()) for line in d.get_lines())
+    assert len(d.get_lines()) == len(ff.STORAGE_STYLES)
 
 
 @pytest.mark.parametrize("bad", [["--seeds", "0"], ["--only", "nope"], ["--full"], ["--executor", "mpi"]])
@@ -107,3 +114,55 @@ def test_e3_verdicts_compare_the_full_design_with_the_rates_that_learn_b():
     assert v[(at_rate, "loglinear, lr = 0.1")] == "does not reproduce"          # x5 where B is learned
     ratio = pd.DataFrame(forgetting.alpha_rows(pd.DataFrame(rows), "loglinear")).set_index("condition").estimate
     assert ratio["loglinear, lr = 0.1"] == pytest.approx(5.0, rel=0.02)
+
+
+def test_frontier_is_the_least_forgetting_at_or_below_each_quality():
+    from sims.forgetting import frontier
+    got = frontier([0.3, 0.1, 0.2, 0.05, 0.15], [1.0, 5.0, 2.0, 9.0, 0.5], [0.04, 0.05, 0.12, 0.25, 1.0])
+    np.testing.assert_array_equal(got, [np.nan, 9.0, 5.0, 0.5, 0.5])        # 0.5 at 0.15 beats 2 and 1 after it
+
+
+def _frontier_design(alpha1):
+    """Three seeds, three learning rates: alpha = 0 runs at (quality, forgetting) (0.009, 1e-4), (0.005,
+    1e-3), (0.001, 1e-2); the alpha = 1 runs at ``alpha1`` (one pair per learning rate)."""
+    alpha0 = [(0.009, 1e-4), (0.005, 1e-3), (0.001, 1e-2)]
+    return pd.DataFrame([dict(lr=lr, schedule="constant", warmup=False, alpha=a, objective="fkl", clip=False,
+                              storage="float32", seed=seed, quality=q, forgetting=f * (1 + 0.001 * seed),
+                              sparsity=0.5, sparsity_bf16=0.5)
+                         for seed in range(3) for a, pts in ((0.0, alpha0), (1.0, alpha1))
+                         for lr, (q, f) in zip((1e-3, 1e-2, 1e-1), pts)])
+
+
+def test_forgetting_at_equal_quality_reads_the_frontiers_not_the_learning_rates():
+    """The same (quality, forgetting) points reached at other learning rates: alpha changes forgetting 10x
+    at a fixed rate but not at all at equal quality; doubling every alpha = 1 forgetting doubles the
+    frontier ratio."""
+    from sims import forgetting
+    same = _frontier_design([(0.005, 1e-3), (0.001, 1e-2), (0.009, 1e-4)])
+    (row,) = forgetting.frontier_rows(same, "loglinear")
+    assert row["estimate"] == pytest.approx(1.0) and row["verdict"] == "reproduces"
+    at_rate = pd.DataFrame(forgetting.alpha_rows(same, "loglinear")).set_index("condition")
+    assert at_rate.loc["loglinear, lr = 0.001", "estimate"] == pytest.approx(10.0, rel=1e-3)
+    double = _frontier_design([(0.009, 2e-4), (0.005, 2e-3), (0.001, 2e-2)])
+    (row,) = forgetting.frontier_rows(double, "loglinear")
+    assert row["estimate"] == pytest.approx(2.0, rel=1e-3) and row["verdict"] == "does not reproduce"
+
+
+def test_precision_rows_read_each_storage_and_the_served_copy():
+    """float32 moves the same share at every rate; bf16 storage moves 0.1 at the lowest rate and 0.6 at
+    the highest; mixed precision's master moves like float32 and its served copy like bf16 storage."""
+    from sims import forgetting
+    rows = []
+    for seed in range(3):
+        for lr in (1e-4, 1e-1):
+            low = lr == 1e-4
+            for storage, sparsity, served in (("float32", 0.6, 0.6), ("bf16", 0.1 if low else 0.6, 0.1 if low else 0.6),
+                                              ("bf16-master", 0.6, 0.1 if low else 0.6)):
+                rows.append(dict(lr=lr, storage=storage, seed=seed, alpha=0.0, sparsity=sparsity + 0.01 * seed,
+                                 sparsity_bf16=served + 0.01 * seed))
+    v = pd.DataFrame(forgetting.precision_rows(pd.DataFrame(rows))).set_index("condition")
+    assert v.loc["loglinear, float32", "verdict"] == "does not reproduce"
+    assert v.loc["loglinear, bf16 storage (no master weights)", "estimate"] == pytest.approx(0.5)
+    assert v.loc["loglinear, bf16 storage (no master weights)", "verdict"] == "reproduces"
+    assert v.loc["loglinear, mixed precision: the float32 master weights", "verdict"] == "does not reproduce"
+    assert v.loc["loglinear, mixed precision: the bf16 copy it serves", "verdict"] == "reproduces"

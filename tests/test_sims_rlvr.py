@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 from conftest import assert_usage_error, run_script
 
@@ -35,7 +36,7 @@ def _synthetic_curves(edge_distil, edge_rl, n=12, tasks=2, noise_sd=0.005):
 ])
 def test_e4_table_verdicts(edge_distil, edge_rl, verdict):
     from sims import rlvr
-    e4 = rlvr.e4_table(_synthetic_curves(edge_distil, edge_rl))
+    e4 = rlvr.e4_table(_synthetic_curves(edge_distil, edge_rl, tasks=6))
     diffs = e4[e4.comparison.str.contains(" - ")]
     assert len(diffs) == 8 and (diffs.verdict == verdict).all()
     d = diffs[diffs.stage == "distil"].ood_accuracy.to_numpy()
@@ -62,7 +63,24 @@ def test_task_clustered_interval_and_standard_error():
     diff = np.array([1.0, 3.0, 10.0, 10.0, 4.0, 6.0])                    # task means 2, 10, 5
     est, lo, hi, se, n = rlvr.task_clustered(diff, np.array([0, 0, 1, 1, 2, 2]))
     assert n == 3 and est == pytest.approx(17 / 3) and se == pytest.approx(np.std([2, 10, 5], ddof=1) / np.sqrt(3))
-    assert 2.0 <= lo <= est <= hi <= 10.0
+    half = stats.t.ppf(0.975, 2) * se                                      # Student-t over the 3 task means
+    assert (lo, hi) == pytest.approx((est - half, est + half))
+
+
+@pytest.mark.parametrize("fresh, freshness, beyond", [
+    (0.1, "reproduces", "does not reproduce"),          # fresh teacher data carries the whole edge
+    (0.0, "does not reproduce", "reproduces"),          # fresh data adds nothing: the edge is on-policy sampling
+])
+def test_the_fresh_teacher_control_splits_the_edge(fresh, freshness, beyond):
+    from sims import rlvr
+    curves = _synthetic_curves(0.1, 0.0, n=12, tasks=6)
+    control = curves[curves.method.str.startswith("offline")].assign(
+        method=lambda d: d.method.str.replace("offline", "fresh-teacher"),
+        ood_accuracy=lambda d: d.ood_accuracy + np.where(d.stage == "distil", fresh, 0.0))
+    v = rlvr.verdicts(pd.concat([curves, control], ignore_index=True))
+    assert (v[v.claim.str.contains("data freshness")].verdict == freshness).all()
+    assert (v[v.claim.str.contains("beyond fresh")].verdict == beyond).all()
+    assert len(v[v.claim.str.contains("control")]) == 8
 
 
 def test_e6_table_on_curves_with_known_crossings():
@@ -118,7 +136,12 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     e4 = pd.read_csv(out / "e4.csv")
     assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
     v = pd.read_csv(out / "verdicts.csv")
-    assert len(v) == 32 and set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
+    assert set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
+    e4_rows, e6_rows = v[v.claim.str.startswith("E4")], v[v.claim.str.startswith("E6")]
+    assert len(e4_rows) == 2 * 2 * 2 * 4                      # students x conditions x objectives x claims
+    assert len(e4_rows[e4_rows.claim.str.contains("control")]) == 16
+    for pool, n in (("256", 4), ("1,024", 16), ("4,096", 4)):   # E6 against each pool; the neural student: 1,024
+        assert e6_rows.condition.str.contains(f"({pool} traces)", regex=False).sum() == n, pool
     one_task = v[v.condition.str.startswith("neural") & v.claim.str.contains("survive")]
     assert (one_task.verdict == "inconclusive").all() and one_task.statistic.str.contains("one task").all()
     e6 = pd.read_csv(out / "e6.csv")
