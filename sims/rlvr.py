@@ -1,6 +1,6 @@
 """RL from a verifiable reward after distillation, and what each distillation costs (claims E4, E6).
 
-    python sims/rlvr.py            # about 4.5 min on 2 cores
+    python sims/rlvr.py            # about 6 min on 2 cores
     python sims/rlvr.py --quick    # seconds (the tests run this)
     python sims/rlvr.py --full --executor dask --scheduler tcp://HOST:PORT   # a cluster
 

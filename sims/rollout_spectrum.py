@@ -1,6 +1,6 @@
 """The rollout spectrum, KL direction and robustness (claims E1, E2, E5) with exact finite-state teachers.
 
-    python sims/rollout_spectrum.py            # the default sweep, about 7 min on 2 cores
+    python sims/rollout_spectrum.py            # the default sweep, about 6.5 min on 2 cores
     python sims/rollout_spectrum.py --quick    # seconds (the tests run this)
 
 Training sequences come from the student with probability alpha and from a teacher k ~ w otherwise
