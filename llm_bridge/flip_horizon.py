@@ -2,7 +2,7 @@
 configuration, the margins, ln Z_H after the correct and the incorrect option, the per-token drift of
 their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H.
 
-    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations (SmolLM2-135M)
+    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations, H <= 16, 8 min
     python -m llm_bridge.flip_horizon --quick      # 6 questions, N = 4, H <= 4 (tests)
     python -m llm_bridge.flip_horizon --only tabular   # the exact-machine validation only
 
@@ -37,7 +37,7 @@ from .probes import check_question, read_questions
 EXPERIMENTS = ("tabular", "smollm2")
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
 QUESTIONS = Path(__file__).resolve().parent / "data" / "flip_questions.jsonl"
-SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (8, 4), "group": (16, 6),
+SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group": (16, 6),
          "random_machines": (40, 4), "tabular_samples": (300, 100)}
 TABULAR_HORIZONS = (0, 1, 2, 4, 8, 16, 32)
 SPEC_ROWS = (([.9, .9], [[.9, .1], [.1, .9]], [.5, .5]), ([.9, .9], [[.8, .2], [.2, .8]], [.5, .5]),
@@ -218,7 +218,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--samples", type=int, default=None, help="continuations per option (default 8, quick 4)")
-    ap.add_argument("--max-horizon", type=int, default=None, help="largest H (default 8, quick 4)")
+    ap.add_argument("--max-horizon", type=int, default=None, help="largest H (default 16, quick 4)")
     ap.add_argument("--questions", type=int, default=None, help="the first N questions of the file (default all 46, "
                                                                  "quick 6)")
     ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
