@@ -3,7 +3,7 @@ seeds, summaries of q_T, a balanced-factorial ANOVA (``variance_shares``), and v
 (``analysis.verdicts``: effect and bound verdicts, power, MDE, TOST, cluster bootstrap)."""
 
 from .statistics import (POWER_EXPONENT, decade_slopes, final_values, fit_exponent, fit_slope, growth, log_grid,
-                         mean_interval, rounds_to_veto, variance_shares)
+                         lower_frontier, mean_interval, rounds_to_veto, variance_shares)
 
-__all__ = ["log_grid", "fit_slope", "fit_exponent", "growth", "decade_slopes", "mean_interval", "rounds_to_veto",
+__all__ = ["log_grid", "fit_slope", "fit_exponent", "growth", "decade_slopes", "mean_interval", "lower_frontier", "rounds_to_veto",
            "final_values", "variance_shares", "POWER_EXPONENT"]

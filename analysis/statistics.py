@@ -117,6 +117,13 @@ def mean_interval(values, level=0.95):
     return mean, mean - half, mean + half
 
 
+def lower_frontier(x, y):
+    """The lower frontier of points (x, y): x ascending and the least y among the points at or below each
+    x (a running minimum), a step function."""
+    order = np.argsort(x)
+    return np.asarray(x)[order], np.minimum.accumulate(np.asarray(y)[order])
+
+
 def rounds_to_veto(q, grid):
     """First round from which q_t(correct) < 1/2 at every later round of ``grid`` (a dense grid 1..T);
     NaN where q_T >= 1/2 (not vetoed by the end). q: (R, G); returns (R,)."""

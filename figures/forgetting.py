@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from analysis import lower_frontier
+
 from .style import TWO_COLUMNS, figure, legend_below, paper
 
 OUTCOME_LABELS = {"forgetting": "forgetting on A (log10 nats)", "quality": "distance to B's target (log10)",
@@ -54,12 +56,6 @@ STORAGE_STYLES = {("float32", "sparsity"): ("float32", "tab:grey", "s"),
                   ("bf16-master", "sparsity_bf16"): ("mixed precision: its bf16 copy", "tab:cyan", "v")}
 
 
-def pareto(quality, forgetting):
-    """The frontier as a step line: (qualities ascending, the least forgetting at or below each)."""
-    order = np.argsort(quality)
-    return np.asarray(quality)[order], np.minimum.accumulate(np.asarray(forgetting)[order])
-
-
 @paper
 def forgetting_figure(loglinear, neural, precision=None):
     """(a) forgetting against the learning rate, a line per alpha (solid: log-linear, dashed: tiny
@@ -96,7 +92,7 @@ def forgetting_figure(loglinear, neural, precision=None):
         c.scatter(np.maximum(grp.quality[~floored], 1e-6), grp.forgetting[~floored], s=2, color=colour[al], alpha=0.5)
         c.scatter(np.maximum(grp.quality[floored], 1e-6), np.full(int(floored.sum()), FLOOR), s=6,
                   facecolors="none", edgecolors=colour[al], lw=0.5)
-        q, best = pareto(grp.quality, np.maximum(grp.forgetting, FLOOR))
+        q, best = lower_frontier(grp.quality, np.maximum(grp.forgetting, FLOOR))
         c.step(np.maximum(q, 1e-6), best, where="post", color=colour[al], lw=1.0)
     c.set_xscale("log")
     c.set_yscale("log")

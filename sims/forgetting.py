@@ -182,8 +182,7 @@ def verdicts(df, student):
 def frontier(quality, forgetting, at):
     """The quality-forgetting frontier of a set of runs read at the qualities ``at``: the least forgetting
     among the runs whose quality on B is at most each value (NaN where none is)."""
-    order = np.argsort(quality)
-    q, best = np.asarray(quality)[order], np.minimum.accumulate(np.asarray(forgetting)[order])
+    q, best = analysis.lower_frontier(quality, forgetting)
     i = np.searchsorted(q, at, side="right") - 1
     return np.where(i >= 0, best[np.maximum(i, 0)], np.nan)
 
@@ -204,17 +203,27 @@ def frontier_rows(df, student, margin=0.05, points=9):
         per_seed.append(float(np.mean(np.log(f1 / f0))))
     if not per_seed:
         return []
-    mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(np.array(per_seed)[:, None]))
+    return [ratio_row(f"E3 alpha leaves forgetting unchanged at equal quality on B (within {margin:.0%})",
+                      f"{student}, the quality-forgetting frontier (quality < {LEARNED:g}), every other factor free",
+                      f"least forgetting at a quality on B, alpha = 1 over alpha = 0, geometric mean over {points} "
+                      f"qualities, mean", per_seed, margin)]
+
+
+def ratio_row(claim, condition, statistic, log_ratios, margin):
+    """The row of a claim that a ratio is 1 within ``margin``: ``log_ratios`` one per seed, their mean and
+    t-interval over seeds mapped back to ratios (``statistic`` is completed by 'over N seeds, 95%
+    t-interval'); 'reproduces' when the interval lies within 1 +- margin, 'does not reproduce' when it
+    lies outside, else (or with one seed) 'inconclusive'. Shared by alpha's claims at a fixed learning
+    rate (:func:`alpha_rows`) and at equal quality (:func:`frontier_rows`)."""
+    log_ratios = np.asarray(log_ratios, dtype=float)
+    mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(log_ratios[:, None]))
     lo_r, hi_r = math.exp(lo), math.exp(hi)
-    verdict = ("inconclusive" if len(per_seed) < 2 else
+    verdict = ("inconclusive" if len(log_ratios) < 2 else          # one seed: no interval to decide with
                "reproduces" if 1 - margin <= lo_r and hi_r <= 1 + margin else
                "does not reproduce" if hi_r < 1 - margin or lo_r > 1 + margin else "inconclusive")
-    return [verdict_row(f"E3 alpha leaves forgetting unchanged at equal quality on B (within {margin:.0%})",
-                        f"{student}, the quality-forgetting frontier (quality < {LEARNED:g}), every other factor free",
-                        f"least forgetting at a quality on B, alpha = 1 over alpha = 0, geometric mean over {points} "
-                        f"qualities, mean over {len(per_seed)} seeds, 95% t-interval", math.exp(mean), lo_r, hi_r,
-                        f"interval within 1 +- {margin:g}: reproduces; outside it: does not; else inconclusive",
-                        verdict)]
+    return verdict_row(claim, condition, f"{statistic} over {len(log_ratios)} seeds, 95% t-interval",
+                       math.exp(mean), lo_r, hi_r,
+                       f"interval within 1 +- {margin:g}: reproduces; outside it: does not; else inconclusive", verdict)
 
 
 def alpha_rows(df, student, margin=0.05):
@@ -226,18 +235,9 @@ def alpha_rows(df, student, margin=0.05):
     log_ratio = np.log(np.maximum(wide[1.0], FLOOR) / np.maximum(wide[0.0], FLOOR)).rename("r").reset_index()
     rows = []
     for lr, g in log_ratio.groupby("lr"):
-        per_seed = g.groupby("seed").r.mean().to_numpy()
-        mean, lo, hi = (float(x[0]) for x in analysis.mean_interval(per_seed[:, None]))
-        lo_r, hi_r = math.exp(lo), math.exp(hi)
-        verdict = ("inconclusive" if len(per_seed) < 2 else          # one seed: no interval to decide with
-                   "reproduces" if 1 - margin <= lo_r and hi_r <= 1 + margin else
-                   "does not reproduce" if hi_r < 1 - margin or lo_r > 1 + margin else "inconclusive")
-        rows.append(verdict_row(f"E3 alpha leaves forgetting unchanged at a fixed learning rate (within {margin:.0%})",
-                                f"{student}, lr = {lr:g}",
-                                f"forgetting at alpha = 1 over alpha = 0, paired by the other factors, geometric mean "
-                                f"over {len(per_seed)} seeds, 95% t-interval", math.exp(mean), lo_r, hi_r,
-                                f"interval within 1 +- {margin:g}: reproduces; outside it: does not; else inconclusive",
-                                verdict))
+        rows.append(ratio_row(f"E3 alpha leaves forgetting unchanged at a fixed learning rate (within {margin:.0%})",
+                              f"{student}, lr = {lr:g}", "forgetting at alpha = 1 over alpha = 0, paired by the other "
+                              "factors, geometric mean", g.groupby("seed").r.mean(), margin))
     return rows
 
 

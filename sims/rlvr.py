@@ -172,7 +172,7 @@ def task_clustered(diff, tasks):
     of tasks). A t-interval on the task means rather than a percentile bootstrap of them: with 4 or 8
     tasks the bootstrap's interval is too narrow (it covers 0.87 of the time at 8, less at 4)."""
     means = pd.Series(np.asarray(diff, dtype=float)).groupby(np.asarray(tasks)).mean()
-    estimate, lo, hi = (float(x[0]) for x in analysis.mean_interval(means.to_numpy()[:, None]))
+    estimate, lo, hi = _interval(means)
     se = float(means.std(ddof=1) / np.sqrt(len(means))) if len(means) > 1 else float("nan")
     return estimate, lo, hi, se, len(means)
 
