@@ -9,6 +9,10 @@ cannot decide; report the smallest effect the design could have seen, :func:`mde
     bound_verdict      a claimed bound: a statistic at most (or at least) a tolerance
     count_verdict      a claimed bound checked on each of several units (task draws, random pairs):
                        every unit, none or some; count_row writes it as a row
+    decide_draws       per unit (task draw): can the design decide the claim there (the candidate targets
+                       farther apart than MULTIPLE x the tolerance, the seed noise below it), and does it hold
+    draw_verdict       the verdict over the decidable units only, with a separating condition as data
+    draw_row           the verdicts.csv row of draw_verdict, with the tolerance sensitivity (half, twice)
     mde_80, power      the smallest effect a two-sided test detects with 80% power; the power at an effect
     tost               two one-sided tests of equivalence within +-margin
     cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
@@ -18,10 +22,17 @@ cannot decide; report the smallest effect the design could have seen, :func:`mde
 import math
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
-VERDICTS = ("reproduces", "reproduces under stated conditions", "does not reproduce", "inconclusive")
+VERDICTS = ("reproduces", "reproduces under stated conditions", "does not reproduce", "inconclusive", "mixed",
+            "not decided (quick run)")
 COLUMNS = ("claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict")
+DRAW_COLUMNS = COLUMNS + ("n_draws", "n_decidable", "n_hold", "stated_condition", "verdict_half_tolerance",
+                          "verdict_twice_tolerance")
+MULTIPLE = 3.0          # a draw decides only where the candidate targets are farther apart than MULTIPLE x tolerance
+MIN_DECIDABLE = 3       # fewer decidable draws than this: inconclusive
+QUICK = "not decided (quick run)"
 
 
 def _interval(lo, hi):
@@ -137,3 +148,101 @@ def verdict_row(claim, condition, statistic, estimate, lo, hi, rule, verdict):
         raise ValueError(f"verdict = {verdict!r} must be one of {VERDICTS}")
     return dict(claim=claim, condition=condition, statistic=statistic, estimate=float(estimate), lo=float(lo),
                 hi=float(hi), rule=rule, verdict=verdict)
+
+
+def decide_draws(values, tolerance, at_most=True, separation=None, noise=None, multiple=MULTIPLE,
+                 separation_tolerance=None):
+    """Per unit (task draw), whether the design can decide a claimed bound there and whether it holds.
+
+    A unit is *decidable* when the candidate targets the claim must tell apart are at least ``multiple``
+    x ``separation_tolerance`` apart there (``separation``; the tolerance the targets are told apart at,
+    ``tolerance`` itself unless the statistic is not a distance, e.g. a ratio or a step count; NaN or
+    None: the claim names no candidates, e.g. an exact identity) and the statistic's seed-to-seed noise there (``noise``: the s.d.
+    over seeds; NaN or None: not measured, e.g. an exact value) is below ``tolerance``. On a decidable unit
+    the claim *holds* when the statistic is <= ``tolerance`` (``at_most``) or > it. Returns a DataFrame
+    (value, separation, noise, decidable, held), held NaN where undecidable."""
+    values = np.asarray(values, dtype=float)
+    n = values.shape
+    sep = np.full(n, np.nan) if separation is None else np.broadcast_to(np.asarray(separation, dtype=float), n)
+    noi = np.full(n, np.nan) if noise is None else np.broadcast_to(np.asarray(noise, dtype=float), n)
+    sep_tol = tolerance if separation_tolerance is None else separation_tolerance
+    if not (sep_tol > 0 or np.all(np.isnan(sep))):
+        raise ValueError(f"tolerance = {sep_tol!r} must be > 0 where a separation is given")
+    sep_ok = np.isnan(sep) | (sep >= multiple * abs(sep_tol))
+    noise_ok = np.isnan(noi) | (noi < abs(tolerance))
+    decidable = sep_ok & noise_ok & ~np.isnan(values)
+    held = np.where(values <= tolerance, 1.0, 0.0) if at_most else np.where(values > tolerance, 1.0, 0.0)
+    return pd.DataFrame(dict(value=values, separation=sep, noise=noi, decidable=decidable,
+                             held=np.where(decidable, held, np.nan)))
+
+
+def separating_condition(held, properties):
+    """A stated condition that separates the units where a claim holds from those where it does not: the
+    first of ``properties`` ({name: per-unit values}) with a threshold that puts every holding unit on one
+    side and every failing unit on the other. Returns 'name > t' or 'name <= t' (t midway between the two
+    groups), or None when no property separates them (or one group is empty)."""
+    held = np.asarray(held, dtype=bool)
+    if held.all() or not held.any():
+        return None
+    for name, vals in properties.items():
+        vals = np.asarray(vals, dtype=float)
+        yes, no = vals[held], vals[~held]
+        if np.isnan(vals).any():
+            continue
+        if yes.min() > no.max():
+            return f"{name} > {(yes.min() + no.max()) / 2:.3g}"
+        if yes.max() < no.min():
+            return f"{name} <= {(yes.max() + no.min()) / 2:.3g}"
+    return None
+
+
+def draw_verdict(table, properties=None, min_decidable=MIN_DECIDABLE):
+    """The verdict over the decidable units of ``table`` (:func:`decide_draws`): fewer than
+    ``min_decidable`` decidable units: 'inconclusive'; the claim holds on every decidable unit:
+    'reproduces'; on none: 'does not reproduce'; on some: 'reproduces under stated conditions' when a
+    property of ``properties`` ({name: per-unit values}) separates them (:func:`separating_condition`),
+    else 'mixed'. Returns (verdict, n_decidable, n_hold, condition or '')."""
+    decided = table[table.decidable]
+    n, hold = len(decided), int(decided.held.sum())
+    if n < min_decidable:
+        return "inconclusive", n, hold, ""
+    if hold == n:
+        return "reproduces", n, hold, ""
+    if hold == 0:
+        return "does not reproduce", n, hold, ""
+    idx = table.index[table.decidable]
+    cond = separating_condition(decided.held.to_numpy() > 0,
+                                {k: np.asarray(v, dtype=float)[idx] for k, v in (properties or {}).items()})
+    return ("reproduces under stated conditions", n, hold, cond) if cond else ("mixed", n, hold, "")
+
+
+def draw_row(claim, condition, statistic, values, tolerance, at_most=True, separation=None, noise=None,
+             properties=None, unit="task draw", multiple=MULTIPLE, min_decidable=MIN_DECIDABLE, quick=False,
+             separation_tolerance=None):
+    """The verdicts.csv row (``DRAW_COLUMNS``) of a claimed bound checked per unit, counting only the
+    decidable units (:func:`decide_draws`, :func:`draw_verdict`; ``separation_tolerance`` as there): the statistic's median [min, max] over
+    the decidable units (over all units when none is), the counts, the rule with its tolerance and
+    multiple, the separating condition, and the verdict recomputed at half and twice the tolerance (the
+    decidability too). ``quick``: the verdict columns say QUICK (a quick run checks the pipeline, not
+    the claims). Also returns the per-unit table (with the columns 'unit', 'tolerance')."""
+    side = "<=" if at_most else ">"
+    sep_tol = tolerance if separation_tolerance is None else separation_tolerance
+    table = decide_draws(values, tolerance, at_most, separation, noise, multiple, sep_tol)
+    verdict, n, hold, cond = draw_verdict(table, properties, min_decidable)
+    shown = table.value[table.decidable] if n else table.value
+    shown = shown[~np.isnan(shown)]
+    est, lo, hi = ((np.median(shown), shown.min(), shown.max()) if len(shown) else (np.nan, np.nan, np.nan))
+    sens = [draw_verdict(decide_draws(values, f * tolerance, at_most, separation, noise, multiple, f * sep_tol),
+                         properties, min_decidable)[0] for f in (0.5, 2.0)]
+    plural = unit
+    rule = (f"a {unit} decides when the candidate targets are >= {multiple:g} x {sep_tol:g} apart and the seed "
+            f"s.d. < {tolerance:g}; on the decidable {plural}s (>= {min_decidable}): every one {side} {tolerance:g}: "
+            f"reproduces; none: does not; some: under stated conditions if a stated property separates them, "
+            f"else mixed; fewer: inconclusive")
+    row = dict(claim=claim, condition=condition,
+               statistic=f"{statistic}; {hold} of {n} decidable {plural}s {side} {tolerance:g} ({len(table)} {plural}s); "
+                         f"median [min, max] over the decidable {plural}s",
+               estimate=float(est), lo=float(lo), hi=float(hi), rule=rule, verdict=QUICK if quick else verdict,
+               n_draws=len(table), n_decidable=n, n_hold=hold, stated_condition=cond,
+               verdict_half_tolerance=QUICK if quick else sens[0], verdict_twice_tolerance=QUICK if quick else sens[1])
+    return row, table.assign(tolerance=tolerance)

@@ -43,6 +43,22 @@ class Evaluator:
                                 None if key[3] else sft_fixed_point(self.task, key[2]))
         return self._cache[key]
 
+    def fixed_point(self, config):
+        """The configuration's derived fixed point (H, S, n) log-probs (``fixed_points.fixed_point``), cached;
+        None where none is derived."""
+        return self._table("fixed_point", config)
+
+    def separation(self, table_a, table_b):
+        """How far apart two candidate targets (H, S, n) log-probs are, in the evaluation's own units: the
+        smaller of KL_seq(a || b) and KL_seq(b || a), per response (each on its own rollouts): the value
+        kl_<b> would take for a student that had reached a, or the reverse."""
+        t, H = self.task.teachers, self.task.horizon
+        out = []
+        for p, q in ((table_a, table_b), (table_b, table_a)):
+            occ = ag.policy_occupancy(t, H, p)[:H, :, None]
+            out.append(float(np.sum(np.where(np.isfinite(p), occ * np.exp(p) * (p - q), 0.0))))
+        return min(out)
+
     def __call__(self, log_q, config=None):
         """log_q (H, S, n): KL_seq(q || P) per response on q's own rollouts for every target P, and with a
         ``configs.SpectrumConfig``: kl_sft (SFT's fixed point at its alpha; NaN for the switch variant or another

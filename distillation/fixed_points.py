@@ -134,7 +134,8 @@ def _stable_zero(F, z, tol, what, flow_tol=1e-3, max_flow=200_000, max_newton=50
     """A zero of F (z (S, n) logits, F(z) the expected gradient: invariant to adding a constant to a row)
     that gradient descent reaches: the flow z <- z - F(z) until |F| < flow_tol (so a repelling or spurious
     zero is never picked), then Newton steps with a finite-difference Jacobian (the gauge direction pinned
-    by adding 11^T / n) to |F| < tol."""
+    by adding 11^T / n), each damped row by row (``_damped``), to |F| < tol; where Newton cannot lower a
+    row the flow finishes the job. RuntimeError, never a silent value, when neither converges."""
     S, n = z.shape
     G = F(z)
     for _ in range(max_flow):
@@ -150,9 +151,34 @@ def _stable_zero(F, z, tol, what, flow_tol=1e-3, max_flow=200_000, max_newton=50
         J = np.stack([(F(z + eps * np.eye(n)[j]) - G) / eps for j in range(n)], axis=-1) + 1.0 / n
         flat = np.abs(J - 1.0 / n).max(axis=(1, 2)) == 0                      # rows no sequence reaches
         J[flat] = np.eye(n)
-        z = z - np.linalg.solve(J, G[..., None])[..., 0]
-        G = F(z)
+        step = np.linalg.solve(J, G[..., None])[..., 0]
+        z, G, stuck = _damped(F, z, G, step, tol)
+        if stuck:                                      # Newton cannot lower some row: finish by the flow
+            for _ in range(max_flow):
+                if np.abs(G).max() < tol:
+                    return z
+                z = z - G
+                G = F(z)
+            break
     raise RuntimeError(f"{what}: Newton did not converge (largest expected gradient {np.abs(G).max():.2g})")
+
+
+def _damped(F, z, G, step, tol, halvings=30):
+    """One damped Newton step, row by row (a row of F depends on its own row of z only): each row takes the
+    longest of step, step / 2, ... that lowers its norm and stays finite (a full step can overshoot into
+    an overflow of k3's exp). Returns (z, F(z), stuck: some row found no such step)."""
+    done = np.abs(G).max(axis=1) < tol
+    z_new, G_new = z.copy(), G.copy()
+    for damping in 0.5 ** np.arange(halvings):
+        with np.errstate(over="ignore", invalid="ignore"):
+            trial_z = z - damping * step
+            trial = F(trial_z)
+        ok = ~done & np.isfinite(trial).all(axis=1) & (np.linalg.norm(trial, axis=1) < np.linalg.norm(G, axis=1))
+        z_new[ok], G_new[ok] = trial_z[ok], trial[ok]
+        done |= ok
+        if done.all():
+            break
+    return z_new, G_new, not done.all()
 
 
 def _step_occupancy(t, d, q):

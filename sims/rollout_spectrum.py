@@ -27,7 +27,11 @@ Writes to ``--out`` (default results/rollout_spectrum):
                    (H = 16) over 1000 steps, with the importance weights' exact second moments at l (per
                    token and per sequence)
   verdicts.csv     each claim of E1, E2 and E5 per condition: the statistic's median and range over the
-                   task draws, the decision rule and the verdict (``verdicts``)
+                   decidable task draws, how many draws decide and hold, the stated condition, the rule,
+                   the verdict and the verdict at half and twice the tolerance (``verdicts``); a --quick
+                   run decides nothing
+  verdict_draws.csv  the per-draw table behind it: one row per claim x task draw (value, separation of
+                   the candidate targets, seed noise, decidable, held)
   summary.csv      per configuration (and per task draw for 'convergence'): final KL per position,
                    accuracy, share diverged, steps_to_tol (the first evaluation within TOL; NaN if never)
   conclusions.csv  each conclusion of the study under each condition, with the numbers and a verdict
@@ -47,7 +51,8 @@ from scipy.special import logsumexp  # noqa: E402
 
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
-from analysis.verdicts import COLUMNS, count_row  # noqa: E402
+from analysis import mean_interval  # noqa: E402
+from analysis.verdicts import DRAW_COLUMNS, MIN_DECIDABLE, MULTIPLE, QUICK, draw_row, effect_verdict  # noqa: E402
 from distillation import evaluation, fixed_points, moments, tasks, training  # noqa: E402
 from distillation.configs import SpectrumConfig  # noqa: E402
 from distillation.students import LogLinearStudents, TabularStudents, TokenStudents  # noqa: E402
@@ -65,6 +70,8 @@ SIZES = {                                   # full run / --quick
     "robust_steps": (200, 40),
     "neural_seeds": (5, 2),                 # trained together (vmap)
     "task_draws": (8, 2),                   # E1, E2, E5 over task draws (the 'tasks' and 'convergence' experiments)
+    "task_seeds": (3, 2),                   # seeds per task draw: the seed-to-seed noise each draw's verdict checks
+    "robust_draws": (4, 1),                 # loop tasks of the robustness axis
     "convergence_steps": (1000, 100),
 }
 ALPHAS = tuple(np.round(np.linspace(0, 1, 11), 2))
@@ -84,7 +91,7 @@ TASKS = {                                   # per task draw (K = 2): objective -
 CONVERGENCE = {"H": 16, "estimators": ("k2", "k3", "pg0"), "evaluations": 20,    # E5: weighted teacher samples, long traces
                "truncate": (1.0, 10.0)}      # truncated weights (1: V-trace's rho-bar), a clip that binds
 BATCH, LR, NEURAL_LR = 64, 0.05, 3e-3
-SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("H", "clip")),
+SUMMARY_KEYS = (("tabular", ("K", "clip")), ("neural", ("K",)), ("robustness", ("task_seed", "H", "clip")),
                 ("convergence", ("task_seed", "H", "truncate")))
 TOL = 0.01                                   # nats per position (KL_seq / H): "reached its target"
 
@@ -121,21 +128,23 @@ def cells_for(size, quick, only, base_seed=0):
                 out.append(Cell("neural", "neural", dict(objective=obj, alpha=a, K=2, steps=size["neural_steps"],
                                                          seeds=list(range(size["neural_seeds"]))),
                                 base_seed=base_seed, stream=("neural", obj, a)))
+    task_seeds = list(range(size["task_seeds"]))
     if "tasks" in only:
         for t in range(size["task_draws"]):
-            out.append(Cell("tasks", "tasks", dict(task_seed=base_seed + t, seeds=seeds, steps=size["tabular_steps"]),
+            out.append(Cell("tasks", "tasks", dict(task_seed=base_seed + t, seeds=task_seeds, steps=size["tabular_steps"]),
                             seeds=3, base_seed=base_seed, stream=("tasks", t)))
     if "convergence" in only:
         for t in range(size["task_draws"]):
-            out.append(Cell("convergence", "convergence", dict(task_seed=base_seed + t, H=CONVERGENCE["H"], seeds=seeds[:1],
-                                                               steps=size["convergence_steps"]),
-                            seeds=2, base_seed=base_seed, stream=("convergence", t)))
+            out.append(Cell("convergence", "convergence", dict(task_seed=base_seed + t, H=CONVERGENCE["H"],
+                                                               seeds=task_seeds, steps=size["convergence_steps"]),
+                            seeds=3, base_seed=base_seed, stream=("convergence", t)))
     if "robustness" in only:
-        for H in ROBUST["horizons"][:1] if quick else ROBUST["horizons"]:
-            for clip in (False, True):
-                out.append(Cell("robustness", "robustness", dict(H=H, clip=clip, steps=size["robust_steps"],
-                                                                 seeds=seeds[:1]),
-                                base_seed=base_seed, stream=("robustness", H, clip)))
+        for t in range(size["robust_draws"]):
+            for H in ROBUST["horizons"][:1] if quick else ROBUST["horizons"]:
+                for clip in (False, True):
+                    out.append(Cell("robustness", "robustness", dict(task_seed=base_seed + t, H=H, clip=clip,
+                                                                     steps=size["robust_steps"], seeds=task_seeds),
+                                    base_seed=base_seed, stream=("robustness", t, H, clip)))
     return out
 
 
@@ -191,7 +200,30 @@ def run_tasks(cell):
         out = evaluate(fixed_points.sft_fixed_point(task, a), SpectrumConfig("sft", a))
         frames.append(pd.DataFrame([dict(SpectrumConfig("sft", a).as_dict(), seed=-1, step=steps, **out,
                                          student="exact", K=2)]))
-    return pd.concat(frames, ignore_index=True).assign(task_seed=t, horizon=task.horizon)
+    df = pd.concat(frames, ignore_index=True).assign(task_seed=t, horizon=task.horizon)
+    return with_separations(df, evaluate, configs)
+
+
+def with_separations(df, evaluate, configs):
+    """``df`` with how far apart the candidate targets of its task draw are (per position,
+    ``Evaluator.separation``: the smaller KL_seq of the two directions over H): sep_A_mixture between A and
+    the sequence-level mixture's conditionals (the candidates of the FKL and SFT claims), sep_l between l
+    and the nearest of A, g and the mixture (of 'reaches l'), and per configuration sep_fp_l between its
+    derived fixed point and l (NaN where none is derived; NaN with fp_solved False where the solver does
+    not converge: reported, never a silent value)."""
+    tab, H = evaluate.tables, evaluate.task.horizon
+    sep = {"sep_A_mixture": evaluate.separation(tab["arithmetic"], tab["mixture"]) / H,
+           "sep_l": min(evaluate.separation(tab["local"], tab[n]) for n in ("arithmetic", "geometric", "mixture")) / H}
+    fp, solved = {}, {}
+    for c in configs:
+        key = (c.objective, float(c.alpha), c.importance)
+        try:
+            table, solved[key] = evaluate.fixed_point(c), True
+        except RuntimeError:
+            table, solved[key] = None, False
+        fp[key] = np.nan if table is None else evaluate.separation(table, tab["local"]) / H
+    keys = list(zip(df.objective, df.alpha.astype(float), df.importance))
+    return df.assign(**sep, sep_fp_l=[fp.get(k, np.nan) for k in keys], fp_solved=[solved.get(k, True) for k in keys])
 
 
 def run_neural(cell):
@@ -206,14 +238,17 @@ def run_neural(cell):
 def weight_moments(task):
     """The importance weights' second moments at the target l on a task, max over its teachers k: per
     token (k2, k3 weight each token by q / p_k: ln E_{p_k}[(l / p_k)^2], the largest over states) and per
-    sequence (the policy gradients weight by the product over the response: ln E_{p_k}[w^2] / H)."""
+    sequence (the policy gradients weight by the product over the response: ln E_{p_k}[w^2] / H, and its
+    growth per token over the second half of the horizon, (ln E[w^2](H) - ln E[w^2](H / 2)) / (H / 2): a
+    slope that stays positive is exponential growth, a polynomial one's falls like 1 / H)."""
     t, H = task.teachers, task.horizon
     local = fixed_points.target_table(task, "local")[0]
     lp = np.asarray(t.log_probs)
     token = max(float(logsumexp(2 * local - lp[k], axis=-1).max()) for k in range(t.K))
-    sequence = max(float(moments.sequence_is_second_moment(np.asarray(t.next_state), t.start, H, local, lp[k])[H])
-                   for k in range(t.K))
-    return dict(log_w2_token=token, log_w2_sequence_per_token=sequence / H)
+    seq = [moments.sequence_is_second_moment(np.asarray(t.next_state), t.start, H, local, lp[k]) for k in range(t.K)]
+    half = H // 2
+    return dict(log_w2_token=token, log_w2_sequence_per_token=max(float(m[H]) for m in seq) / H,
+                log_w2_sequence_slope=max(float(m[H] - m[half]) for m in seq) / (H - half))
 
 
 def run_convergence(cell):
@@ -221,25 +256,32 @@ def run_convergence(cell):
     (alpha = 0), on the same with the weights truncated at each CONVERGENCE['truncate'] (its own random
     stream, with the share of steps and tokens where the truncation binds) and on their own samples
     (alpha = 1), evaluated CONVERGENCE['evaluations'] times over a long budget (steps to the tolerance),
-    beside the weights' exact second moments at l."""
+    beside the weights' exact second moments at l; pg0 on unweighted teacher samples (its own stream: no
+    fixed point is derived for it, so its distance from l is measured) and the solved unweighted fixed
+    points' separation from l for k2, k3 (sep_unweighted_k2, sep_unweighted_k3)."""
     task = tasks.make_task("loop", K=2, seed=cell["task_seed"], horizon=cell["H"])
     configs = [SpectrumConfig(e, 0.0, importance=True) for e in CONVERGENCE["estimators"]]
     configs += [SpectrumConfig(e, 1.0) for e in CONVERGENCE["estimators"]]
     cut = [SpectrumConfig(e, 0.0, importance=True, truncate=c) for c in CONVERGENCE["truncate"]
            for e in CONVERGENCE["estimators"]]
+    plain = [SpectrumConfig("pg0", 0.0)]                 # no derived fixed point: its distance from l is measured
     steps, stream = cell["steps"], [int(x) for x in cell.seed_array()]
     every = max(steps // CONVERGENCE["evaluations"], 1)
     df = pd.concat([train_tabular(task, c, cell["seeds"], steps, seed, batch=16, eval_every=every, fixed_points=False)
-                    for c, seed in ((configs, stream[0]), (cut, stream[1]))], ignore_index=True)
+                    for c, seed in ((configs, stream[0]), (cut, stream[1]), (plain, stream[2]))], ignore_index=True)
+    evaluate, local = evaluation.Evaluator(task), fixed_points.target_table(task, "local")
+    for e in CONVERGENCE["estimators"]:                  # the unweighted fixed points' separation from l (solved)
+        if e != "pg0":
+            df[f"sep_unweighted_{e}"] = evaluate.separation(evaluate.fixed_point(SpectrumConfig(e, 0.0)), local) / task.horizon
     return df.assign(task_seed=cell["task_seed"], H=cell["H"], horizon=task.horizon, **weight_moments(task))
 
 
 def run_robustness(cell):
-    task = tasks.make_task("loop", K=2, seed=cell.base_seed, horizon=cell["H"])
+    task = tasks.make_task("loop", K=2, seed=cell["task_seed"], horizon=cell["H"])
     configs = spectrum_configs(ROBUST["alphas"], ROBUST["objectives"], clip=cell["clip"], switch=False)
-    df = train_tabular(task, configs, cell["seeds"], cell["steps"], cell.base_seed, batch=16, eval_every=cell["steps"],
-                       fixed_points=False)
-    return df.assign(K=2, H=cell["H"], task=task.name, horizon=task.horizon)
+    df = train_tabular(task, configs, cell["seeds"], cell["steps"], int(cell.seed_array()[0]), batch=16,
+                       eval_every=cell["steps"], fixed_points=False)
+    return df.assign(K=2, H=cell["H"], task=task.name, horizon=task.horizon, task_seed=cell["task_seed"])
 
 
 RUNNERS = {"theory": run_theory, "tabular": run_tabular, "neural": run_neural, "robustness": run_robustness,
@@ -286,8 +328,8 @@ def conclusions(tab, robust):
     conditions = []
     for (K, clip), grp in tab.groupby(["K", "clip"]):
         conditions.append((f"tree, K={K}, clipping {'on' if clip else 'off'}", K, final(grp)))
-    for (H, clip), grp in robust.groupby(["H", "clip"]):
-        conditions.append((f"loop, H={H}, clipping {'on' if clip else 'off'}", 2, final(grp)))
+    for (H, clip, t), grp in robust.groupby(["H", "clip", "task_seed"]):
+        conditions.append((f"loop draw {t}, H={H}, clipping {'on' if clip else 'off'}", 2, final(grp)))
     for name, K, f in conditions:
         f = f.assign(kl_named=f.kl_named / f.horizon)           # per position, comparable across horizons
         plain = f[~f.switch & ~f.importance]
@@ -346,15 +388,24 @@ def conclusions(tab, robust):
     return pd.DataFrame(rows)
 
 
-def per_task(df):
-    """The final evaluation of every run of the 'tasks' experiment, per position, averaged over the seeds
-    of each (student, K, task draw, objective, alpha, weighting)."""
+def per_seed(df):
+    """The final evaluation of every run of the 'tasks' experiment, per position: one row per (student, K,
+    task draw, objective, alpha, weighting, seed); SFT's exact fixed points have seed -1."""
     exact = df.student == "exact"                       # SFT's exact fixed points: one row each, no training
     f = pd.concat([final(df[~exact]), df[exact]])
-    f = f.assign(**{c: f[c] / f.horizon for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
-    keys = ["student", "K", "task_seed", "objective", "alpha", "importance"]
-    return f.groupby(keys, dropna=False)[["kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point", "max_logit",
-                                          "accuracy"]].mean().reset_index()
+    return f.assign(**{c: f[c] / f.horizon for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
+
+
+def by_draw(frame, statistic):
+    """Per task draw: ``statistic`` (a function of one draw's rows of one seed -> float) computed on each
+    seed, its mean over the seeds (value) and their s.d. (noise: the seed-to-seed noise the draw's
+    decidability checks; NaN with one seed)."""
+    per = pd.Series({key: float(statistic(g)) for key, g in frame.groupby(["task_seed", "seed"])}, dtype=float)
+    if per.empty:
+        return pd.DataFrame(columns=["value", "noise"], dtype=float)
+    per.index = pd.MultiIndex.from_tuples(per.index, names=["task_seed", "seed"])
+    g = per.groupby(level="task_seed")
+    return pd.DataFrame({"value": g.mean(), "noise": g.std(ddof=1)})
 
 
 def steps_to(curves, tolerance):
@@ -364,14 +415,19 @@ def steps_to(curves, tolerance):
     return pd.Series(np.where(hit.any(axis=1), hit.idxmax(axis=1), np.inf), index=curves.index, dtype=float)
 
 
-def verdicts(df, convergence=None):
+def verdicts(df, convergence=None, quick=False):
     """verdicts.csv of E1 and E2 from the 'tasks' experiment (and E5 from the 'convergence' one, when
-    given): one row per claim and condition, the
-    statistic's median over task draws with its range [min, max] over them, the rule, and the verdict
-    (``analysis.verdicts.count_row``: every task draw meets the claim's tolerance, none, or some; TOL nats per
-    position unless the row says otherwise)."""
-    t = per_task(df)
-    rows = []
+    given), and the per-draw table behind it: one row per claim and condition
+    (``analysis.verdicts.draw_row``). On each task draw the statistic is computed per seed (its mean is the
+    draw's value, its s.d. the draw's noise), and the draw counts only where the design can decide the
+    claim there: the candidate targets the claim tells apart are >= MULTIPLE x TOL apart (the
+    ``sep_*`` columns of the runs) and the seed noise is below the tolerance. The verdict counts the
+    decidable draws; a property of the draws that separates those where the claim holds from those where
+    it does not is its stated condition. ``quick``: the rows say a quick run decides nothing.
+    (SFT's exact fixed points have the same first-token accuracy at every alpha by construction — at the
+    root its labels are A for every alpha — so no row checks it.) Returns (verdicts, draws)."""
+    t = per_seed(df)
+    rows, tables = [], []
 
     def pick(student, K, objective, alpha=None, importance=False):
         sel = (t.student == student) & (t.K == K) & (t.objective == objective) & (t.importance == importance)
@@ -379,83 +435,155 @@ def verdicts(df, convergence=None):
             sel &= t.alpha == alpha
         return t[sel]
 
-    def spread(frame, column):                              # max minus min over alpha, per task draw
-        return frame.groupby("task_seed")[column].agg(lambda v: v.max() - v.min())
+    draws = sorted(t.task_seed.unique())
+    draw_sep = t[t.K == 2].groupby("task_seed")[["sep_A_mixture", "sep_l"]].first().reindex(draws)
+    sep_fp = {est: pick("tabular", 2, est, 0.0).groupby("task_seed").sep_fp_l.first().reindex(draws)
+              for est in TASKS["weighted"]}
 
-    def bound_row(claim, condition, statistic, values, at_most=True, tolerance=TOL):
-        rows.append(count_row(claim, condition, statistic, values, tolerance, at_most))
+    def row(claim, condition, statistic, stats, separation, at_most=True, tolerance=TOL, properties=None):
+        """One claim's row over the task draws; the separation is always told apart at TOL (a KL)."""
+        stats = stats.reindex(draws)
+        props = {"A-mixture separation": draw_sep.sep_A_mixture.to_numpy(),
+                 "l separation": draw_sep.sep_l.to_numpy(), **(properties or {})}
+        r, table = draw_row(claim, condition, statistic, stats.value.to_numpy(), tolerance, at_most,
+                            separation=np.asarray(separation, dtype=float), noise=stats.noise.to_numpy(),
+                            properties=props, quick=quick, separation_tolerance=TOL)
+        rows.append(r)
+        tables.append(table.assign(claim=claim, condition=condition, task_seed=draws))
 
-    fkl = pick("tabular", 2, "fkl")
-    bound_row("E1 FKL is flat across the rollout spectrum", "tabular, K = 2, full conditionals",
-              "max over alpha of KL(q || A) per position", fkl.groupby("task_seed").kl_arithmetic.max())
-    bound_row("E1 FKL is flat across the rollout spectrum", "capacity-limited log-linear student (4 shared features)",
-              "max - min over alpha of KL(q || A) per position", spread(pick("capacity", 2, "fkl"), "kl_arithmetic"))
-    bound_row("E1 SFT is flat across the rollout spectrum", "one teacher (K = 1)",
-              "max - min over alpha of KL(q || A) per position", spread(pick("tabular", 1, "sft"), "kl_arithmetic"))
-    bound_row("E1 SFT is flat across the rollout spectrum", "K = 2, against A",
-              "max - min over alpha of KL(q || A) per position", spread(pick("tabular", 2, "sft"), "kl_arithmetic"))
-    ends = pd.concat([pick("tabular", 2, "sft", 0.0).set_index("task_seed").kl_mixture,
-                      pick("tabular", 2, "sft", 1.0).set_index("task_seed").kl_arithmetic], axis=1).max(axis=1)
-    bound_row("SFT is FKL to the sequence-level mixture at alpha = 0 and to A at alpha = 1", "K = 2",
-              "max(KL(q || mixture) at alpha 0, KL(q || A) at alpha 1) per position", ends)
-    bound_row("SFT's fixed point has the same accuracy at every alpha", "K = 2, exact fixed points",
-              "max - min over alpha of the correct first token's probability", spread(pick("exact", 2, "sft"), "accuracy"),
-              tolerance=1e-12)
+    def spread(column):
+        return lambda g: g[column].max() - g[column].min()
+
+    ab = draw_sep.sep_A_mixture
+    row("E1 FKL is flat across the rollout spectrum", "tabular, K = 2, full conditionals",
+        "max over alpha of KL(q || A) per position", by_draw(pick("tabular", 2, "fkl"), lambda g: g.kl_arithmetic.max()), ab)
+    row("E1 FKL is flat across the rollout spectrum", "capacity-limited log-linear student (4 shared features)",
+        "max - min over alpha of KL(q || A) per position", by_draw(pick("capacity", 2, "fkl"), spread("kl_arithmetic")), ab)
+    row("E1 SFT is flat across the rollout spectrum", "control: one teacher (K = 1), separation of the K = 2 draw",
+        "max - min over alpha of KL(q || A) per position", by_draw(pick("tabular", 1, "sft"), spread("kl_arithmetic")), ab)
+    row("E1 SFT is flat across the rollout spectrum", "K = 2, against A",
+        "max - min over alpha of KL(q || A) per position", by_draw(pick("tabular", 2, "sft"), spread("kl_arithmetic")), ab)
+
+    def ends(g):
+        return max(g[g.alpha == 0.0].kl_mixture.max(), g[g.alpha == 1.0].kl_arithmetic.max())
+    row("SFT is FKL to the sequence-level mixture at alpha = 0 and to A at alpha = 1", "K = 2",
+        "max(KL(q || mixture) at alpha 0, KL(q || A) at alpha 1) per position",
+        by_draw(pick("tabular", 2, "sft")[lambda d: d.alpha.isin([0.0, 1.0])], ends), ab)
     for est in TASKS["weighted"]:
-        at0 = pick("tabular", 2, est, 0.0).set_index("task_seed")
-        bound_row(f"E2 {est} needs student rollouts", "K = 2, teacher samples (alpha = 0), no weights",
-                  "KL(q || l) per position", at0.kl_local, at_most=False)
-        if at0.kl_fixed_point.notna().all():
-            bound_row(f"E2 {est} on teacher samples is a biased fixed point, not a divergence", "K = 2, alpha = 0",
-                      "KL(q || the solved fixed point) per position", at0.kl_fixed_point)
-        bound_row(f"E2 {est} reaches l on its own samples", "K = 2, alpha = 1", "KL(q || l) per position",
-                  pick("tabular", 2, est, 1.0).kl_local)
-        bound_row(f"importance weights restore {est} on teacher samples", "K = 2, alpha = 0, weighted",
-                  "KL(q || l) per position", pick("tabular", 2, est, 0.0, importance=True).kl_local)
-    bound_row("k1 as a loss on teacher samples is not an RKL learner (it drives q to a vertex)", "K = 2, alpha = 0",
-              "largest centred logit", pick("tabular", 2, "k1", 0.0).max_logit, at_most=False,
-              tolerance=0.8 * evaluation.DIVERGED_LOGIT)
+        fp = sep_fp[est]
+        derived = fp.notna().any()
+        own = {f"{est}'s unweighted fixed point's separation from l": fp.to_numpy()} if derived else {}
+        note = "" if derived else " (no derived fixed point: a draw decides by the seed noise alone)"
+        row(f"E2 {est} needs student rollouts", "K = 2, teacher samples (alpha = 0), no weights",
+            "KL(q || l) per position" + note, by_draw(pick("tabular", 2, est, 0.0), lambda g: g.kl_local.mean()), fp,
+            at_most=False, properties=own)
+        if derived:
+            row(f"E2 {est} on teacher samples is a biased fixed point, not a divergence", "K = 2, alpha = 0",
+                "KL(q || the solved fixed point) per position",
+                by_draw(pick("tabular", 2, est, 0.0), lambda g: g.kl_fixed_point.mean()), fp, properties=own)
+        row(f"E2 {est} reaches l on its own samples", "K = 2, alpha = 1", "KL(q || l) per position",
+            by_draw(pick("tabular", 2, est, 1.0), lambda g: g.kl_local.mean()), draw_sep.sep_l)
+        restore = fp if derived else by_draw(pick("tabular", 2, est, 0.0), lambda g: g.kl_local.mean()).value
+        row(f"importance weights restore {est} on teacher samples", "K = 2, alpha = 0, weighted",
+            "KL(q || l) per position; the separation is the unweighted " +
+            ("fixed point's from l" if derived else "runs' measured distance from l (no derived fixed point)"),
+            by_draw(pick("tabular", 2, est, 0.0, importance=True), lambda g: g.kl_local.mean()), restore,
+            properties={f"{est}'s unweighted distance from l": restore.to_numpy()})
+    row("k1 as a loss on teacher samples is not an RKL learner (it drives q to a vertex)", "K = 2, alpha = 0",
+        "largest centred logit (no candidate targets: a draw decides by the seed noise alone)",
+        by_draw(pick("tabular", 2, "k1", 0.0), lambda g: g.max_logit.max()), np.nan, at_most=False,
+        tolerance=0.8 * evaluation.DIVERGED_LOGIT)
     if convergence is not None:
-        c = convergence.assign(kl=convergence.kl_local / convergence.horizon)
-        steps, H = int(c.step.max()), int(c.H.iloc[0])
-        early = int(c.step[c.step >= steps / 5].min())
-        curves = c[c.importance].groupby(["objective", "truncate", "task_seed", "step"]).kl.mean()
+        convergence_rows(convergence, row, rows, tables, quick)
+    return pd.DataFrame(rows, columns=list(DRAW_COLUMNS)), pd.concat(tables, ignore_index=True)
+
+
+def convergence_rows(c, row, rows, tables, quick):
+    """E5's rows (``verdicts``) from the 'convergence' experiment on the looping machine: per draw the
+    separation is the unweighted fixed point's from l (solved for k2, k3: the columns sep_unweighted_<est>;
+    measured on unweighted runs for pg0): where the unweighted runs already sit near l there is nothing for
+    the weights to restore."""
+    c = c.assign(kl=c.kl_local / c.horizon)
+    steps, H = int(c.step.max()), int(c.H.iloc[0])
+    early = int(c.step[c.step >= steps / 5].min())
+    draws = sorted(c.task_seed.unique())
+    unweighted = c[~c.importance & (c.alpha == 0.0)]
+    sep = {est: c.groupby("task_seed")[f"sep_unweighted_{est}"].first().reindex(draws) for est in ("k2", "k3")}
+    sep["pg0"] = by_draw(unweighted[(unweighted.objective == "pg0") & (unweighted.step == steps)],
+                         lambda g: g.kl.mean()).value.reindex(draws)
+    weighted = c[c.importance]
+    for est in CONVERGENCE["estimators"]:
+        w = weighted[(weighted.objective == est) & (weighted["truncate"] == np.inf)]
+        at_end = w[w.step == steps]
+        how = "solved" if est != "pg0" else "measured on unweighted runs"
+        own = {f"{est}'s unweighted distance from l ({how})": sep[est].to_numpy()}
+        weights = "per-token weights q / p_k" if est in ("k2", "k3") else "sequence weights (prefix products)"
+        cond = f"loop, H = {H}, alpha = 0, weighted"
+        row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {weights})",
+            f"{cond}, after {steps} steps", "KL(q || l) per position", by_draw(at_end, lambda g: g.kl.mean()),
+            sep[est], at_most=False, properties=own)
+        curve = w.groupby(["task_seed", "step"]).kl.mean().unstack()
+        reach = steps_to(curve, TOL)
+        row(f"E5 {est} on weighted teacher samples reaches l within {steps} steps", cond,
+            f"steps until the seed-mean KL(q || l) <= {TOL:g} per position (the first of {c.step.nunique() - 1} "
+            f"evaluations; inf: not within the budget, a censored value)",
+            pd.DataFrame({"value": reach, "noise": np.nan}), sep[est], tolerance=steps, properties=own)
+
+        def ratio(g):
+            return g[g.step == steps].kl.mean() / g[g.step == early].kl.mean()
+        row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)", cond,
+            f"KL(q || l) at step {steps} over KL at step {early}", by_draw(w, ratio), sep[est], tolerance=1.0,
+            properties=own)
+    for cut in CONVERGENCE["truncate"]:
         for est in CONVERGENCE["estimators"]:
-            w = curves[est, np.inf].unstack()
-            weights = "per-token weights q / p_k" if est in ("k2", "k3") else "sequence weights (prefix products)"
-            bound_row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {weights})",
-                      f"loop, H = {H}, alpha = 0, weighted, after {steps} steps", "KL(q || l) per position",
-                      w[steps], at_most=False)
-            reach = steps_to(w, TOL)
-            bound_row(f"E5 {est} on weighted teacher samples reaches l within {steps} steps",
-                      f"loop, H = {H}, alpha = 0, weighted", f"steps until KL(q || l) <= {TOL:g} per position (the "
-                      f"first of {c.step.nunique() - 1} evaluations; inf: not within the budget)",
-                      reach, tolerance=steps)
-            bound_row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)",
-                      f"loop, H = {H}, alpha = 0, weighted", f"KL(q || l) at step {steps} over KL at step {early}",
-                      w[steps] / w[early], tolerance=1.0)
-        for cut in CONVERGENCE["truncate"]:
-            for est in CONVERGENCE["estimators"]:
-                runs = c[(c.objective == est) & (c["truncate"] == cut) & (c.step == steps)].groupby("task_seed").mean(
-                    numeric_only=True)
-                bound_row(f"E5 truncated importance weights restore l on teacher samples ({est}, a clip that binds)",
-                          f"loop, H = {H}, alpha = 0, weights truncated at {cut:g}, after {steps} steps",
-                          f"KL(q || l) per position (the truncation binds in {runs.truncated_steps.median():.0%} of "
-                          f"the steps and on {runs.truncated_tokens.median():.2%} of the weighted tokens, medians)",
-                          curves[est, cut].unstack()[steps])
-                bound_row(f"E5 truncating the weights brings {est} closer to l than the whole weights",
-                          f"loop, H = {H}, alpha = 0, weights truncated at {cut:g}, after {steps} steps",
-                          "KL(q || l) with truncated weights over KL with the whole weights, the same task draw",
-                          curves[est, cut].unstack()[steps] / curves[est, np.inf].unstack()[steps], tolerance=1.0)
-        moments_ = c.groupby("task_seed")[["log_w2_token", "log_w2_sequence_per_token"]].first()
-        bound_row("E5 the sequence weight's second moment grows exponentially with H", f"loop, H = {H}, at q = l",
-                  "ln E_p[w^2] / H, w the product of l / p_k over the response (largest over the teachers)",
-                  moments_.log_w2_sequence_per_token, at_most=False, tolerance=0.1)
-        bound_row("E5 a per-token weight (k2, k3) has a smaller second moment than the sequence weight (pg0)",
-                  f"loop, H = {H}, at q = l", "ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a "
-                  "token weight at its worst state (nats)",
-                  moments_.log_w2_sequence_per_token * H - moments_.log_w2_token, at_most=False, tolerance=0.0)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+            w = weighted[(weighted.objective == est) & (weighted.step == steps)]
+            runs = w[w["truncate"] == cut]
+            cond = f"loop, H = {H}, alpha = 0, weights truncated at {cut:g}, after {steps} steps"
+            own = {f"{est}'s unweighted distance from l": sep[est].to_numpy()}
+            row(f"E5 truncated importance weights restore l on teacher samples ({est}, a clip that binds)", cond,
+                f"KL(q || l) per position (the truncation binds in {runs.truncated_steps.median():.0%} of the steps "
+                f"and on {runs.truncated_tokens.median():.2%} of the weighted tokens, medians)",
+                by_draw(runs, lambda g: g.kl.mean()), sep[est], properties=own)
+            rows.append(paired_row(f"E5 truncating the weights brings {est} closer to l than the whole weights",
+                                   cond, w, cut, sep[est], quick))
+    moments_ = c.groupby("task_seed")[["log_w2_token", "log_w2_sequence_per_token", "log_w2_sequence_slope"]].first()
+    row("E5 the sequence weight's second moment grows exponentially with H", f"loop, H = {H}, at q = l",
+        f"growth of ln E_p[w^2] per token over the second half of the horizon, (ln E[w^2](H) - ln E[w^2](H/2)) / "
+        f"(H/2), w the product of l / p_k over the response (largest over the teachers; exact)",
+        pd.DataFrame({"value": moments_.log_w2_sequence_slope, "noise": np.nan}), np.nan, at_most=False, tolerance=0.1)
+    row("E5 a per-token weight (k2, k3) has a smaller second moment than the sequence weight (pg0)",
+        f"loop, H = {H}, at q = l", "ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a token weight "
+        "at its worst state (nats; exact)",
+        pd.DataFrame({"value": moments_.log_w2_sequence_per_token * H - moments_.log_w2_token, "noise": np.nan}),
+        np.nan, at_most=False, tolerance=0.0)
+
+
+def paired_row(claim, condition, final_runs, cut, separation, quick, tolerance=TOL):
+    """A paired verdict (``analysis.verdicts.effect_verdict``, claimed sign -1) on ln(KL with the weights
+    truncated at ``cut`` / KL with the whole weights): per decidable draw (separation >= MULTIPLE x TOL) the
+    mean over seeds of the log ratio (seed i of the one paired with seed i of the other, the same task draw),
+    then a t-interval over the decidable draws."""
+    per = final_runs.groupby(["task_seed", "truncate", "seed"]).kl.mean().unstack("truncate")
+    log_ratio = np.log(per[cut] / per[np.inf]).groupby(level="task_seed").mean()
+
+    def decide(tol):
+        x = log_ratio.to_numpy()[(separation.reindex(log_ratio.index) >= MULTIPLE * tol).to_numpy()]
+        if len(x) < MIN_DECIDABLE:
+            return x, (float(x.mean()) if len(x) else np.nan), np.nan, np.nan, "inconclusive"
+        est, lo, hi = (float(v[0]) for v in mean_interval(x[:, None]))
+        return x, est, lo, hi, effect_verdict(lo, hi, sign=-1)
+    x, est, lo, hi, verdict = decide(tolerance)
+    n = len(x)
+    base = dict(claim=claim, condition=condition, n_draws=len(log_ratio), n_decidable=n, n_hold=int((x < 0).sum()),
+                stated_condition="")
+    rule = (f"a task draw decides when the unweighted fixed point is >= {MULTIPLE:g} x {tolerance:g} from l; 95% "
+            f"t-interval over the decidable draws of the mean log ratio; wholly below 0: reproduces; wholly above: "
+            f"does not; else inconclusive; fewer than {MIN_DECIDABLE} decidable draws: inconclusive")
+    stat = (f"ln(KL(q || l) truncated / KL(q || l) whole), seeds paired, mean over the decidable draws "
+            f"({n} of {len(log_ratio)}); exp of it: {np.exp(x.mean()) if n else np.nan:.3g}x")
+    half, twice = (decide(f * tolerance)[-1] for f in (0.5, 2.0))
+    return dict(base, statistic=stat, estimate=est, lo=lo, hi=hi, rule=rule, verdict=QUICK if quick else verdict,
+                verdict_half_tolerance=QUICK if quick else half, verdict_twice_tolerance=QUICK if quick else twice)
 
 
 def main(argv=None):
@@ -477,7 +605,11 @@ def main(argv=None):
     if summaries:
         write_csv(os.path.join(args.out, "summary.csv"), pd.concat(summaries, ignore_index=True))
     if "tasks" in frames:
-        write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(frames["tasks"], frames.get("convergence")))
+        table, per_draw = verdicts(frames["tasks"], frames.get("convergence"), quick=args.quick)
+        write_csv(os.path.join(args.out, "verdicts.csv"), table)
+        write_csv(os.path.join(args.out, "verdict_draws.csv"), per_draw)
+        if args.quick and not args.quiet:
+            print("a quick run checks the pipeline, not the claims: verdicts.csv decides nothing", file=sys.stderr)
     if "tabular" in frames and "robustness" in frames:
         table = conclusions(frames["tabular"], frames["robustness"])
         write_csv(os.path.join(args.out, "conclusions.csv"), table)

@@ -156,3 +156,63 @@ def test_count_row_states_the_count_the_range_and_the_rule():
     assert (row["estimate"], row["lo"], row["hi"]) == (1.5, 0.5, 3.0)
     assert row["verdict"] == "reproduces under stated conditions"
     assert row["rule"].startswith("every random pair <= 1: reproduces")
+
+
+# ------------------------------------------------------------------------------------------------
+# decidability per draw (issue 28): a draw counts only where the design can tell the targets apart
+# ------------------------------------------------------------------------------------------------
+def test_decide_draws_needs_separation_and_low_noise():
+    t = verdicts.decide_draws([0.005, 0.005, 0.02, 0.02, 0.005], 0.01, separation=[0.03, 0.029, 0.05, 0.05, np.nan],
+                              noise=[0.001, 0.001, 0.0099, 0.01, np.nan])
+    # 0.03 >= 3 x 0.01 decides, 0.029 does not; noise 0.0099 < 0.01 decides, 0.01 does not; NaN checks nothing
+    assert t.decidable.tolist() == [True, False, True, False, True]
+    assert t.held.tolist()[0] == 1.0 and np.isnan(t.held[1]) and t.held[2] == 0.0 and t.held[4] == 1.0
+    above = verdicts.decide_draws([0.005, 0.02], 0.01, at_most=False)
+    assert above.held.tolist() == [0.0, 1.0]                                  # "> tolerance" claims
+    assert verdicts.decide_draws([0.01], 0.01).held[0] == 1.0                  # the tolerance itself meets "<="
+    assert verdicts.decide_draws([0.01], 0.01, at_most=False).held[0] == 0.0
+    assert verdicts.decide_draws([0.005], 0.01, separation=[0.05], multiple=6).decidable[0] == bool(0)
+    with pytest.raises(ValueError, match="tolerance"):
+        verdicts.decide_draws([0.1], 0.0, separation=[1.0])
+
+
+def test_separating_condition_finds_a_threshold_or_none():
+    held = np.array([True, True, False, False])
+    assert verdicts.separating_condition(held, {"sep": [0.5, 0.4, 0.1, 0.2]}) == "sep > 0.3"
+    assert verdicts.separating_condition(held, {"sep": [0.1, 0.2, 0.5, 0.4]}) == "sep <= 0.3"
+    assert verdicts.separating_condition(held, {"a": [0.1, 0.5, 0.2, 0.4], "b": [1, 1, 0, 0]}) == "b > 0.5"
+    assert verdicts.separating_condition(held, {"a": [0.1, 0.5, 0.2, 0.4]}) is None
+    assert verdicts.separating_condition(held, {"a": [0.5, 0.4, np.nan, 0.2]}) is None
+    assert verdicts.separating_condition(np.array([True, True]), {"a": [1, 2]}) is None
+
+
+@pytest.mark.parametrize("values, sep, expected", [
+    ([0.001] * 4, [1.0] * 4, ("reproduces", 4, 4, "")),
+    ([0.5] * 4, [1.0] * 4, ("does not reproduce", 4, 0, "")),
+    ([0.001, 0.001, 0.5, 0.5], [1.0, 0.9, 0.1, 0.2], ("reproduces under stated conditions", 4, 2, "sep > 0.55")),
+    ([0.001, 0.5, 0.001, 0.5], [1.0, 0.9, 0.1, 0.2], ("mixed", 4, 2, "")),
+    ([0.001, 0.001, 0.5, 0.5], [1.0, 1.0, 0.01, 0.01], ("inconclusive", 2, 2, "")),     # 2 of 4 decide: too few
+    ([0.001, 0.001, 0.001, 0.5], [1.0, 1.0, 1.0, 0.01], ("reproduces", 3, 3, "")),     # the failure cannot decide
+])
+def test_draw_verdict_counts_only_decidable_draws(values, sep, expected):
+    table = verdicts.decide_draws(values, 0.01, separation=sep)
+    assert verdicts.draw_verdict(table, {"sep": sep}) == expected
+
+
+def test_draw_row_states_counts_rule_condition_and_sensitivity():
+    values, sep = [0.003, 0.004, 0.006, 0.015, 0.03], [0.2, 0.2, 0.2, 0.2, 0.01]
+    row, table = verdicts.draw_row("c", "cond", "KL", values, 0.01, separation=sep, noise=[0.001] * 5,
+                                   properties={"sep": sep})
+    assert (row["n_draws"], row["n_decidable"], row["n_hold"]) == (5, 4, 3)
+    assert row["verdict"] == "mixed" and row["stated_condition"] == ""          # sep does not separate 0.015
+    assert (row["estimate"], row["lo"], row["hi"]) == (pytest.approx(0.005), 0.003, 0.015)   # decidable draws only
+    assert "3 of 4 decidable task draws <= 0.01 (5 task draws)" in row["statistic"]
+    assert ">= 3 x 0.01 apart" in row["rule"] and "s.d. < 0.01" in row["rule"]
+    # half the tolerance (0.005): 2 of 5 hold, and the draw 0.006 fails; twice (0.02): separation 0.2 >= 0.06
+    assert row["verdict_half_tolerance"] == "mixed" and row["verdict_twice_tolerance"] == "reproduces"
+    assert table.decidable.tolist() == [True] * 4 + [False] and (table.tolerance == 0.01).all()
+    quick, _ = verdicts.draw_row("c", "cond", "KL", values, 0.01, separation=sep, quick=True)
+    assert quick["verdict"] == quick["verdict_half_tolerance"] == verdicts.QUICK
+    assert verdicts.verdict_row("c", "", "", 0, 0, 0, "", verdicts.QUICK)["verdict"] == verdicts.QUICK
+    empty, _ = verdicts.draw_row("c", "cond", "KL", [0.5, 0.5], 0.01, separation=[0.0, 0.0])
+    assert empty["verdict"] == "inconclusive" and empty["estimate"] == 0.5        # shown over all draws

@@ -11,7 +11,9 @@ import aggregation as ag
 from conftest import assert_usage_error, run_script
 from distillation import evaluation, fixed_points, tasks
 from distillation.configs import SpectrumConfig
-from sims import rollout_spectrum
+from analysis.verdicts import DRAW_COLUMNS, QUICK
+from harness import sizes
+from sims import estimators, rollout_spectrum
 
 TOL = 0.01
 
@@ -45,9 +47,11 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     conv = pd.read_csv(out / "convergence.csv")
     assert conv.task_seed.nunique() == 2 and conv.step.nunique() == rollout_spectrum.CONVERGENCE["evaluations"] + 1 and (conv.log_w2_token > 0).all()
     v = pd.read_csv(out / "verdicts.csv")
-    assert list(v.columns) == ["claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict"]
+    assert list(v.columns) == list(DRAW_COLUMNS) and set(v.verdict) == {QUICK}        # a quick run decides nothing
     row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tabular")].iloc[0]
-    assert row.verdict == "reproduces" and row.hi < TOL
+    assert row.hi < TOL and row.n_draws == 2
+    per_draw = pd.read_csv(out / "verdict_draws.csv")
+    assert set(per_draw.claim) == set(v.claim) and per_draw.task_seed.nunique() == 2
 
 
 @pytest.mark.integration
@@ -88,10 +92,15 @@ def test_bad_arguments_exit_2_with_one_line(script, bad, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # the verdicts and the summary follow their rules (synthetic inputs with known answers)
 # ------------------------------------------------------------------------------------------------
-def _draws(values, draws=3):
+SEEDS = (0, 1, 2)
+
+
+def _draws(values, draws=4, sep=None):
     """A tasks.csv-shaped frame: every (student, K, objective, alpha, importance) the verdicts read, on
-    ``draws`` task draws and 2 seeds, all distances 0.001 per position (H = 3) and centred logits 21,
-    except ``values`` {(student, K, objective, alpha, importance, column): value or [one per draw]}."""
+    ``draws`` task draws and 3 seeds, all distances 0.001 per position (H = 3) and centred logits 21,
+    except ``values`` {(student, K, objective, alpha, importance, column): value, [one per draw] or
+    [[one per seed] per draw]}; the candidate targets 0.1 apart (sep_A_mixture, sep_l, sep_fp_l) on
+    every draw unless ``sep`` {column: [one per draw]}."""
     keys = [("tabular", 2, o, a, False) for o, alphas in rollout_spectrum.TASKS["objectives"].items() for a in alphas]
     keys += [("tabular", 2, o, 0.0, True) for o in rollout_spectrum.TASKS["weighted"]]
     keys += [("tabular", 1, "sft", a, False) for a in (0.0, 1.0)] + [("capacity", 2, "fkl", a, False) for a in (0.0, 1.0)]
@@ -99,93 +108,163 @@ def _draws(values, draws=3):
     rows = []
     for student, K, obj, a, imp in keys:
         for t in range(draws):
-            for seed in ((-1,) if student == "exact" else (0, 1)):
+            for i, seed in enumerate((-1,) if student == "exact" else SEEDS):
                 row = dict(student=student, K=K, objective=obj, alpha=a, importance=imp, switch=False, task_seed=t,
                            seed=seed, step=300, horizon=3, max_logit=21.0, accuracy=0.55,
-                           **{c: 0.003 for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
+                           **{c: 0.003 for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")},
+                           **{c: (sep or {}).get(c, [0.1] * draws)[t] for c in ("sep_A_mixture", "sep_l", "sep_fp_l")})
                 for (st, k, o, al, im, col), v in values.items():
                     if (st, k, o, al, im) == (student, K, obj, a, imp):
-                        row[col] = (v[t] if isinstance(v, list) else v) * (3 if col.startswith("kl_") else 1)
+                        v = v[t] if isinstance(v, list) else v
+                        v = v[i] if isinstance(v, list) else v
+                        row[col] = v * (3 if col.startswith("kl_") else 1)
                 rows.append(row)
                 rows.append(dict(row, step=0, kl_arithmetic=9.0, kl_local=9.0))     # an earlier evaluation
     return pd.DataFrame(rows)
 
 
-def _verdict(frame, claim, condition=""):
-    v = rollout_spectrum.verdicts(frame)
+def _verdict(frame, claim, condition="", convergence=None):
+    v, _ = rollout_spectrum.verdicts(frame, convergence)
     return v[v.claim.str.startswith(claim) & v.condition.str.startswith(condition)].iloc[0]
 
 
 def test_verdicts_follow_their_rules_on_synthetic_task_draws():
     base = _verdict(_draws({}), "E1 FKL", "tabular")
     assert base.verdict == "reproduces" and base.estimate == pytest.approx(0.001)        # the last evaluation
-    some = _draws({("tabular", 2, "fkl", 1.0, False, "kl_arithmetic"): [0.001, 0.05, 0.001]})
-    row = _verdict(some, "E1 FKL", "tabular")
-    assert row.verdict == "reproduces under stated conditions" and "2 of 3" in row.statistic
-    assert row.hi == pytest.approx(0.05)
-    every = _draws({("tabular", 2, "fkl", 1.0, False, "kl_arithmetic"): 0.05})
-    assert _verdict(every, "E1 FKL", "tabular").verdict == "does not reproduce"
-    # a departure claim counts the draws above the tolerance: flat distances are no departure
+    assert (base.n_draws, base.n_decidable, base.n_hold) == (4, 4, 4)
+    fkl = ("tabular", 2, "fkl", 1.0, False, "kl_arithmetic")
+    row = _verdict(_draws({fkl: [0.001, 0.05, 0.001, 0.05]}), "E1 FKL", "tabular")
+    assert row.verdict == "mixed" and "2 of 4 decidable" in row.statistic and row.hi == pytest.approx(0.05)
+    # the same failures where the candidates are close (A-mixture 0.02 < 3 x 0.01): not counted at all
+    close = _draws({fkl: [0.001, 0.05, 0.001, 0.05]}, sep={"sep_A_mixture": [0.1, 0.02, 0.1, 0.02]})
+    row = _verdict(close, "E1 FKL", "tabular")
+    assert (row.verdict, row.n_decidable, row.n_hold) == ("inconclusive", 2, 2)
+    row = _verdict(_draws({fkl: [0.001, 0.05, 0.001, 0.05]}, sep={"sep_l": [0.1, 0.05, 0.1, 0.06]}), "E1 FKL", "tabular")
+    assert row.verdict == "reproduces under stated conditions" and row.stated_condition == "l separation > 0.08"
+    assert _verdict(_draws({fkl: 0.05}), "E1 FKL", "tabular").verdict == "does not reproduce"
+    # the statistic is the mean over seeds, not the best seed; a noisy draw (s.d. >= 0.01) cannot decide
+    seeds = _verdict(_draws({fkl: [[0.009, 0.009, 0.0135]] * 4}), "E1 FKL", "tabular")
+    assert seeds.estimate == pytest.approx(0.0105) and seeds.verdict == "does not reproduce"
+    noisy = _verdict(_draws({fkl: [[0.001, 0.001, 0.05]] * 4}), "E1 FKL", "tabular")
+    assert noisy.n_decidable == 0 and noisy.verdict == "inconclusive"
+    # a departure claim counts the draws above the tolerance, where the fixed point is far from l
     assert _verdict(_draws({}), "E2 k2 needs").verdict == "does not reproduce"
-    far = _draws({("tabular", 2, "k2", 0.0, False, "kl_local"): [0.03, 0.002, 0.04]})
-    row = _verdict(far, "E2 k2 needs")
-    assert row.verdict == "reproduces under stated conditions" and "2 of 3 task draws > 0.01" in row.statistic
+    k2 = ("tabular", 2, "k2", 0.0, False, "kl_local")
+    far = _verdict(_draws({k2: 0.03}, sep={"sep_fp_l": [0.1, 0.02, 0.1, 0.1]}), "E2 k2 needs")
+    assert (far.verdict, far.n_decidable) == ("reproduces", 3)
+    # the weighted row reads the weighted runs at alpha 0, and its draws need something to restore
+    weighted = _draws({k2: 0.03, ("tabular", 2, "k2", 0.0, True, "kl_local"): [0.002, 0.002, 0.002, 0.05]},
+                      sep={"sep_fp_l": [0.1, 0.1, 0.1, 0.01]})
+    row = _verdict(weighted, "importance weights restore k2")
+    assert (row.verdict, row.n_decidable, row.n_hold) == ("reproduces", 3, 3)
+    # alpha = 1 is 'its own samples': a failure at alpha 1 shows there and not at alpha 0
+    own = _draws({("tabular", 2, "k3", 1.0, False, "kl_local"): 0.05})
+    assert _verdict(own, "E2 k3 reaches l").verdict == "does not reproduce"
+    assert _verdict(own, "E2 k3 needs").verdict == "does not reproduce"         # alpha 0 is still on l
+    # the fixed-point row reads the distance to the solved point, not to l
+    assert _verdict(_draws({k2: 0.03}), "E2 k2 on teacher samples is a biased").verdict == "reproduces"
     # SFT's spread over alpha against A, with one teacher and with two
     drift = _draws({("tabular", 2, "sft", 0.0, False, "kl_arithmetic"): 0.03})
     assert _verdict(drift, "E1 SFT", "K = 2").verdict == "does not reproduce"
-    assert _verdict(drift, "E1 SFT", "one teacher").verdict == "reproduces"
+    assert _verdict(drift, "E1 SFT", "control").verdict == "reproduces"
+    ends = _draws({("tabular", 2, "sft", 1.0, False, "kl_arithmetic"): 0.03})
+    assert _verdict(ends, "SFT is FKL").verdict == "does not reproduce"
+    assert _verdict(_draws({("tabular", 2, "sft", 1.0, False, "kl_mixture"): 0.03}), "SFT is FKL").verdict == "reproduces"
     # k1 must drive the logits to a vertex on every draw
-    tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0, 2.0, 21.0]})
-    assert _verdict(tame, "k1 as a loss").verdict == "reproduces under stated conditions"
+    tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0, 2.0, 21.0, 2.0]})
+    assert _verdict(tame, "k1 as a loss").verdict == "mixed"
+    # the capacity row reads the capacity-limited student
+    cap = _draws({("capacity", 2, "fkl", 1.0, False, "kl_arithmetic"): 0.05})
+    assert _verdict(cap, "E1 FKL", "capacity").verdict == "does not reproduce"
+    assert _verdict(cap, "E1 FKL", "tabular").verdict == "reproduces"
 
 
-def _convergence(final, draws=2, steps=1000):
+def test_quick_verdicts_decide_nothing_and_the_per_draw_table_matches():
+    v, table = rollout_spectrum.verdicts(_draws({}), quick=True)
+    assert set(v.verdict) == {QUICK} and set(v.verdict_twice_tolerance) == {QUICK}
+    assert list(v.columns) == list(DRAW_COLUMNS)
+    row = table[table.claim.str.startswith("E1 FKL") & table.condition.str.startswith("tabular")]
+    assert row.task_seed.tolist() == [0, 1, 2, 3] and row.decidable.all() and row.value.tolist() == pytest.approx([0.001] * 4)
+
+
+def test_default_studies_keep_their_draws_and_seeds():
+    """A collapsed default (one draw, one seed) is a break: the verdicts rest on these counts."""
+    size = sizes(rollout_spectrum.SIZES, False)
+    cells = rollout_spectrum.cells_for(size, False, rollout_spectrum.EXPERIMENTS)
+    for kind in ("tasks", "convergence"):
+        mine = [c for c in cells if c.kind == kind]
+        assert len({c["task_seed"] for c in mine}) >= 8 and all(len(c["seeds"]) >= 3 for c in mine), kind
+    robust = [c for c in cells if c.kind == "robustness"]
+    assert len({c["task_seed"] for c in robust}) >= 4 and all(len(c["seeds"]) >= 3 for c in robust)
+    assert {c["H"] for c in robust} == set(rollout_spectrum.ROBUST["horizons"])
+    est = sizes(estimators.SIZES, False)
+    assert est["pairs"] >= 20 and estimators.IS_MACHINES >= 4
+
+
+def _convergence(final, draws=4, steps=1000, sep=0.1, noise=0.0):
     """A convergence.csv-shaped frame: every estimator's weighted run falls from 0.8 to ``final`` per
-    position ({estimator: value or [one per draw]}; default 0.005) linearly over ``steps``."""
+    position ({estimator: value or [one per draw]}; default 0.005) linearly over ``steps``, on 3 seeds
+    (seed i adds i x ``noise``); the unweighted fixed points ``sep`` (or [one per draw]) from l."""
     rows = []
     for est in rollout_spectrum.CONVERGENCE["estimators"]:
         for t in range(draws):
             end = final.get(est, 0.005)
             end = end[t] if isinstance(end, list) else end
-            for step in range(0, steps + 1, steps // 10):
-                kl = 0.8 + (end - 0.8) * step / steps
-                for imp, a, cut in ((True, 0.0, np.inf), (False, 1.0, np.inf), (True, 0.0, 1.0), (True, 0.0, 10.0)):
-                    rows.append(dict(objective=est, importance=imp, alpha=a, truncate=cut, task_seed=t, seed=0,
-                                     step=step, H=16, horizon=16, kl_local=16 * (kl if cut == np.inf else 0.5 / cut),
-                                     log_w2_token=5.0, log_w2_sequence_per_token=2.0,
-                                     truncated_steps=np.nan if cut == np.inf else 1 / cut,
-                                     truncated_tokens=np.nan if cut == np.inf else 0.1 / cut))
+            gap = sep[t] if isinstance(sep, list) else sep
+            for seed in SEEDS:
+                for step in range(0, steps + 1, steps // 10):
+                    kl = 0.8 + (end - 0.8) * step / steps + seed * noise
+                    arms = ((True, 0.0, np.inf), (False, 1.0, np.inf), (True, 0.0, 1.0), (True, 0.0, 10.0))
+                    arms += ((False, 0.0, np.inf),) if est == "pg0" else ()
+                    for imp, a, cut in arms:
+                        value = gap if (not imp and a == 0.0) else kl if cut == np.inf else 0.5 / cut
+                        rows.append(dict(objective=est, importance=imp, alpha=a, truncate=cut, task_seed=t, seed=seed,
+                                         step=step, H=16, horizon=16, kl_local=16 * value,
+                                         sep_unweighted_k2=gap, sep_unweighted_k3=gap,
+                                         log_w2_token=5.0, log_w2_sequence_per_token=2.0, log_w2_sequence_slope=1.5,
+                                         truncated_steps=np.nan if cut == np.inf else 1 / cut,
+                                         truncated_tokens=np.nan if cut == np.inf else 0.1 / cut))
     return pd.DataFrame(rows)
 
 
 def test_e5_verdicts_follow_their_rules_on_synthetic_curves():
-    v = rollout_spectrum.verdicts(_draws({}), _convergence({"k3": [0.04, 0.005], "pg0": 0.05}))
+    v, _ = rollout_spectrum.verdicts(_draws({}), _convergence({"k3": [0.04, 0.005, 0.04, 0.005], "pg0": 0.05}))
 
     def row(start):
         return v[v.claim.str.startswith(start)].iloc[0]
     assert row("E5 importance weights do not restore l within the budget on long traces (k2").verdict == \
-        "does not reproduce"                                        # k2 reaches 0.005 < 0.01 on both draws
-    assert row("E5 importance weights do not restore l within the budget on long traces (k3").verdict == \
-        "reproduces under stated conditions"
+        "does not reproduce"                                        # k2 reaches 0.005 < 0.01 on every draw
+    assert row("E5 importance weights do not restore l within the budget on long traces (k3").verdict == "mixed"
     assert row("E5 importance weights do not restore l within the budget on long traces (pg0").verdict == "reproduces"
     slow = row("E5 k2 on weighted teacher samples is slow")
     assert slow.verdict == "reproduces" and slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
-    assert row("E5 the sequence weight's second moment").estimate == pytest.approx(2.0)
+    assert row("E5 the sequence weight's second moment").estimate == pytest.approx(1.5)      # the slope, not per token
     assert row("E5 a per-token weight").estimate == pytest.approx(2.0 * 16 - 5.0)
     reach = row("E5 k3 on weighted teacher samples reaches l")       # the first evaluation within 0.01
-    first = 100 * np.ceil((0.8 - 0.01) / (0.8 - 0.005) * 10)                 # draw 1 (0.005 at the end)
-    assert (reach.lo, reach.hi) == (first, np.inf) and reach.verdict == "reproduces under stated conditions"
-    closer = v[v.claim.str.startswith("E5 truncating the weights brings k3")]   # 0.5 / cut against 0.04, 0.005
-    assert list(closer.estimate) == pytest.approx([np.median([0.5 / 0.04, 0.5 / 0.005]),
-                                                   np.median([0.05 / 0.04, 0.05 / 0.005])])
-    assert set(closer.verdict) == {"does not reproduce"}
+    first = 100 * np.ceil((0.8 - 0.01) / (0.8 - 0.005) * 10)                 # draws 1, 3 (0.005 at the end)
+    assert (reach.lo, reach.hi) == (first, np.inf) and reach.verdict == "mixed"
+    # truncated (0.5 / cut) against whole weights: ln ratio per draw, a t-interval over the decidable draws
+    closer = v[v.claim.str.startswith("E5 truncating the weights brings k2")]    # k2 ends at 0.005
+    assert list(closer.estimate) == pytest.approx([np.log(0.5 / 0.005), np.log(0.05 / 0.005)])
+    assert set(closer.verdict) == {"does not reproduce"} and set(closer.n_decidable) == {4}
+    helped = rollout_spectrum.verdicts(_draws({}), _convergence({"k2": 0.9}))[0]
+    helped = helped[helped.claim.str.startswith("E5 truncating the weights brings k2")]
+    assert set(helped.verdict) == {"reproduces"}                                   # 0.5 and 0.05 below 0.9
     cut = v[v.claim.str.startswith("E5 truncated")]                        # KL 0.5 / cut; binds 1 / cut of the steps
     assert list(cut.estimate) == pytest.approx([0.5] * 3 + [0.05] * 3)
     assert "binds in 10% of the steps and on 1.00% of the weighted tokens" in cut.statistic.iloc[-1]
     assert set(cut.verdict) == {"does not reproduce"}
     rising = rollout_spectrum.verdicts(_draws({}), _convergence({}).assign(
-        kl_local=lambda d: np.where(d.objective == "k2", 16 * 0.8 * (1 + d.step / 1000), d.kl_local)))
+        kl_local=lambda d: np.where(d.objective == "k2", 16 * 0.8 * (1 + d.step / 1000), d.kl_local)))[0]
     assert rising[rising.claim.str.startswith("E5 k2 on weighted")].verdict.iloc[0] == "does not reproduce"
+    # nothing to restore (the unweighted fixed point within 3 x 0.01 of l): no draw decides
+    near = rollout_spectrum.verdicts(_draws({}), _convergence({}, sep=[0.02, 0.02, 0.1, 0.1]))[0]
+    near = near[near.claim.str.startswith("E5 importance weights do not restore l within the budget on long traces (k2")]
+    assert (near.n_decidable.iloc[0], near.verdict.iloc[0]) == (2, "inconclusive")
+    # pg0 has no solved fixed point: its separation is its unweighted runs' measured distance (0.02 here)
+    pg = rollout_spectrum.verdicts(_draws({}), _convergence({"pg0": 0.05}, sep=0.02))[0]
+    assert pg[pg.claim.str.startswith("E5 importance weights do not restore l within the budget on long traces (pg0")
+              ].n_decidable.iloc[0] == 0
 
 
 def test_weight_moments_vanish_with_one_teacher_and_match_an_enumeration():
