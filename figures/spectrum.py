@@ -141,30 +141,44 @@ def neural_figure(neural, tab):
 
 
 @paper
-def verdicts_figure(verdicts):
+def verdicts_figure(verdicts, draws=None):
     """Each distance claim of verdicts.csv (KL per position, tolerance 0.01) as its median (dot) and range
-    over the task draws (bar), coloured by verdict, beside the tolerance."""
+    over the decidable task draws (bar), coloured by verdict, beside the tolerance; with ``draws``
+    (verdict_draws.csv) every draw's value too: decidable draws filled, the ones that cannot decide the
+    claim (candidate targets too close, or seeds too noisy) as hollow grey rings, drawn apart."""
     rows = verdicts[verdicts.statistic.str.contains("per position") & ~verdicts.statistic.str.contains("over KL")
                     & ~verdicts.statistic.str.startswith("steps")]
     colours = {"reproduces": "tab:green", "reproduces under stated conditions": "tab:orange",
-               "does not reproduce": "tab:red", "inconclusive": "tab:grey"}
+               "does not reproduce": "tab:red", "mixed": "tab:purple", "inconclusive": "tab:grey",
+               "not decided (quick run)": "black"}
     fig = figure(TWO_COLUMNS, 0.9 + 0.24 * len(rows))
     text_ax, ax = fig.subplots(1, 2, width_ratios=[1.3, 1], sharey=True)
     y = np.arange(len(rows))[::-1]
     for yi, r in zip(y, rows.itertuples()):
         c = colours[r.verdict]
-        ax.plot([max(r.lo, 1e-7), max(r.hi, 1e-7)], [yi, yi], color=c, lw=2, solid_capstyle="butt")
+        if np.isfinite(r.lo) and np.isfinite(r.hi):
+            ax.plot([max(r.lo, 1e-7), max(r.hi, 1e-7)], [yi, yi], color=c, lw=2, solid_capstyle="butt")
         ax.plot([max(r.estimate, 1e-7)], [yi], marker="o", ms=3.5, color=c)
+        if draws is not None:
+            mine = draws[(draws.claim == r.claim) & (draws.condition == r.condition)]
+            for decided, shift, style in ((True, 0.22, dict(color=c)), (False, -0.22, dict(mfc="none", color="0.55"))):
+                d = mine[mine.decidable == decided]
+                ax.plot(np.maximum(d.value, 1e-7), np.full(len(d), yi + shift), "o", ms=1.8, lw=0, **style)
         text_ax.text(1.0, yi, f"{r.claim}\n[{r.condition}]", ha="right", va="center", fontsize=5)
     text_ax.axis("off")
     ax.axvline(TOL, **TOL_STYLE)
     ax.set_xscale("log")
-    ax.set_xlabel("nats / position: median, range over draws")
+    ax.set_xlabel("nats / position: median, range over the decidable draws; dots: each draw")
     ax.tick_params(axis="y", left=False)
     ax.grid(True, axis="x")
-    handles = [Line2D([], [], color=c, lw=2) for c in colours.values()] + [Line2D([], [], **TOL_STYLE)]
-    legend_below(fig, handles, list(colours) + [f"tolerance {TOL}"], ncol=5)
-    fig.suptitle("E1, E2, E5 over task draws (verdicts.csv)", fontsize=8)
+    shown = [v for v in colours if v in set(rows.verdict)]
+    handles = [Line2D([], [], color=colours[v], lw=2) for v in shown] + [Line2D([], [], **TOL_STYLE)]
+    labels = shown + [f"tolerance {TOL}"]
+    if draws is not None:
+        handles.append(Line2D([], [], marker="o", ms=3, lw=0, mfc="none", color="0.55"))
+        labels.append("a draw that cannot decide")
+    legend_below(fig, handles, labels, ncol=4)
+    fig.suptitle("E1, E2, E5 over task draws (verdicts.csv, verdict_draws.csv)", fontsize=8)
     return fig
 
 
@@ -178,5 +192,7 @@ def figures_from(folder):
     if os.path.exists(os.path.join(folder, "neural.csv")):
         out["spectrum_neural"] = neural_figure(pd.read_csv(os.path.join(folder, "neural.csv")), tab)
     if os.path.exists(os.path.join(folder, "verdicts.csv")):
-        out["spectrum_verdicts"] = verdicts_figure(pd.read_csv(os.path.join(folder, "verdicts.csv")))
+        per_draw = os.path.join(folder, "verdict_draws.csv")
+        out["spectrum_verdicts"] = verdicts_figure(pd.read_csv(os.path.join(folder, "verdicts.csv")),
+                                                   pd.read_csv(per_draw) if os.path.exists(per_draw) else None)
     return out

@@ -33,20 +33,34 @@ def markdown_table(frames):
     for study, frame in frames.items():
         for r in frame.itertuples(index=False):
             cells = (f"`{study}`", r.claim, r.condition, r.statistic.replace("|", "\\|"),
-                     f"{_number(r.estimate)} [{_number(r.lo)}, {_number(r.hi)}]", f"**{r.verdict}**")
+                     f"{_number(r.estimate)} [{_number(r.lo)}, {_number(r.hi)}]", verdict_text(r))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def verdict_text(r):
+    """A row's verdict in bold, with its stated condition where the row has one, and the verdicts at half
+    and twice the tolerance where they differ from it (the rows of ``analysis.verdicts.draw_row``)."""
+    text = f"**{r.verdict}**"
+    condition = getattr(r, "stated_condition", "")
+    if isinstance(condition, str) and condition:
+        text += f" ({condition})"
+    half, twice = getattr(r, "verdict_half_tolerance", r.verdict), getattr(r, "verdict_twice_tolerance", r.verdict)
+    if isinstance(half, str) and (half, twice) != (r.verdict, r.verdict):
+        text += f"; at half the tolerance: {half}, at twice: {twice}"
+    return text
+
+
 def row_caption(frame, claim, condition=""):
     """The first verdict row whose claim and condition start with ``claim`` and ``condition``, as
-    'claim (condition): **verdict**' and its count over task draws (or its estimate [interval]);
+    'claim (condition): **verdict**' and its count over the (decidable) task draws (or its estimate
+    [interval]);
     ValueError when no row matches (a caption may not outlive its claim)."""
     rows = frame[frame.claim.str.startswith(claim) & frame.condition.str.startswith(condition)]
     if rows.empty:
         raise ValueError(f"no verdict row for claim {claim!r}, condition {condition!r}")
     r = rows.iloc[0]
-    count = re.search(r"\d+ of \d+ task draws [<>=]+ [^;]+", r.statistic)
+    count = re.search(r"\d+ of \d+ (?:decidable )?task draws [<>=]+ [^;]+", r.statistic)
     value = count.group(0) if count else f"{_number(r.estimate)} [{_number(r.lo)}, {_number(r.hi)}]"
     return f"{r.claim} ({r.condition}): **{r.verdict}**, {value}"
 

@@ -150,6 +150,9 @@ def test_gallery_captions_follow_the_verdict_rows():
     assert row_caption(frame, "E9 x", "tabular") == \
         "E9 x holds (tabular, K = 2): **reproduces**, 7 of 8 task draws <= 0.01"
     assert row_caption(frame, "E9 y") == "E9 y holds (neural): **inconclusive**, 0.1 [-0.05, 0.2]"
+    decided = frame.assign(statistic=["KL; 3 of 5 decidable task draws <= 0.01 (8 task draws); median", "x"])
+    assert row_caption(decided, "E9 x") == \
+        "E9 x holds (tabular, K = 2): **reproduces**, 3 of 5 decidable task draws <= 0.01 (8 task draws)"
     flipped = frame.assign(verdict=["does not reproduce", "inconclusive"])
     table = gallery_table([("a", "shows x", (("s", "E9 x", ""),)), ("b", "plain", ())], {"s": flipped}, "figs")
     assert table.splitlines()[2] == ("| ![a](figs/a.png) shows x. E9 x holds (tabular, K = 2): **does not reproduce**, "
@@ -168,3 +171,17 @@ def test_markdown_table_and_replace_block():
     assert replace_block(text, "new") == f"head\n{BEGIN}\nnew\n{END}\ntail"
     with pytest.raises(ValueError, match="markers"):
         replace_block("no markers", "new")
+
+
+def test_verdict_text_states_the_condition_and_where_the_tolerance_matters():
+    from figures.verdicts import verdict_text
+    row = pd.DataFrame([dict(verdict="reproduces under stated conditions", stated_condition="sep > 0.03",
+                             verdict_half_tolerance="reproduces under stated conditions",
+                             verdict_twice_tolerance="reproduces under stated conditions"),
+                        dict(verdict="mixed", stated_condition=np.nan, verdict_half_tolerance="mixed",
+                             verdict_twice_tolerance="reproduces"),
+                        dict(verdict="inconclusive", stated_condition=np.nan, verdict_half_tolerance=np.nan,
+                             verdict_twice_tolerance=np.nan)])
+    texts = [verdict_text(r) for r in row.itertuples(index=False)]
+    assert texts == ["**reproduces under stated conditions** (sep > 0.03)",
+                     "**mixed**; at half the tolerance: mixed, at twice: reproduces", "**inconclusive**"]

@@ -269,23 +269,25 @@ def test_e5_verdicts_follow_their_rules_on_synthetic_curves():
 
 def test_weight_moments_vanish_with_one_teacher_and_match_an_enumeration():
     one = tasks.make_task("loop", K=1, seed=0, horizon=4)                 # l is the teacher: every weight is 1
-    assert rollout_spectrum.weight_moments(one) == pytest.approx(dict(log_w2_token=0.0, log_w2_sequence_per_token=0.0),
-                                                                 abs=1e-12)
+    assert rollout_spectrum.weight_moments(one) == pytest.approx(dict(log_w2_token=0.0, log_w2_sequence_per_token=0.0,
+                                                                      log_w2_sequence_slope=0.0), abs=1e-12)
     task = tasks.make_task("loop", K=2, seed=1, horizon=3)
     t, local = task.teachers, fixed_points.target_table(task, "local")[0]
     lp, ns = np.asarray(t.log_probs), np.asarray(t.next_state)
-    best = -np.inf
-    for k in range(t.K):                                               # sum over every response y of l(y)^2 / p_k(y)
+    def log_w2(k, H):                                                  # sum over every response y of l(y)^2 / p_k(y)
         total = 0.0
-        for y in np.ndindex(*(t.n,) * 3):
+        for y in np.ndindex(*(t.n,) * H):
             s, lw = t.start, 0.0
             for a in y:
                 lw += 2 * local[s, a] - lp[k, s, a]
                 s = ns[s, a]
             total += math.exp(lw)
-        best = max(best, math.log(total))
+        return math.log(total)
     got = rollout_spectrum.weight_moments(task)
-    assert got["log_w2_sequence_per_token"] * 3 == pytest.approx(best, rel=1e-10)
+    assert got["log_w2_sequence_per_token"] * 3 == pytest.approx(max(log_w2(k, 3) for k in range(t.K)), rel=1e-10)
+    # the growth over the second half of the horizon: (ln E[w^2](3) - ln E[w^2](1)) / 2, largest over the teachers
+    assert got["log_w2_sequence_slope"] == pytest.approx(max((log_w2(k, 3) - log_w2(k, 1)) / 2 for k in range(t.K)),
+                                                         rel=1e-10)
     assert got["log_w2_token"] == pytest.approx(max(np.log(np.exp(2 * local - lp[k]).sum(-1)).max() for k in range(2)))
 
 
@@ -341,7 +343,12 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
     forest = figs["spectrum_verdicts"].axes[1]
     kl_rows = v.statistic.str.contains("per position") & ~v.statistic.str.contains("over KL") & \
         ~v.statistic.str.startswith("steps")                                # steps are no distance
-    assert len([line for line in forest.get_lines() if len(line.get_xdata()) == 1]) == kl_rows.sum()
+    assert len([line for line in forest.get_lines() if line.get_markersize() == 3.5]) == kl_rows.sum()
+    # every draw of those rows is drawn; the ones that cannot decide as hollow grey rings
+    per_draw = pd.read_csv(quick_spectrum / "verdict_draws.csv").set_index(["claim", "condition"])
+    shown = per_draw.loc[list(zip(v.claim[kl_rows], v.condition[kl_rows]))]
+    hollow = sum(len(line.get_xdata()) for line in forest.get_lines() if line.get_markerfacecolor() == "none")
+    assert hollow == (~shown.decidable).sum() and hollow > 0
     # the range over task draws: FKL's bar at alpha = 0 spans tasks.csv's per-draw means
     draws = pd.read_csv(quick_spectrum / "tasks.csv")
     fkl = draws[(draws.student == "tabular") & (draws.K == 2) & (draws.objective == "fkl") & (draws.alpha == 0.0)
