@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean oracle
+.PHONY: regret test install install-test bench figures gallery clean oracle mutate
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -67,6 +67,19 @@ gallery: .venv/.installed-test
 	$(PY) -m llm_bridge.flip_horizon
 	$(PY) -m figures --gallery
 
+# Mutation testing of the verdict and statistics code ([tool.mutmut] in pyproject.toml): mutmut mutates these
+# functions, runs the fast tests that cover each mutant, and docs/mutation.md lists what survived and why.
+MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
+          'sims.rollout_spectrum.x_verdicts*' 'sims.rollout_spectrum.x_convergence_rows*' \
+          'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
+          'sims.rollout_spectrum.x_steps_to*' 'sims.rollout_spectrum.x_cells_for*' \
+          'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*'
+mutate: .venv/.installed-test
+	rm -rf mutants
+	.venv/bin/mutmut run $(MUTATE) || true
+	$(PY) tests/mutation_report.py > docs/mutation.md
+	@tail -n +1 docs/mutation.md | grep -E "mutants;|unexplained" | head -3
+
 bench: .venv/.installed-test
 	$(PY) benchmarks/bench_aggregation.py
 	$(PY) benchmarks/bench_regret.py
@@ -74,4 +87,4 @@ bench: .venv/.installed-test
 	$(PY) benchmarks/bench_spectrum.py
 
 clean:
-	rm -rf .venv results .hypothesis .pytest_cache
+	rm -rf .venv results .hypothesis .pytest_cache mutants
