@@ -365,7 +365,7 @@ def _conclusion_frames(per_position):
     every KL per position 0.001 except ``per_position`` {(objective, alpha, importance): value}; k1's
     centred logit 21."""
     rows = []
-    for H, extra in ((3, dict(K=2, clip=False)), (16, dict(H=16, clip=False))):
+    for H, extra in ((3, dict(K=2, clip=False)), (16, dict(H=16, clip=False, task_seed=0))):
         for obj in ("fkl", "rkl", "k2", "k3", "pg0", "sft", "k1"):
             for a, imp in ((0.0, False), (1.0, False), (0.0, True)):
                 if imp and obj in ("fkl", "rkl", "sft"):
@@ -375,15 +375,15 @@ def _conclusion_frames(per_position):
                                  horizon=H, kl_named=v * H, kl_arithmetic=v * H, kl_fixed_point=0.001 * H,
                                  max_logit=21.0 if obj == "k1" else 1.0, diverged=False))
     frame = pd.DataFrame(rows)
-    return (frame[frame.H.isna()].drop(columns="H").astype({"K": int}),
-            frame[frame.H.notna()].drop(columns="K").astype({"H": int}))
+    return (frame[frame.H.isna()].drop(columns=["H", "task_seed"]).astype({"K": int}),
+            frame[frame.H.notna()].drop(columns="K").astype({"H": int, "task_seed": int}))
 
 
 def test_conclusions_follow_the_numbers_they_quote():
     base = {(est, 0.0, False): 0.05 for est in ("k2", "k3", "pg0")}
     tab, robust = _conclusion_frames(base)
     c = rollout_spectrum.conclusions(tab, robust).set_index(["condition", "conclusion"]).holds
-    tree, loop = "tree, K=2, clipping off", "loop, H=16, clipping off"
+    tree, loop = "tree, K=2, clipping off", "loop draw 0, H=16, clipping off"
     assert c[(tree, "E1: FKL with full conditionals reaches A at every alpha (flat)")]
     k2 = "E2: k2 needs student rollouts (reaches l at alpha = 1, not on teacher samples without importance weights)"
     assert c[(tree, k2)] and c[(loop, k2)]
