@@ -137,7 +137,8 @@ GALLERY_CAPTIONS = (
     ("estimators", "k1/k2/k3: bias, variance and gradient targets (SPEC 4)",
      (("estimators", "the k2 loss gives the RKL gradient", ""), ("estimators", "the k3 loss gives the FKL gradient", ""),
       ("estimators", "the k2 loss on teacher samples is biased", ""),
-      ("estimators", "k3 has a smaller variance than k1", ""))),
+      ("estimators", "k3 has a smaller variance than k1", "x ~ q, one sample, exact, spread 0.5"),
+      ("estimators", "k3 has a smaller variance than k1", "x ~ q, one sample, exact, spread 2"))),
 )
 
 
