@@ -69,3 +69,162 @@ def test_probe_cli_refuses_a_teachers_file_typo_with_exit_2(tmp_path, capsys, ty
                                 "--options", "a", "b", "--correct", "a"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and f"unknown key '{typo}'" in err, err
+
+
+# ------------------------------------------------------------------------------------------------
+# exact machines: planted vetoes (one of them the end token, one a template token) and a planted expert
+# ------------------------------------------------------------------------------------------------
+N, END, TEMPLATE, DEPTH = 8, 7, 6, 6
+PLANTED_VETOES = {(1, 1, 3), (2, 1, END), (4, 0, TEMPLATE)}      # (state, teacher, token)
+PLANTED_EXPERT = (3, 0)                                          # (state, expert)
+THRESHOLDS = dict(veto_log_prob=np.log(1e-4), veto_floor=0.05, expert_entropy=0.5, uninformative_entropy=1.8,
+                  expert_gap=0.1)
+
+
+def planted_machine(seed=0):
+    """Two teachers on a chain of DEPTH states over N tokens: a non-end token moves to the next state,
+    token END ends the response (and every token of the last state does). Rows are near uniform (every
+    probability >= 0.5 / N, entropy > 1.8 nats), except the planted vetoes and the planted expert."""
+    from aggregation import FiniteStateTeachers
+    rng = np.random.default_rng(seed)
+    probs = 0.5 * rng.dirichlet(np.full(N, 5.0), size=(2, DEPTH)) + 0.5 / N
+    for s, k, a in PLANTED_VETOES:
+        probs[k, s, a] = 1e-7
+        probs[1 - k, s, a] = 0.5
+    probs[0, 3] = 0.001
+    probs[0, 3, 2] = 1.0 - 0.001 * (N - 1)
+    probs[1, 3] = 1.0 / N
+    probs /= probs.sum(axis=2, keepdims=True)
+    next_state = np.full((DEPTH, N), -1, dtype=np.int64)
+    for s in range(DEPTH - 1):
+        next_state[s, :END] = s + 1
+    return FiniteStateTeachers.from_probs(next_state, probs)
+
+
+def bridge_of(machine, weights):
+    from llm_bridge import TabularLM, Teacher, Teachers
+    return Teachers([Teacher(TabularLM(machine, k), name=f"t{k}") for k in range(machine.K)], weights,
+                    vocab_size=machine.n, end_token_ids=[END] if machine.n > END else [])
+
+
+def states_along(machine, tokens):
+    s, out = machine.start, []
+    for a in tokens:
+        out.append(s)
+        s = int(machine.next_state[s, a])
+    return out
+
+
+def test_follow_scores_every_response_under_every_teacher_exactly():
+    from llm_bridge.diagnosis import follow
+    machine = planted_machine()
+    bridge = bridge_of(machine, [0.5, 0.5])
+    responses = [[0, 1, 2, 3, 4, 5], [1, 2, END], [0, 0, 0, 0, 0, 0]]
+    traces = follow(bridge, [N], 8, np.random.default_rng(0), responses=responses)
+    assert [t.source for t in traces] == ["given0", "given1", "given2"]
+    for trace, resp in zip(traces, responses):
+        states = states_along(machine, resp)
+        assert trace.tokens == resp and trace.teacher.shape == (2, len(resp), N)
+        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+        np.testing.assert_allclose(trace.teacher[:, np.arange(len(resp)), resp],
+                                   bridge.teacher_log_probs([N], resp), atol=1e-9)
+    # on a prefix tree every token leads elsewhere: each position must be scored after the right prefix
+    from aggregation import examples
+    tree = examples.prefix_tree(2, 4, 3, seed=3)
+    tree_bridge = bridge_of(tree, [0.3, 0.7])
+    paths = [[0, 1, 2, 0], [2, 2, 1, 1], [1, 0]]
+    for trace, resp in zip(follow(tree_bridge, [3], 4, np.random.default_rng(0), responses=paths), paths):
+        np.testing.assert_allclose(trace.teacher, tree.log_probs[:, states_along(tree, resp)], atol=2e-6)
+    # sampled: one response per teacher, each a path of the machine that stops after END
+    traces = follow(bridge, [N], DEPTH, np.random.default_rng(1))      # the machine ends after DEPTH tokens
+    assert [t.source for t in traces] == ["t0", "t1"]
+    for trace in traces:
+        states = states_along(machine, trace.tokens)
+        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+        assert trace.tokens[-1] == END or len(trace.tokens) == DEPTH
+        assert END not in trace.tokens[:-1]
+
+
+def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement():
+    """Every planted veto (the end token and the template token among them) and the planted expert is found
+    (recall 1.0); the precision is 1.0 here (every other entry is >= 0.5 / N, far from the thresholds);
+    KL(A || l), TV and the argmaxes equal aggregation's exact pools to 1e-6."""
+    import aggregation as ag
+    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    w = np.array([0.5, 0.5])
+    found, planted, experts_found = set(), set(), set()
+    for seed in range(3):
+        machine = planted_machine(seed)
+        bridge = bridge_of(machine, w)
+        path = [0, 1, 2, 3, 4, 5]
+        trace, = follow(bridge, [N], 8, np.random.default_rng(0), responses=[path])
+        tables = diagnose_path(trace.teacher, w, trace.tokens, [END], [TEMPLATE], Thresholds(**THRESHOLDS),
+                               names=bridge.names)
+        states = states_along(machine, path)
+        pos, v, e = tables["positions"], tables["vetoes"], tables["experts"]
+        found |= {(seed, states[t], int(k[1:]), a) for t, k, a in zip(v.position, v.teacher, v.token)}
+        planted |= {(seed,) + x for x in PLANTED_VETOES}
+        experts_found |= {(seed, states[t], int(k[1:])) for t, k in zip(e.position, e.expert)}
+        kinds = dict(zip(v.token, v.kind))
+        assert kinds[END] == "end" and kinds[TEMPLATE] == "template" and kinds[3] == "text"
+        assert list(pos.end_vetoes) == [int(s == 2) for s in states]
+        assert list(pos.template_vetoes) == [int(s == 4) for s in states]
+        # exact disagreement from aggregation's pools at the machine's states
+        log_a = ag.log_arithmetic_pool(machine.log_probs, w)[states]
+        log_l = ag.local_geometric_conditionals(machine, w)[states]
+        a, l = np.exp(log_a), np.exp(log_l)
+        np.testing.assert_allclose(pos.kl_a_l, (a * (log_a - log_l)).sum(1), atol=1e-6)
+        np.testing.assert_allclose(pos.tv, 0.5 * np.abs(a - l).sum(1), atol=1e-6)
+        np.testing.assert_array_equal(pos.argmax_a, a.argmax(1))
+        np.testing.assert_array_equal(pos.argmax_l, l.argmax(1))
+        np.testing.assert_allclose(pos.a_prob, a[np.arange(6), path], atol=1e-6)
+        row = e.iloc[0]
+        assert row.token == 2 and abs(row.l_prob - l[3, 2]) < 1e-6 and abs(row.a_prob - a[3, 2]) < 1e-6
+    recall = len(found & planted) / len(planted)
+    precision = len(found & planted) / len(found)
+    print(f"vetoes: recall {recall}, precision {precision}; experts: {sorted(experts_found)}")
+    assert recall == 1.0 and precision == 1.0
+    assert experts_found == {(seed,) + PLANTED_EXPERT for seed in range(3)}
+
+
+def test_a_student_reference_replaces_a_and_thresholds_are_validated():
+    from llm_bridge.diagnosis import Thresholds, diagnose_path
+    lp = np.log(np.array([[[0.5, 0.5 - 1e-6, 1e-6]], [[0.5, 0.25, 0.25]]]))
+    tables = diagnose_path(lp, [0.5, 0.5], [0], thresholds=Thresholds())
+    assert list(tables["vetoes"].token) == [2]                              # A(2) = 0.125 >= 0.05
+    student = np.log(np.array([[0.98, 0.01, 0.01]]))
+    assert diagnose_path(lp, [0.5, 0.5], [0], reference=student)["vetoes"].empty   # the student gives it 0.01
+    assert diagnose_path(lp, [1.0, 0.0], [0])["vetoes"].empty               # a weight-0 teacher vetoes nothing
+    for bad, message in ((dict(veto_floor=0), "veto_floor = 0"), (dict(veto_log_prob=0.1), "veto_log_prob"),
+                         (dict(expert_entropy=3.0), "expert_entropy = 3.0"), (dict(expert_gap="x"), "expert_gap")):
+        with pytest.raises(ValueError, match=message):
+            Thresholds(**bad)
+    with pytest.raises(ValueError, match="tokens has shape"):
+        diagnose_path(lp, [0.5, 0.5], [0, 1])
+
+
+@pytest.mark.parametrize("row", range(4))
+def test_planted_flips_equal_the_exact_horizon(row):
+    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin, the drift and
+    H* equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip;
+    a control whose teachers agree after C has drift 0, H* = inf and no flip (precision)."""
+    from aggregation import examples
+    from llm_bridge.diagnosis import first_token_options, flip_risk
+    from llm_bridge.flip_horizon import SPEC_ROWS
+    from llm_bridge.horizon import exact_flip_horizon
+    p, cont, w = SPEC_ROWS[row]
+    hs = list(range(19))
+    for control in (False, True):
+        machine = examples.prefix_bias_teachers(p, [cont[0], cont[0]] if control else cont)
+        bridge = bridge_of(machine, w)
+        assert first_token_options(machine.log_probs[:, 0], w) == (0, 1)
+        q, _ = flip_risk(bridge, [dict(id="q", prompt_ids=[machine.n], correct_ids=[0], incorrect_ids=[1])], hs, 4, 0)
+        exact = exact_flip_horizon(machine, w, hs, h_max=18)
+        r = q.iloc[0]
+        assert abs(r.margin - exact["margin"]) < 1e-5
+        assert abs(r.drift - exact["drift"]) < 1e-5
+        if control:
+            assert not r.flip and r.first_flip == -1 and abs(r.drift) < 1e-6
+        else:
+            assert abs(r.h_star - exact["h_star"]) < 1e-3 * exact["h_star"]
+            assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
