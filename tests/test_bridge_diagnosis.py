@@ -228,3 +228,55 @@ def test_planted_flips_equal_the_exact_horizon(row):
         else:
             assert abs(r.h_star - exact["h_star"]) < 1e-3 * exact["h_star"]
             assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
+
+
+# ------------------------------------------------------------------------------------------------
+# the command line: every argument and file checked before a model loads (exit 2, one line)
+# ------------------------------------------------------------------------------------------------
+def diagnose_files(tmp_path):
+    teachers = write(tmp_path, GOOD)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Q?", "options": ["x", "y"]}\n{"id": "b", "prompt": "R?"}\n')
+    return {"--teachers": str(teachers), "--prompts": str(prompts), "--out": str(tmp_path / "out"),
+            "--model": "/nonexistent/model"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--run": "run.yaml"}, "--run is not available yet"),
+    ({"--veto-floor": "0"}, "veto_floor = 0.0 must be in (0, 1]"),
+    ({"--flip-horizons": "0,-1"}, "horizon[1] = -1 is negative"),
+    ({"--flip-horizons": "0"}, "needs one horizon > 0"),
+    ({"--max-tokens": "0"}, "--max-tokens must be >= 1"),
+    ({"--device": "tpu"}, "device = 'tpu'"),
+    ({"--prompts": "PROMPT_TYPO"}, "unknown key 'promt' (did you mean 'prompt'?)"),
+    ({"--prompts": "PROMPT_CORRECT"}, "correct = 'z' is not one of the options"),
+    ({"--responses": "RESPONSES_ID"}, "id 'zz' is not the id of a prompt"),
+    ({"--teachers": "TEACHER_TYPO"}, "unknown key 'sytem' in teachers[1] (did you mean 'system'?)"),
+    ({}, "is not a model folder"),
+])
+def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, change, message):
+    from llm_bridge import diagnose
+    args = diagnose_files(tmp_path)
+    files = {"PROMPT_TYPO": '{"id": "a", "promt": "Q?"}\n', "PROMPT_CORRECT": '{"prompt": "Q?", "options": ["x", "y"], '
+             '"correct": "z"}\n', "RESPONSES_ID": '{"id": "zz", "response": "x"}\n'}
+    for key, value in change.items():
+        if value in files:
+            (tmp_path / "f.jsonl").write_text(files[value])
+            value = str(tmp_path / "f.jsonl")
+        elif value == "TEACHER_TYPO":
+            value = str(write(tmp_path, with_key("teacher", "system", "sytem"), "typo.json"))
+        args[key] = value
+    with pytest.raises(SystemExit) as exc:
+        diagnose.main([x for kv in args.items() for x in kv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_diagnose_reads_prompts_and_responses(tmp_path):
+    from llm_bridge.diagnose import read_prompts, read_responses
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "a", "prompt": "Q?", "options": ["x", "y"], "correct": "y"}\n\n{"prompt": "R?"}\n')
+    prompts = read_prompts(path)
+    assert prompts == [dict(id="a", prompt="Q?", options=["y", "x"]), dict(id="p3", prompt="R?", options=None)]
+    path.write_text('{"id": "a", "response": "one"}\n{"id": "a", "response": "two"}\n')
+    assert read_responses(path, {"a", "p3"}) == {"a": ["one", "two"]}
