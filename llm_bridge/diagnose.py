@@ -278,7 +278,8 @@ def per_prompt(tables):
     f = tables["flip"]
     if len(f):
         f = f.set_index("id")
-        for col in ("option_c", "option_i", "margin", "drift", "h_star", "h_star_lo", "flip", "first_flip"):
+        for col in [c for c in ("option_c", "option_i", "margin", "drift", "h_star", "h_star_lo", "flip", "first_flip")
+                    if c in f]:
             out[col] = f[col].reindex(out.index)
     return out.reset_index()
 

@@ -315,3 +315,56 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
     ends = [r for r in found["end_veto"] if r[3] == "end"]
     assert ends and all(a == end and k == "storyteller" and t == n - 1 for t, k, a, _, n in ends), found
     assert not [r for r in found["control"] if r[3] == "end"], found
+
+
+def planted_tables():
+    """The diagnosis tables of two planted machines' paths, as the command line collects them."""
+    import pandas as pd
+    from llm_bridge.diagnosis import Thresholds, diagnose_path
+    tables = {"positions": [], "teachers": [], "vetoes": [], "experts": []}
+    for seed in range(2):
+        machine = planted_machine(seed)
+        path = [0, 1, 2, 3, 4, 5]
+        lp = machine.log_probs[:, states_along(machine, path)]
+        res = diagnose_path(lp, [0.5, 0.5], path, [END], [TEMPLATE], Thresholds(**THRESHOLDS), names=["t0", "t1"],
+                            decode=lambda a: f"tok{a}")
+        for name, df in res.items():
+            df.insert(0, "response", "given0")
+            df.insert(0, "id", f"m{seed}")
+            tables[name].append(df)
+    tables = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
+    tables["flip"] = pd.DataFrame(dict(id=["m0", "m1"], margin=[2.2, 1.0], drift=[0.51, -0.1], drift_lo=[0.5, -0.2],
+                                       drift_hi=[0.52, 0.0], h_star=[4.3, np.inf], h_star_lo=[4.2, 5.0],
+                                       flip=[True, False], first_flip=[5, -1], horizons=["0,1,2,4,8"] * 2))
+    return tables
+
+
+def test_figures_and_the_self_contained_report(tmp_path):
+    """The strips mark the planted end veto (red) and template veto (orange) at their positions; the veto
+    bars count each kind; the HTML embeds the PNGs as base64, sorts tables with inline JS, loads nothing."""
+    from figures import save
+    from figures.diagnosis import flip_figure, strip_figure, veto_figure
+    from llm_bridge.diagnose import html_report, per_prompt
+    from llm_bridge.diagnosis import summarise
+    tables = planted_tables()
+    fig = strip_figure(tables["positions"])
+    assert len(fig.axes) == 2
+    marks = {line.get_label(): list(line.get_xdata()) for line in fig.axes[0].lines}
+    assert marks["end token vetoed"] == [2] and marks["template token vetoed"] == [4]
+    assert marks["other token vetoed"] == [1]
+    bars = veto_figure(tables["vetoes"]).axes[0]
+    widths = sorted(p.get_width() for p in bars.patches if p.get_width() > 0)
+    assert widths == [2, 2, 2]                           # each planted veto once per machine
+    assert len(flip_figure(tables["flip"]).axes) == 1
+    pngs = [save(f, tmp_path / f"{name}.png") for name, f in (("diagnosis_strips", fig),
+                                                                 ("diagnosis_flip", flip_figure(tables["flip"])))]
+    summary = summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"])
+    assert summary["end_vetoes"] == 2 and summary["template_vetoes"] == 2 and summary["text_vetoes"] == 2
+    assert summary["end_vetoed_tokens"] == ["tok7"] and summary["confident_expert_positions"] == 2
+    summary.update(reference="A", thresholds=THRESHOLDS)
+    prompts = per_prompt(tables)
+    assert list(prompts.end_vetoes) == [1, 1] and list(prompts.expert_positions) == [1, 1]
+    page = html_report(summary, tables, prompts, pngs)
+    assert page.count("data:image/png;base64,") == 2
+    assert "http://" not in page and "https://" not in page and "src='data:" in page
+    assert "table.sortable" in page and page.count('<table class="sortable">') >= 4
