@@ -70,9 +70,9 @@ def veto_figure(vetoes, n=15):
     ax.set_yticks(np.arange(len(counts)))
     ax.set_yticklabels([repr(t)[1:-1][:20] for t in counts.label], fontsize=6)
     ax.set_xlabel("vetoes (positions x teachers)")
-    for kind, colour in KIND_COLOURS.items():
-        ax.barh([], [], color=colour, label=KIND_LABELS[kind])
-    ax.legend(loc="lower right", fontsize=6)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=c, label=KIND_LABELS[k]) for k, c in KIND_COLOURS.items()], loc="lower right",
+              fontsize=6)
     ax.set_title("tokens a teacher vetoes where the reference gives mass", fontsize=7)
     ax.grid(True, axis="x")
     return fig
