@@ -304,12 +304,12 @@ STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;font-size
 
 
 def _table(df, limit=500):
-    df = df.head(limit)
+    total, df = len(df), df.head(limit)
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     fmt = (lambda x: f"{x:.4g}" if isinstance(x, (float, np.floating)) else str(x))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(x))}</td>" for x in row) + "</tr>"
                    for row in df.itertuples(index=False))
-    more = f"<p>first {limit} rows of {len(df)}; the CSV has all</p>" if len(df) >= limit else ""
+    more = f"<p>first {limit} rows of {total}; the CSV has all</p>" if total > limit else ""
     return f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}'
 
 
