@@ -66,6 +66,15 @@ gallery: .venv/.installed-test
 	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
 	$(PY) -m llm_bridge.flip_horizon
 	$(PY) -m figures --gallery
+	for pair in end_veto control; do \
+	  $(PY) -m llm_bridge.diagnose --teachers llm_bridge/examples/diagnose/teachers_$$pair.json \
+	    --prompts llm_bridge/examples/diagnose/prompts.jsonl --max-tokens 16 --out results/diagnose/$$pair && \
+	  mkdir -p docs/diagnose/$$pair && \
+	  cp results/diagnose/$$pair/summary.json results/diagnose/$$pair/prompts.csv results/diagnose/$$pair/vetoes.csv \
+	    docs/diagnose/$$pair/ || exit 1; \
+	done
+	cp results/diagnose/end_veto/report.html docs/diagnose/end_veto/
+	cp results/diagnose/end_veto/figures/diagnosis_strips.png docs/diagnose/end_veto_strips.png
 
 # Mutation testing of the verdict and statistics code ([tool.mutmut] in pyproject.toml): mutmut mutates these
 # functions, runs the fast tests that cover each mutant, and docs/mutation.md lists what survived and why.

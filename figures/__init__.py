@@ -11,7 +11,8 @@ A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` 
 ``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes), ``topk_bias.csv``
 (``python -m llm_bridge.topk_bias``), ``spectrum.csv`` (``sims/rollout_spectrum.py``), ``gradients.csv``
 (``sims/estimators.py``), ``loglinear.csv`` (``sims/forgetting.py``), ``curves.csv`` (``sims/rlvr.py``),
-``flip_questions.csv`` / ``flip_validation.csv`` (``python -m llm_bridge.flip_horizon``). Its figures go to
+``flip_questions.csv`` / ``flip_validation.csv`` (``python -m llm_bridge.flip_horizon``), ``vetoes.csv``
+(``python -m llm_bridge.diagnose``). Its figures go to
 ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
 no backend switch): building a figure changes no global state.
 """
@@ -51,6 +52,7 @@ KINDS = (
     Kind("forgetting", _exists("loglinear.csv"), _module("forgetting")),
     Kind("rlvr", _exists("curves.csv"), _module("rlvr")),
     Kind("flip_horizon", _exists("flip_questions.csv", "flip_validation.csv"), _module("flip_horizon")),
+    Kind("diagnosis", _exists("vetoes.csv"), _module("diagnosis")),
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.

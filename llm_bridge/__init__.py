@@ -15,7 +15,8 @@ Distillation losses for torch training loops (``llm_bridge.losses``; targets in 
     rkl_policy_gradient, kl_estimator_loss, token_log_probs   sampled tokens (policy gradient, k1/k2/k3)
     audit_estimators                                 the exact expected gradient of each estimator
 
-Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe) and ``python -m llm_bridge.probe_batch``.
+Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe), ``python -m llm_bridge.probe_batch`` and
+``python -m llm_bridge.diagnose`` (a diagnosis of teachers before training; library ``llm_bridge.diagnosis``).
 """
 
 from .models import PersonaTeachers, load_model, read_teachers_file

@@ -12,6 +12,7 @@ A teachers file (JSON) names personas of one model::
                   ...]}
 """
 
+import difflib
 import importlib.util
 import json
 import os
@@ -119,12 +120,37 @@ def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, ma
     return model_cls(cfg)
 
 
+FILE_KEYS = ("format", "teachers")                             # the keys of a teachers file
+TEACHER_KEYS = ("name", "system", "weight", "temperature")     # the keys of one teacher in it
+
+
+def _unknown_key(key, valid, where, other=()):
+    """The message for an unknown key: the nearest valid one (difflib), else the nearest key of the other
+    level (a per-teacher key at the top level, or the reverse), else the valid keys."""
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if near:
+        return f"unknown key {key!r} in {where} (did you mean {near[0]!r}?)"
+    near = difflib.get_close_matches(key, other, n=1, cutoff=0.6)
+    if near:
+        return f"unknown key {key!r} in {where} (did you mean {near[0]!r}, a key of " \
+               f"{'each teacher' if where == 'the file' else 'the file'}?)"
+    return f"unknown key {key!r} in {where} (valid keys: {', '.join(valid)})"
+
+
 def read_teachers_file(path):
-    """Validated content of a teachers file: (format, list of persona dicts, weights)."""
+    """Validated content of a teachers file: (format, list of persona dicts, weights).
+
+    Every key is checked: an unknown one (a typo such as ``"sytem"`` or a top-level ``"weigths"``) is a
+    ValueError naming it and the nearest valid key, so that a typo never falls back to a default."""
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"teachers file {path}: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"teachers file {path}: must hold a JSON object with {', '.join(map(repr, FILE_KEYS))}")
+    for key in spec:
+        if key not in FILE_KEYS:
+            raise ValueError(f"teachers file {path}: {_unknown_key(key, FILE_KEYS, 'the file', TEACHER_KEYS)}")
     fmt = spec.get("format", "chat")
     if fmt not in ("chat", "plain"):
         raise ValueError(f"teachers file {path}: format = {fmt!r} must be 'chat' or 'plain'")
@@ -134,6 +160,15 @@ def read_teachers_file(path):
     for i, p in enumerate(personas):
         if not isinstance(p, dict) or not isinstance(p.get("system", ""), str):
             raise ValueError(f"teachers file {path}: teachers[{i}] must be an object with a 'system' string")
+        for key in p:
+            if key not in TEACHER_KEYS:
+                raise ValueError(f"teachers file {path}: "
+                                 f"{_unknown_key(key, TEACHER_KEYS, f'teachers[{i}]', FILE_KEYS)}")
+        for key in ("weight", "temperature"):
+            if key in p and (isinstance(p[key], bool) or not isinstance(p[key], (int, float))):
+                raise ValueError(f"teachers file {path}: teachers[{i}].{key} = {p[key]!r} must be a number")
+        if "name" in p and (not isinstance(p["name"], str) or not p["name"].strip()):
+            raise ValueError(f"teachers file {path}: teachers[{i}].name = {p['name']!r} must be a non-empty string")
     weights = [p.get("weight", 1.0 / len(personas)) for p in personas]
     return fmt, personas, weights
 

