@@ -3,12 +3,12 @@ by a rule written down beside it, so no sentence can disagree with its data.
 
 The vocabulary (``VERDICTS``): "reproduces", "reproduces under stated conditions" (a study that holds a
 claim only where a condition it names holds), "does not reproduce", "inconclusive" (the interval
-cannot decide; report the smallest effect the design could have seen, :func:`mde_80`).
+cannot decide; report the smallest effect the design could have seen, :func:`mde_80`), "mixed" (some
+decidable units hold the claim and no stated property separates them: :func:`draw_verdict`), and
+QUICK (a --quick run checks the pipeline, not the claims).
 
     effect_verdict     a claimed effect of a sign, against the smallest effect that matters (a margin)
     bound_verdict      a claimed bound: a statistic at most (or at least) a tolerance
-    count_verdict      a claimed bound checked on each of several units (task draws, random pairs):
-                       every unit, none or some; count_row writes it as a row
     decide_draws       per unit (task draw): can the design decide the claim there (the candidate targets
                        farther apart than MULTIPLE x the tolerance, the seed noise below it), and does it hold
     draw_verdict       the verdict over the decidable units only, with a separating condition as data
@@ -73,29 +73,6 @@ def bound_verdict(lo, hi, tolerance, at_most=True):
     if lo > tolerance:
         return "does not reproduce"
     return "inconclusive"
-
-
-def count_verdict(values, tolerance, at_most=True):
-    """The verdict on a claim checked on each of several independent units (task draws, random pairs):
-    each unit's ``values`` must be <= ``tolerance`` (``at_most``) or > it. 'reproduces' when every unit
-    meets it, 'does not reproduce' when none does, else 'reproduces under stated conditions' (it holds
-    on some units only; the row says how many). Returns (verdict, met)."""
-    values = np.asarray(values, dtype=float)
-    met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
-    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
-            else "reproduces under stated conditions"), met
-
-
-def count_row(claim, condition, statistic, values, tolerance, at_most=True, unit="task draw"):
-    """The verdicts.csv row of :func:`count_verdict` over the units (``unit``, plural with an s): the
-    statistic's median and [min, max] over them, how many meet the tolerance, the rule and the verdict."""
-    values = np.asarray(values, dtype=float)
-    verdict, met = count_verdict(values, tolerance, at_most)
-    side = "<=" if at_most else ">"
-    return verdict_row(claim, condition, f"{statistic}; {met} of {len(values)} {unit}s {side} {tolerance:g}; "
-                       f"median [min, max] over the {unit.split()[-1]}s", np.median(values), values.min(),
-                       values.max(), f"every {unit} {side} {tolerance:g}: reproduces; none: does not; some: under "
-                       f"stated conditions", verdict)
 
 
 def mde_80(se, level=0.95, power_target=0.8):

@@ -140,24 +140,6 @@ def test_cluster_bootstrap_covers_the_mean_where_a_run_level_bootstrap_does_not(
     assert covered["tasks"] / 200 >= 0.78 and covered["runs"] / 200 <= 0.65
 
 
-def test_count_verdict_closed_cases():
-    from analysis.verdicts import count_verdict
-    assert count_verdict([0.001, 0.002], 0.01) == ("reproduces", 2)
-    assert count_verdict([0.1, 0.002], 0.01) == ("reproduces under stated conditions", 1)
-    assert count_verdict([0.1, 0.2], 0.01) == ("does not reproduce", 0)
-    assert count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
-    assert count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself
-
-
-def test_count_row_states_the_count_the_range_and_the_rule():
-    from analysis.verdicts import count_row
-    row = count_row("c", "k", "|bias|", [3.0, 1.0, 2.0, 0.5], 1.0, unit="random pair")
-    assert row["statistic"] == "|bias|; 2 of 4 random pairs <= 1; median [min, max] over the pairs"
-    assert (row["estimate"], row["lo"], row["hi"]) == (1.5, 0.5, 3.0)
-    assert row["verdict"] == "reproduces under stated conditions"
-    assert row["rule"].startswith("every random pair <= 1: reproduces")
-
-
 # ------------------------------------------------------------------------------------------------
 # decidability per draw (issue 28): a draw counts only where the design can tell the targets apart
 # ------------------------------------------------------------------------------------------------
