@@ -431,21 +431,27 @@ def _log_prefix(machine):
 
 
 def jsd_barycentre(log_probs, weights, beta):
-    """argmin_q sum_k c_k JSD_beta(p_k, q) per row: log_probs (K, S, n), weights (S, K); log q (S, n)."""
-    from .losses import generalized_jsd
+    """argmin_q sum_k c_k JSD_beta(p_k, q) per row (the loss of :func:`llm_bridge.losses.generalized_jsd`,
+    strictly convex in q): log_probs (K, S, n), weights (S, K); returns log q (S, n)."""
     lp = torch.as_tensor(np.array(log_probs, dtype=float))
-    K, S, n = lp.shape
-    c = torch.as_tensor(np.array(weights, dtype=float))
-    theta = torch.log(torch.einsum("sk,ksn->sn", c, lp.exp())).clone().requires_grad_()
-    opt = torch.optim.LBFGS([theta], lr=1, max_iter=500, tolerance_grad=1e-15, tolerance_change=1e-18,
+    c = torch.as_tensor(np.array(weights, dtype=float)).T[:, :, None]            # (K, S, 1)
+    log_b, log_1b = math.log(beta), math.log1p(-beta)
+
+    def loss(theta):
+        lq = torch.log_softmax(theta, -1)
+        lm = torch.logaddexp(lp + log_b, lq + log_1b)
+        jsd = beta * lp.exp() * (lp - lm) + (1 - beta) * lq.exp() * (lq - lm)
+        return (c * jsd).sum()
+    theta = torch.log(torch.einsum("ksn,ksn->sn", c.expand_as(lp), lp.exp())).clone().requires_grad_()
+    opt = torch.optim.LBFGS([theta], lr=1, max_iter=1000, tolerance_grad=1e-14, tolerance_change=1e-18,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss, _ = generalized_jsd(theta[:, None], lp[:, :, None], c, beta=beta, reduction="sum", metrics=False)
-        loss.backward()
-        return loss
-    for _ in range(5):
+        value = loss(theta)
+        value.backward()
+        return value
+    for _ in range(3):
         opt.step(closure)
     return torch.log_softmax(theta.detach(), -1).numpy()
 
@@ -489,3 +495,24 @@ def _pool(prediction, lp, c):
         r = np.einsum("sk,ksn->sn", c, lp)
         return r - np.logaddexp.reduce(r, axis=-1, keepdims=True)
     return jsd_barycentre(lp, c, prediction.beta)
+
+
+KEY_FLAGS = {"TRLRun": ("beta", "lmbda", "seq_kd", "teachers"), "VerlRun": ("loss_mode", "use_policy_gradient", "topk"),
+             "TorchRLRun": ("kl_direction",), "LigerRun": ("beta", "teachers", "samples"),
+             "OwnRun": ("teachers", "samples")}
+OWN_FLAGS = {"generalized_jsd": ("beta",), "rkl_policy_gradient": ("gamma",),
+             "kl_estimator_loss": ("estimator", "mode", "pool", "direction")}
+
+
+def describe(run):
+    """The run in its library's words: 'TRL GKDTrainer beta=0.5 lmbda=1.0 seq_kd=False teachers=routed'."""
+    library = {TRLRun: f"TRL {getattr(run, 'trainer', '')}", VerlRun: "verl", TorchRLRun: "torchrl DistillationLoss",
+               LigerRun: "Liger LigerFusedLinearJSDLoss", OwnRun: f"{getattr(run, 'loss', '')}"}
+    if type(run) not in library:
+        raise ValueError(f"run = {run!r} is not a run description")
+    names = KEY_FLAGS[type(run).__name__] + (OWN_FLAGS.get(run.loss, ()) if isinstance(run, OwnRun) else ())
+    if isinstance(run, TRLRun) and run.trainer == "DistillationTrainer":
+        names = ("beta", "teachers")
+    if isinstance(run, VerlRun):
+        names = ("loss_mode", "topk") if run.loss_mode == "forward_kl_topk" else ("loss_mode", "use_policy_gradient")
+    return " ".join([library[type(run)], *(f"{n}={getattr(run, n)}" for n in names)])
