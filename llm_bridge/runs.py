@@ -16,6 +16,8 @@ reaches at every context the sampling visits, and why:
     J        the generalised-JSD barycentre argmin_q sum_k c_k JSD_beta(p_k, q) (0 < beta < 1, K >= 2;
              no closed form; for one teacher it is the teacher)
     g        the conditionals of the sequence-level geometric pool G_seq (SPEC 2: the prefix bias of T8)
+    select   one teacher's own conditionals: the teacher of lowest cross-entropy on the batch's tokens
+             (NeMo-RL's select_teacher)
     none     no divergence's gradient: the expected gradient vanishes everywhere (the student does not
              move) or equals no divergence's gradient (SPEC 4's estimator table)
     diverges the expected gradient is minus a divergence's: the student moves away from the teachers
@@ -37,7 +39,7 @@ import aggregation as ag
 
 SAMPLES = ("student", "teacher", "dataset")
 TEACHERS = ("pooled", "routed")
-TARGETS = ("A", "l", "J", "g", "none", "diverges")
+TARGETS = ("A", "l", "J", "g", "select", "none", "diverges")
 
 # Where each library's behaviour was read: (repository, path, version)
 SOURCES = {
@@ -51,7 +53,13 @@ SOURCES = {
                 "k3_kl_token_estimate)", "0.14.1"),
     "Liger": ("linkedin/Liger-Kernel", "liger_kernel/chunked_loss/jsd_loss.py (LigerFusedLinearJSDLoss)", "0.8.5"),
     "this project": ("this repository", "llm_bridge/losses/", "this commit"),
+    # derived from source (not installable here): repository, path, commit
+    "NeMo-RL": ("NVIDIA-NeMo/RL", "nemo_rl/algorithms/loss/loss_functions.py (DistillationLossFn, "
+                "CrossTokenizerDistillationLossFn)", "7ea279abfbeb698b092856d0dab61e7cf39bc909"),
+    "tinker-cookbook": ("thinking-machines-lab/tinker-cookbook", "tinker_cookbook/distillation/train_on_policy.py "
+                        "(incorporate_kl_penalty), tinker_cookbook/rl/metrics.py", "9dfcc3a2cf44432d621a01005073dc6d76a1e87a"),
 }
+DERIVED = ("NeMo-RL", "tinker-cookbook")
 
 
 @dataclass(frozen=True)
@@ -221,6 +229,62 @@ class LigerRun(_Run):
         self._check_common()
 
 
+@dataclass(frozen=True)
+class NeMoRLRun(_Run):
+    """NeMo-RL (derived from source, see SOURCES): ``loss_fn="DistillationLossFn"`` (on-policy distillation,
+    one teacher: ``kl_type`` forward / reverse / mixed with ``mixed_kl_weight``, ``zero_outside_topk``,
+    the teacher's ``topk`` logits; ``topk=None``: the whole vocabulary) or
+    ``"CrossTokenizerDistillationLossFn"`` (X-Token off-policy distillation on a data set, same-vocabulary
+    teachers: ``kd_loss_mode`` sum / averaged_logits / select_teacher x ``reverse_kl``, teacher weights)."""
+    loss_fn: str = "DistillationLossFn"
+    kl_type: str = "mixed"
+    mixed_kl_weight: float = 0.5
+    zero_outside_topk: bool = False
+    topk: int = None
+    kd_loss_mode: str = "sum"
+    reverse_kl: bool = False
+    weights: tuple = (1.0,)
+    teachers: str = "pooled"
+
+    def __post_init__(self):
+        _choice(self.loss_fn, "loss_fn", ("DistillationLossFn", "CrossTokenizerDistillationLossFn"))
+        _choice(self.kl_type, "kl_type", ("forward", "reverse", "mixed"))
+        _number(self.mixed_kl_weight, "mixed_kl_weight", 0.0, 1.0)
+        _choice(self.kd_loss_mode, "kd_loss_mode", ("sum", "averaged_logits", "select_teacher"))
+        for name in ("zero_outside_topk", "reverse_kl"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} = {getattr(self, name)!r} must be a bool")
+        if self.topk is not None and (isinstance(self.topk, bool) or not isinstance(self.topk, int) or self.topk < 1):
+            raise ValueError(f"topk = {self.topk!r} must be None or a positive integer")
+        if self.loss_fn == "DistillationLossFn" and len(self.weights) != 1:
+            raise ValueError(f"weights = {self.weights!r}: DistillationLossFn takes one teacher")
+        _choice(self.teachers, "teachers", ("pooled",))
+        self._check_common()
+
+    @property
+    def samples(self):
+        return "student" if self.loss_fn == "DistillationLossFn" else "dataset"
+
+
+@dataclass(frozen=True)
+class TinkerRun(_Run):
+    """tinker-cookbook's on-policy distillation (derived from source): the per-token advantage
+    -kl_penalty_coef (ln q - ln p) on the student's rollouts, summed over the future with
+    ``kl_discount_factor``; several teachers are routed by data set (one teacher per data set)."""
+    kl_discount_factor: float = 0.0
+    kl_penalty_coef: float = 1.0
+    weights: tuple = (1.0,)
+    teachers: str = "routed"
+    samples: str = "student"
+
+    def __post_init__(self):
+        _number(self.kl_discount_factor, "kl_discount_factor", 0.0, 1.0)
+        _number(self.kl_penalty_coef, "kl_penalty_coef", 0.0, low_open=True)
+        _choice(self.teachers, "teachers", ("routed",))
+        _choice(self.samples, "samples", ("student",))
+        self._check_common()
+
+
 OWN_LOSSES = ("forward_kl", "reverse_kl", "generalized_jsd", "rkl_policy_gradient", "kl_estimator_loss")
 
 
@@ -370,6 +434,15 @@ def predict_target(run):
                                     "low_var_kl / k3 clamps the value at 10 (zero gradient where ln(p/q) > 2.53); it "
                                     "does not bind near the fixed point.", source=source)
         return prediction
+    if isinstance(run, NeMoRLRun):
+        return _nemo_rl(run)
+    if isinstance(run, TinkerRun):
+        source = SOURCES["tinker-cookbook"]
+        if run.kl_discount_factor in (0.0, 1.0):
+            return _estimator("k1", "reward", "student", "routed", run, source, gamma=run.kl_discount_factor)
+        return Prediction("none", reason="a discount strictly between 0 and 1 solves a discounted soft-control "
+                          "problem: its policy lies between l (discount 0) and g (discount 1) and is no pool of SPEC 2",
+                          source=source)
     if isinstance(run, OwnRun):
         source = SOURCES["this project"]
         source = (source[0], source[1] + ("token_level.py" if run.loss in ("forward_kl", "reverse_kl", "generalized_jsd")
@@ -384,7 +457,33 @@ def predict_target(run):
     raise ValueError(f"run = {run!r} is not a run description ({', '.join(c.__name__ for c in RUN_TYPES)})")
 
 
-RUN_TYPES = (TRLRun, VerlRun, TorchRLRun, LigerRun, OwnRun)
+RUN_TYPES = (TRLRun, VerlRun, TorchRLRun, LigerRun, NeMoRLRun, TinkerRun, OwnRun)
+
+
+def _nemo_rl(run):
+    source = SOURCES["NeMo-RL"]
+    if run.loss_fn == "DistillationLossFn":
+        if run.topk is not None:
+            return Prediction("none", reason="the KL over the teacher's top k logits only: the forward partial sum is "
+                              "minimised by the teacher renormalised on its top k (mass outside pushed to 0), the "
+                              "reverse one without zero_outside_topk by q = p / e on the top k with the rest outside; "
+                              "no pool of the full distributions", source=source)
+        return Prediction("A", reason=f"one teacher p over the whole vocabulary: forward, reverse and mixed "
+                          f"(weight {run.mixed_kl_weight:g}) KL all vanish only at q = p (T1, T2)", source=source)
+    weights, note = _weights_note(run, "dataset")
+    if run.kd_loss_mode == "select_teacher":
+        return Prediction("select", reason="select_teacher keeps only the teacher of lowest next-token cross-entropy "
+                          "on the batch's tokens (argmin_k CE); the student then learns that teacher alone",
+                          source=source)
+    if run.kd_loss_mode == "averaged_logits":
+        return Prediction("l", weights=weights, reason="averaged_logits averages the teachers' logits with weights "
+                          "w / sum(w): softmax(sum_k w_k z_k) is the geometric pool l, and one KL to it, in either "
+                          "direction, vanishes only at l (T2's pool without T2's loss)", source=source)
+    if run.reverse_kl:
+        return Prediction("l", weights=weights, reason=f"sum: sum_i w_i KL(q || p_i) per position; {note}; {T2}.",
+                          source=source)
+    return Prediction("A", weights=weights, reason=f"sum: sum_i w_i KL(p_i || q) per position; {note}; {T1}.",
+                      source=source)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -459,7 +558,7 @@ def jsd_barycentre(log_probs, weights, beta):
 def target_log_probs(prediction, machine, weights, horizon=None):
     """The predicted conditionals ``(S, n)`` at every state of a prefix-tree machine (for 'g' the
     sequence-level conditionals over the tree's depth); a ValueError for 'none' / 'diverges'."""
-    if prediction.target not in ("A", "l", "J", "g"):
+    if prediction.target not in ("A", "l", "J", "g"):          # 'select' needs the data: see its reason
         raise ValueError(f"prediction.target = {prediction.target!r} names no conditionals")
     if prediction.temperature != 1.0:
         raise ValueError("target_log_probs takes temperature-1 predictions (pass tempered teachers instead)")
@@ -498,6 +597,7 @@ def _pool(prediction, lp, c):
 
 
 KEY_FLAGS = {"TRLRun": ("beta", "lmbda", "seq_kd", "teachers"), "VerlRun": ("loss_mode", "use_policy_gradient", "topk"),
+             "NeMoRLRun": ("kl_type",), "TinkerRun": ("kl_discount_factor",),
              "TorchRLRun": ("kl_direction",), "LigerRun": ("beta", "teachers", "samples"),
              "OwnRun": ("teachers", "samples")}
 OWN_FLAGS = {"generalized_jsd": ("beta",), "rkl_policy_gradient": ("gamma",),
@@ -507,12 +607,15 @@ OWN_FLAGS = {"generalized_jsd": ("beta",), "rkl_policy_gradient": ("gamma",),
 def describe(run):
     """The run in its library's words: 'TRL GKDTrainer beta=0.5 lmbda=1.0 seq_kd=False teachers=routed'."""
     library = {TRLRun: f"TRL {getattr(run, 'trainer', '')}", VerlRun: "verl", TorchRLRun: "torchrl DistillationLoss",
+               NeMoRLRun: f"NeMo-RL {getattr(run, 'loss_fn', '')}", TinkerRun: "tinker-cookbook on-policy distillation",
                LigerRun: "Liger LigerFusedLinearJSDLoss", OwnRun: f"{getattr(run, 'loss', '')}"}
     if type(run) not in library:
         raise ValueError(f"run = {run!r} is not a run description")
     names = KEY_FLAGS[type(run).__name__] + (OWN_FLAGS.get(run.loss, ()) if isinstance(run, OwnRun) else ())
     if isinstance(run, TRLRun) and run.trainer == "DistillationTrainer":
         names = ("beta", "teachers")
+    if isinstance(run, NeMoRLRun):
+        names = ("kl_type", "topk") if run.loss_fn == "DistillationLossFn" else ("kd_loss_mode", "reverse_kl")
     if isinstance(run, VerlRun):
         names = ("loss_mode", "topk") if run.loss_mode == "forward_kl_topk" else ("loss_mode", "use_policy_gradient")
     return " ".join([library[type(run)], *(f"{n}={getattr(run, n)}" for n in names)])

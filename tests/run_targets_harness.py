@@ -9,6 +9,7 @@ pinned at 0) and compared with the predicted target's conditionals.
 """
 
 import ast
+import dataclasses
 import functools
 import math
 import textwrap
@@ -153,6 +154,9 @@ def _token_loss(per_token, tab, samples, teachers):
     return loss
 
 
+DERIVED_LOSSES = {}      # run type -> loss builder, filled by tests/test_run_targets_derived.py
+
+
 def expected_loss(run, tab):
     """The run's expected loss on the tabular student, from the library's own function."""
     if isinstance(run, runs.TRLRun):
@@ -187,6 +191,8 @@ def expected_loss(run, tab):
         return _token_loss(lambda lq, lp: kl_penalty(lq, lp, run.loss_mode), tab, "student", "routed")
     if isinstance(run, runs.OwnRun):
         return _own_loss(run, tab)
+    if type(run) in DERIVED_LOSSES:
+        return DERIVED_LOSSES[type(run)](run, tab)
     raise ValueError(f"no verification for {run!r}")
 
 
@@ -258,13 +264,16 @@ def verify(run, K, seed=1):
 # ------------------------------------------------------------------------------------------------
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "run_targets.md"
 THEORY = {"A": "T1", "l": "T2", "J": "JSD_beta convex in q (T1 at beta = 0, T2 at 1)", "g": "SPEC 2, T8",
-          "none": "SPEC 4", "diverges": "SPEC 4"}
+          "select": "one teacher (Gibbs: the data's lowest cross-entropy)", "none": "SPEC 4", "diverges": "SPEC 4"}
 LIBRARY_OF = {"TRLRun": "trl", "LigerRun": "liger", "VerlRun": "verl", "TorchRLRun": "torchrl"}
 
 
 def verified_cell(run):
     """How a row is verified: by minimising the library's own loss (tests/test_run_targets.py)."""
     kind = type(run).__name__
+    if kind in ("NeMoRLRun", "TinkerRun"):
+        repository, _, commit = runs.predict_target(run).source
+        return f"derived from source ({repository}@{commit[:12]}; K = 2, 3)"
     if kind == "OwnRun":
         return "verified against this project's losses (K = 2, 3)"
     package = "verl-topk" if getattr(run, "loss_mode", "") == "forward_kl_topk" else LIBRARY_OF[kind]
@@ -277,10 +286,15 @@ def table_rows(cases):
     rows = []
     for run in cases:
         p = runs.predict_target(run)
-        theory = THEORY[p.target] + (" via SPEC 4" if p.target in ("A", "l") and "SPEC 4" in p.reason else "")
+        if len(run.weights) == 1 and p.target in ("A", "l"):
+            p = dataclasses.replace(p, target="the teacher")
+        theory = "T1, T2 (one teacher)" if p.target == "the teacher" else \
+             THEORY[p.target] + (" via SPEC 4" if p.target in ("A", "l") and "SPEC 4" in p.reason else "")
         samples = getattr(run, "samples", "student")
-        rows.append([runs.describe(run), samples.replace("mixed:", "student + "), p.label.replace("J_", "J_beta=") if
-                     p.target == "J" else p.label, p.level, theory, verified_cell(run)])
+        label = {"J": p.label.replace("J_", "J_beta="), "the teacher": "the teacher p",
+                 "select": "the lowest-CE teacher"}.get(p.target, p.label)
+        rows.append([runs.describe(run), samples.replace("mixed:", "student + "), label, p.level, theory,
+                     verified_cell(run)])
     return rows
 
 
@@ -321,6 +335,11 @@ TABLE_OUTRO = """
 from (TRL 1.16.0 `trl/experimental/gkd/gkd_trainer.py`, `trl/trainer/distillation_trainer.py`; verl
 0.9.1 `verl/trainer/distillation/losses.py`, `verl/trainer/ppo/core_algos.py`; torchrl 0.14.1
 `torchrl/objectives/llm/distillation.py`; Liger-Kernel 0.8.5 `liger_kernel/chunked_loss/jsd_loss.py`).
+NeMo-RL and tinker-cookbook cannot be installed here: their losses are re-implemented from the source
+at the cited commit in `tests/test_run_targets_derived.py` (NeMo-RL
+`nemo_rl/algorithms/loss/loss_functions.py`; tinker-cookbook
+`tinker_cookbook/distillation/train_on_policy.py`) and verified the same way. The select_teacher row's
+data set is every response of the tree, equally likely.
 Notes: verl's policy-gradient rows use PPO's surrogate at ratio 1 (the first on-policy step) with the
 negative loss as the per-token advantage, as `distillation_loss` passes it; TRL's DistillationTrainer
 row runs GKD's `generalized_jsd_loss`, the same divergence its chunked kernel computes (read, not run:
@@ -329,9 +348,12 @@ the kernel module imports the trainer's utilities).
 
 
 def table_cases():
-    from test_run_targets import LIBRARY_CASES, OWN_CASES, WEIGHTS
     import dataclasses
-    return [dataclasses.replace(run, weights=WEIGHTS[2]) for run in LIBRARY_CASES + OWN_CASES]
+    from test_run_targets import LIBRARY_CASES, OWN_CASES, WEIGHTS
+    from test_run_targets_derived import DERIVED_CASES
+    one = lambda run: getattr(run, "loss_fn", "") == "DistillationLossFn"      # noqa: E731 (one teacher)
+    return [dataclasses.replace(run, weights=WEIGHTS[1 if one(run) else 2]) for run in LIBRARY_CASES + DERIVED_CASES
+            + OWN_CASES]
 
 
 if __name__ == "__main__":
