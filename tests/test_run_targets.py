@@ -172,3 +172,13 @@ def test_own_loss_reaches_the_predicted_target(run, K):
 def test_the_committed_table_is_what_the_code_writes():
     from run_targets_harness import TABLE, render_table, table_cases
     assert TABLE.read_text() == render_table(table_cases()), "run `python tests/run_targets_harness.py`"
+
+
+def test_the_readme_example_prints_what_it_says(capsys):
+    import re
+    from run_targets_harness import TABLE
+    text = (TABLE.parents[1] / "README.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "predict_target" in block)
+    exec(code, {})
+    label, reason = capsys.readouterr().out.splitlines()[:2]
+    assert label == "J_0.5" and "JSD_beta" in reason
