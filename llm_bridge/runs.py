@@ -614,6 +614,8 @@ def describe(run):
     names = KEY_FLAGS[type(run).__name__] + (OWN_FLAGS.get(run.loss, ()) if isinstance(run, OwnRun) else ())
     if isinstance(run, TRLRun) and run.trainer == "DistillationTrainer":
         names = ("beta", "teachers")
+    if isinstance(run, (TRLRun, LigerRun)) and run.temperature != 1.0:
+        names += ("temperature",)
     if isinstance(run, NeMoRLRun):
         names = ("kl_type", "topk") if run.loss_fn == "DistillationLossFn" else ("kd_loss_mode", "reverse_kl")
     if isinstance(run, VerlRun):

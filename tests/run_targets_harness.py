@@ -21,7 +21,7 @@ import scipy.optimize
 import torch
 import torch.nn.functional as F
 
-from aggregation import examples
+from aggregation import FiniteStateTeachers, examples
 from llm_bridge import runs
 from llm_bridge.losses import oracle
 
@@ -53,9 +53,14 @@ def library_function(package, name, cls=None):
     return namespace[name]
 
 
-def machine(K, seed=1):
-    """K random teachers on the full prefix tree of depth 3 over 3 tokens (13 states)."""
-    return examples.prefix_tree(K, DEPTH, N, seed=seed, concentration=1.0)
+def machine(K, seed=1, temperature=1.0):
+    """K random teachers on the full prefix tree of depth 3 over 3 tokens (13 states); with a temperature,
+    the teachers' conditionals softmax(log p / temperature) (what a loss at that temperature sees)."""
+    m = examples.prefix_tree(K, DEPTH, N, seed=seed, concentration=1.0)
+    if temperature == 1.0:
+        return m
+    lp = m.log_probs / temperature
+    return FiniteStateTeachers(m.next_state, lp - np.logaddexp.reduce(lp, axis=-1, keepdims=True), m.start)
 
 
 class Tabular:
@@ -117,9 +122,9 @@ def tv(log_a, log_b):
 
 
 @functools.lru_cache(maxsize=None)
-def candidates(K, weights, seed=1):
+def candidates(K, weights, seed=1, temperature=1.0):
     """Every named target's conditionals on the machine: A, l, J_0.5 with prior / posterior weights, g."""
-    m, out = machine(K, seed), {}
+    m, out = machine(K, seed, temperature), {}
     for target in ("A", "l", "J"):
         for kind in ("prior", "posterior"):
             p = runs.Prediction(target, weights=kind, beta=0.5)
@@ -163,7 +168,7 @@ def expected_loss(run, tab):
         jsd = library_function("trl", "generalized_jsd_loss", cls="GKDTrainer")
         lmbda = run.lmbda if run.samples.startswith("mixed") else 0.0
         samples = "teacher" if run.samples.endswith("teacher") else run.samples
-        return _full_logit_loss(lambda theta, t: jsd(theta[None], t[None], beta=run.beta, temperature=1.0,
+        return _full_logit_loss(lambda theta, t: jsd(theta[None], t[None], beta=run.beta, temperature=run.temperature,
                                                      reduction="none").sum(-1)[0], tab, samples, run.teachers, lmbda)
     if isinstance(run, runs.LigerRun):
         fn = library_function("liger", "distillation_loss_fn", cls="LigerFusedLinearJSDFunction")
@@ -340,7 +345,9 @@ at the cited commit in `tests/test_run_targets_derived.py` (NeMo-RL
 `nemo_rl/algorithms/loss/loss_functions.py`; tinker-cookbook
 `tinker_cookbook/distillation/train_on_policy.py`) and verified the same way. The select_teacher row's
 data set is every response of the tree, equally likely.
-Notes: verl's policy-gradient rows use PPO's surrogate at ratio 1 (the first on-policy step) with the
+"at temperature tau" (TRL's `temperature`, applied to both sides): the student's softmax(logits / tau)
+reaches the pool of the teachers' softmax(logits / tau); its own conditionals are that pool's tau-th
+power, renormalised. Notes: verl's policy-gradient rows use PPO's surrogate at ratio 1 (the first on-policy step) with the
 negative loss as the per-token advantage, as `distillation_loss` passes it; TRL's DistillationTrainer
 row runs GKD's `generalized_jsd_loss`, the same divergence its chunked kernel computes (read, not run:
 the kernel module imports the trainer's utilities).
