@@ -45,17 +45,26 @@ def _sample(student, prompt, horizon, n, generator):
     return ids[len(prompt):]
 
 
-def target_distances(student, teachers, prompts, responses=None, *, horizon=16, seed=0):
-    """Per-position KL(q || target) from the student's conditionals q to A, l and each teacher.
+def target_distances(student, teachers, prompts, responses=None, *, horizon=16, seed=0, g_samples=0):
+    """Per-position KL(q || target) from the student's conditionals q to A, l, each teacher and (with
+    ``g_samples`` > 0) g, the conditionals of the sequence-level geometric pool over the rest of the
+    response.
 
     student: a causal LM (``model(input_ids=...).logits``) over the teachers' vocabulary;
     teachers: :class:`llm_bridge.teachers.Teachers` (their weights w define A and l); prompts: lists of
     token ids; responses: one list of token ids per prompt, or None for the student's own rollouts
-    (``horizon`` tokens sampled with ``seed``). Returns a dict: ``positions`` (a DataFrame, one row per
+    (``horizon`` tokens sampled with ``seed``). Returns a dict: ``responses`` (those used),
+    ``positions`` (a DataFrame, one row per
     position: prompt, t, and the KL to each target, nats), ``summary`` (the mean KL per target, its
     mean over prompts and a 95% t interval over prompts), ``closest``, ``runner_up``, ``margin`` (the
     runner-up's mean KL minus the closest's) with ``margin_interval`` (a paired t interval over
     prompts; NaN with one prompt), and ``verdict`` (one line).
+
+    g (SPEC 2) at position t of a response of length T: g(a | u) ∝ prod_k p_k(a|u)^{w_k} Z(ua), Z(ua)
+    over the T - t - 1 tokens that follow, each estimated by :func:`llm_bridge.partition.
+    estimate_log_partition` with ``g_samples`` continuations from l (via ``sequence_geometric_scores``,
+    one estimate per vocabulary token: only for small vocabularies). KL(q || g) is then a plug-in
+    Monte-Carlo estimate; the t interval over prompts covers its noise (independent seeds per prompt).
     """
     prompts = [teachers.check_ids(list(p), f"prompts[{i}]", allow_empty=False, input_ids=True)
                for i, p in enumerate(prompts)]
@@ -64,19 +73,23 @@ def target_distances(student, teachers, prompts, responses=None, *, horizon=16, 
     if responses is not None and len(responses) != len(prompts):
         raise ValueError(f"responses has {len(responses)} entries for {len(prompts)} prompts")
     horizon = check_int(horizon, "horizon", 1)
+    g_samples = check_int(g_samples, "g_samples", 0)
     n, w = teachers.vocab_size, np.asarray(teachers.weights, dtype=float)
     generator = torch.Generator().manual_seed(seed)
     was_training = student.training
     student.eval()
-    rows = []
+    rows, used = [], []
     try:
         for i, prompt in enumerate(prompts):
             response = _sample(student, prompt, horizon, n, generator) if responses is None else \
                 teachers.check_ids(list(responses[i]), f"responses[{i}]", allow_empty=False)
+            used.append(response)
             _, full = teachers.teacher_log_probs(prompt, response, full=True)       # (K, T, n)
             log_q = _student_log_probs(student, prompt + response, n, len(prompt))  # (T, n)
             targets = {"A": ag.log_arithmetic_pool(full, w), "l": ag.log_geometric_pool(full, w)}
             targets.update({name: full[k] for k, name in enumerate(teachers.names)})
+            if g_samples:
+                targets["g"] = _log_g(teachers, prompt, response, g_samples, seed + i)
             kl = {name: _kl_rows(log_q, lp) for name, lp in targets.items()}
             for t in range(len(response)):
                 rows.append({"prompt": i, "t": t, **{name: float(v[t]) for name, v in kl.items()}})
@@ -94,8 +107,21 @@ def target_distances(student, teachers, prompts, responses=None, *, horizon=16, 
     margin, interval = float(diff.mean()), _t_interval(diff)
     verdict = (f"closest to {closest}, by margin {margin:.3g} nats/token over {runner_up} "
                f"({int(Z_LEVEL * 100)}% t interval over {len(prompts)} prompts: [{interval[0]:.3g}, {interval[1]:.3g}])")
-    return {"positions": positions, "summary": summary, "closest": closest, "runner_up": runner_up,
+    return {"positions": positions, "responses": used, "summary": summary, "closest": closest, "runner_up": runner_up,
             "margin": margin, "margin_interval": interval, "verdict": verdict}
+
+
+def _log_g(teachers, prompt, response, n_samples, seed):
+    """(T, n) Monte-Carlo ln g at every position of the response (horizon: the rest of the response)."""
+    from .partition import sequence_geometric_scores
+    n, T = teachers.vocab_size, len(response)
+    out = np.empty((T, n))
+    for t in range(T):
+        scores = sequence_geometric_scores(teachers, prompt + response[:t], [[a] for a in range(n)], [T - t - 1],
+                                           n_samples, seed=seed * 1000 + t)
+        g = scores[scores.scorer == "geometric"].sort_values("option")
+        out[t] = g.log_score.to_numpy()
+    return out
 
 
 def _t_interval(x):
@@ -111,15 +137,15 @@ class TargetAuditCallback(TrainerCallback):
     each audit is appended to ``self.history`` (step, mean KL per target, closest, margin) and to the
     trainer's ``state.log_history`` under ``audit/...`` keys."""
 
-    def __init__(self, teachers, prompts, responses=None, every=50, horizon=16, seed=0):
+    def __init__(self, teachers, prompts, responses=None, every=50, horizon=16, seed=0, g_samples=0):
         self.teachers, self.prompts, self.responses = teachers, prompts, responses
         self.every = check_int(every, "every", 1)
-        self.horizon, self.seed = horizon, seed
+        self.horizon, self.seed, self.g_samples = horizon, seed, g_samples
         self.history = []
 
     def _audit(self, model, state):
         out = target_distances(model, self.teachers, self.prompts, self.responses, horizon=self.horizon,
-                               seed=self.seed)
+                               seed=self.seed, g_samples=self.g_samples)
         record = {"step": state.global_step, **{f"audit/KL to {name}": float(v)
                                                  for name, v in out["summary"]["mean over prompts"].items()},
                   "audit/closest": out["closest"], "audit/margin": out["margin"]}

@@ -93,3 +93,23 @@ def test_bad_input_is_a_value_error_naming_it(students):
         target_distances(student, bridge(machine), [[machine.n]], [[0], [1]])
     with pytest.raises(ValueError, match="horizon"):
         target_distances(student, bridge(machine), [[machine.n]], horizon=0)
+
+
+def test_the_monte_carlo_kl_to_g_matches_the_exact_tables(students):
+    """KL(q || g) from sampled ln Z's against aggregation's exact g on the same paths (the student's own
+    rollouts, horizon 3): within a few MC standard errors, and g is far from A and l here."""
+    machine, student = students["reverse"]
+    out = target_distances(student, bridge(machine), [[machine.n]] * 4, horizon=H, seed=3, g_samples=1000)
+    exact = target_log_probs(machine, WEIGHTS, H, "geometric")
+    positions = out["positions"]
+    for i in range(4):
+        response = [int(a) for a in out["responses"][i]]
+        state, h_rows = machine.start, positions[positions.prompt == i]
+        inputs = torch.tensor([[machine.n] + response[:-1]])
+        with torch.no_grad():
+            log_q = torch.log_softmax(student(input_ids=inputs).logits[0, :, :machine.n].double(), -1).numpy()
+        for t, row in zip(range(H), h_rows.itertuples()):
+            lt = exact[t, state]
+            assert row.g == pytest.approx(float(np.sum(np.exp(log_q[t]) * (log_q[t] - lt))), abs=0.01)
+            state = machine.next_state[state, response[t]]
+    assert out["summary"].loc["g", "mean KL"] > 0.05 + out["summary"].loc["l", "mean KL"]
