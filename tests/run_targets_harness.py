@@ -167,7 +167,7 @@ def expected_loss(run, tab):
     if isinstance(run, runs.TRLRun):
         jsd = library_function("trl", "generalized_jsd_loss", cls="GKDTrainer")
         lmbda = run.lmbda if run.samples.startswith("mixed") else 0.0
-        samples = "teacher" if run.samples.endswith("teacher") else run.samples
+        samples = "teacher" if run.samples.endswith("teacher") else run.samples.replace("mixed:", "")
         return _full_logit_loss(lambda theta, t: jsd(theta[None], t[None], beta=run.beta, temperature=run.temperature,
                                                      reduction="none").sum(-1)[0], tab, samples, run.teachers, lmbda)
     if isinstance(run, runs.LigerRun):

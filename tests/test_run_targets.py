@@ -136,6 +136,7 @@ def check_diverges(run, K):
 
 LIBRARY_CASES = [
     TRLRun(beta=0.0, lmbda=1.0), TRLRun(beta=1.0, lmbda=1.0), TRLRun(beta=0.5, lmbda=1.0),
+    TRLRun(beta=0.5, lmbda=0.5),                                          # the README's example
     TRLRun(beta=0.0, lmbda=0.0, seq_kd=True), TRLRun(beta=1.0, lmbda=0.0, seq_kd=True),
     TRLRun(beta=0.0, lmbda=0.5, seq_kd=True), TRLRun(beta=0.0, lmbda=0.0, seq_kd=True, teachers="pooled"),
     TRLRun(trainer="DistillationTrainer", beta=1.0, lmbda=1.0),
