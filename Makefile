@@ -43,12 +43,12 @@ oracle: .venv/.installed-test
 	mkdir -p $(ORACLE)/wheels
 	$(PIP) download -q --no-deps -d $(ORACLE)/wheels $(ORACLE_WHEELS)
 	$(PY) -c "import glob, zipfile; \
-	  want = {'trl': 'trl/experimental/gkd/', 'verl': 'verl/trainer/ppo/core_algos.py', \
+	  want = {'trl': 'trl/experimental/gkd/', 'verl': ('verl/trainer/ppo/core_algos.py', 'verl/trainer/distillation/fsdp/losses.py'), \
 	          'torchrl': 'torchrl/objectives/llm/distillation.py', 'liger_kernel': 'liger_kernel/chunked_loss/'}; \
 	  [zipfile.ZipFile(w).extractall('$(ORACLE)/' + ('liger' if p == 'liger_kernel' else p), \
 	     [n for n in zipfile.ZipFile(w).namelist() if n.startswith(want[p])]) \
 	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
-	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py
+	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py
 
 # Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).
 figures: .venv/.installed
