@@ -198,3 +198,25 @@ def test_draw_row_states_counts_rule_condition_and_sensitivity():
     assert verdicts.verdict_row("c", "", "", 0, 0, 0, "", verdicts.QUICK)["verdict"] == verdicts.QUICK
     empty, _ = verdicts.draw_row("c", "cond", "KL", [0.5, 0.5], 0.01, separation=[0.0, 0.0])
     assert empty["verdict"] == "inconclusive" and empty["estimate"] == 0.5        # shown over all draws
+
+
+def test_verdict_edges_defaults_and_tost_scaling():
+    """The edges the rules state: a bound met at the tolerance itself, an interval starting at it not
+    wholly beyond it; the defaults (a positive claim, margin 0, 'at most'); TOST's statistics divide by the
+    standard error, reject only below alpha, and refuse a zero s.e. or margin; a row keeps its labels."""
+    assert verdicts.bound_verdict(0.001, 0.01, 0.01) == "reproduces"                 # hi == tolerance
+    assert verdicts.bound_verdict(0.01, 0.02, 0.01) == "inconclusive"                # lo == tolerance
+    assert verdicts.bound_verdict(0.02, 0.03, 0.01) == "does not reproduce"
+    assert verdicts.effect_verdict(1e-4, 2e-4) == "reproduces"                      # sign +1, margin 0
+    assert verdicts.effect_verdict(-2e-4, -1e-4) == "does not reproduce"
+    p, eq = verdicts.tost(0.0, 0.5, 1.0)                                             # z = (0 + 1) / 0.5 = 2
+    assert p == pytest.approx(0.022750131948179, rel=1e-12) and eq
+    p, eq = verdicts.tost(0.5, 0.5, 1.0)                                             # the upper test: z = -1
+    assert p == pytest.approx(0.158655253931457, rel=1e-12) and not eq
+    p, _ = verdicts.tost(0.2, 0.4, 1.0)
+    assert verdicts.tost(0.2, 0.4, 1.0, alpha=p)[1] is False                         # p < alpha, strictly
+    for se, margin in ((0.0, 1.0), (1.0, 0.0), (-1.0, 1.0)):
+        with pytest.raises(ValueError):
+            verdicts.tost(0.0, se, margin)
+    row = verdicts.verdict_row("my claim", "my condition", "s", 1, 0, 2, "r", "inconclusive")
+    assert (row["claim"], row["condition"], row["statistic"], row["rule"]) == ("my claim", "my condition", "s", "r")
