@@ -102,7 +102,7 @@ def run_study(cell):
     students = goal_students(student, task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
     stream = cell.seed_array()
     rows, costs = verifiable.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
-                           seed=int(stream[0]))
+                                    seed=int(stream[0]), task_seed=task_id)
     students.lr = rl_lr                                     # RL starts its own Adam at its own rate
     rl_rows = verifiable.reinforce(task, runs, students, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
                           group=TRAINING["group"], seed=int(stream[1]))
