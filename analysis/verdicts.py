@@ -17,6 +17,7 @@ cannot decide; report the smallest effect the design could have seen, :func:`mde
     fieller            Fieller's confidence set for a ratio of two noisy estimates; ratio_resolved says whether
                        it resolves a share (bounded, and not holding both 0 and 1)
     check_margin       an equivalence or non-superiority margin, refused unless below the effect under test
+    clusters_for_power the clusters (tasks) a t-test needs for 80% power at an effect, from their spread
 """
 
 import math
@@ -219,3 +220,21 @@ def check_margin(margin, effect, name="margin"):
     if not (0 < margin < abs(effect)):
         raise ValueError(f"{name} = {margin!r} must be > 0 and below the effect under test |{effect!r}|")
     return float(margin)
+
+
+def clusters_for_power(sd, effect, level=0.95, power_target=0.8, most=1_000_000):
+    """The fewest clusters n (>= 2) at which the two-sided t-test over n cluster means of spread ``sd``
+    (se = sd / sqrt(n), df = n - 1) detects ``effect`` with probability ``power_target``; None when even
+    ``most`` clusters do not (or the effect is 0)."""
+    if not (sd > 0 and math.isfinite(sd)):
+        raise ValueError(f"sd = {sd!r} must be a finite number > 0")
+    enough = lambda n: t_power(effect, sd / math.sqrt(n), n - 1, level) >= power_target   # noqa: E731
+    if effect == 0 or not enough(most):
+        return None
+    lo, hi = 1, 2                               # not enough(lo) (one cluster: no test), enough(hi) after doubling
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi

@@ -249,3 +249,14 @@ def test_margins_must_lie_below_the_effect_under_test():
     for margin, effect in ((0.01, 0.01), (0.02, 0.01), (0.0, 0.01), (-0.001, 0.01), (0.001, 0.0)):
         with pytest.raises(ValueError, match="margin"):
             verdicts.check_margin(margin, effect)
+
+
+def test_clusters_for_power_is_the_first_count_with_80_percent_power():
+    sd, effect = 0.02, 0.01
+    power = lambda n: verdicts.t_power(effect, sd / np.sqrt(n), n - 1)            # noqa: E731
+    brute = next(n for n in range(2, 1000) if power(n) >= 0.8)
+    assert verdicts.clusters_for_power(sd, effect) == brute == verdicts.clusters_for_power(sd, -effect)
+    assert power(brute - 1) < 0.8 <= power(brute)
+    assert brute > (2.8016 * sd / effect) ** 2                                  # the z-test's count is too small
+    assert verdicts.clusters_for_power(sd, 0.0) is None and verdicts.clusters_for_power(1.0, 1e-9, most=100) is None
+    assert verdicts.clusters_for_power(0.01, 1.0) == 2
