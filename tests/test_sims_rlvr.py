@@ -277,3 +277,30 @@ def test_rlvr_figures_read_the_csvs(quick_rlvr):
 def test_rlvr_bad_arguments_exit_2_with_one_line(bad, tmp_path):
     proc = run_script("sims/rlvr.py", *bad, "--quick", "--out", tmp_path, check=False, timeout=60)
     assert_usage_error(proc)
+
+
+def test_a_share_whose_fieller_set_is_two_rays_decides_nothing():
+    """Task means whose denominator is not resolved: Fieller's set is (-inf, 0.83] and [2.41, inf), both
+    roots above 0.5, yet the share is not resolved (a bound on the roots would call it 'reproduces')."""
+    from sims import rlvr
+    num = [-0.0003, -0.0021, 0.0102, 0.0312, -0.0107, 0.0159]
+    den = [-0.0049, -0.0084, 0.0008, 0.0144, -0.0102, 0.0058]
+    row = rlvr._share_row(num, den, np.arange(6), "w", "fresh", "on", "off")
+    assert "(-inf, 0.83] and [2.41, inf): not resolved" in row["statistic"]
+    assert row["verdict"] == "inconclusive" and (row["lo"], row["hi"]) == (-np.inf, np.inf) and row["df"] == 5
+
+
+def test_the_reverse_direction_asks_whether_the_offline_arm_ever_reaches_the_on_policy_kl():
+    """An offline arm that dips to KL 0.05 and ends at 0.2 reaches an on-policy final KL of 0.1 within its
+    budget (at some checkpoint, not only at its end); one that never gets below 0.15 does not."""
+    from sims import rlvr
+    rows = []
+    for task, dip in enumerate((0.05, 0.15)):
+        for step, (off, on) in enumerate(((1.0, 1.0), (dip, 0.5), (0.2, 0.1))):
+            for method, kl, teacher, student in (("offline FKL", off, 1000, 0), ("on-policy FKL", on, 500 * step,
+                                                                                  250 * step)):
+                rows.append(dict(student="loglinear", condition="shared", task=task, seed=0, method=method,
+                                 objective="fkl", stage="distil", step=step, teacher_tokens=teacher,
+                                 student_tokens=student, kl_arithmetic=kl, kl_local=1.0, id_accuracy=0.5))
+    runs = rlvr.e6_runs(pd.DataFrame(rows)).set_index(["task", "method"])
+    assert runs.loc[(0, "on-policy FKL"), "offline_reaches_kl"] and not runs.loc[(1, "on-policy FKL"), "offline_reaches_kl"]
