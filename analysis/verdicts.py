@@ -162,7 +162,15 @@ def t_power(effect, se, df, level=0.95):
     df = _df(df)
     crit = stats.t.ppf(0.5 + level / 2, df)
     nc = abs(effect) / se
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    if math.isfinite(p):
+        return p
+    # scipy's noncentral t can return NaN at few df and a large noncentrality: integrate over the chi-square
+    # instead, T = (Z + nc) / s with s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)]
+    from scipy.integrate import quad
+    tail = lambda v: (stats.norm.cdf(nc - crit * math.sqrt(v / df)) + stats.norm.cdf(-nc - crit * math.sqrt(v / df))) \
+        * stats.chi2.pdf(v, df)                                                                   # noqa: E731
+    return float(quad(tail, 0, math.inf, limit=200)[0])
 
 
 def t_mde_80(se, df, level=0.95, power_target=0.8):

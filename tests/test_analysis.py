@@ -260,3 +260,16 @@ def test_clusters_for_power_is_the_first_count_with_80_percent_power():
     assert brute > (2.8016 * sd / effect) ** 2                                  # the z-test's count is too small
     assert verdicts.clusters_for_power(sd, 0.0) is None and verdicts.clusters_for_power(1.0, 1e-9, most=100) is None
     assert verdicts.clusters_for_power(0.01, 1.0) == 2
+
+
+def test_t_power_with_one_df_matches_simulated_t_tests_where_scipys_nct_fails(monkeypatch):
+    """Two clusters (df = 1): scipy's noncentral t is NaN near the 80%-power effect; the chi-square
+    integral takes over and agrees with simulation, and with the noncentral t where that is finite."""
+    from scipy import stats
+    se = 1 / np.sqrt(2)
+    mde = verdicts.t_mde_80(se, 1)
+    assert _t_rejections(mde, 2, seed=3) == pytest.approx(0.8, abs=0.01)
+    exact = {df: verdicts.t_power(3 * se, se, df) for df in (1, 7)}
+    monkeypatch.setattr(stats.nct, "sf", lambda *a: np.nan)
+    for df, p in exact.items():
+        assert verdicts.t_power(3 * se, se, df) == pytest.approx(p, abs=1e-7)
