@@ -232,7 +232,7 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     e4 = pd.read_csv(out / "e4.csv")
     assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
     v = pd.read_csv(out / "verdicts.csv")
-    assert set(v.verdict) <= {"reproduces", "does not reproduce", "inconclusive"}
+    assert set(v.verdict) <= set(verdicts.VERDICTS)
     e4_rows, e6_rows = v[v.claim.str.startswith("E4")], v[v.claim.str.startswith("E6")]
     assert len(e4_rows) == 2 * 2 * 2 * 5                      # students x conditions x objectives x claims
     assert len(e4_rows[e4_rows.claim.str.contains("control")]) == 24
