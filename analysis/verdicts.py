@@ -17,6 +17,11 @@ QUICK (a --quick run checks the pipeline, not the claims).
     tost               two one-sided tests of equivalence within +-margin
     cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
     verdict_row        one row of a study's verdicts.csv
+    t_power, t_mde_80  the power and the 80%-power effect of the two-sided t-test over clusters (noncentral t)
+    fieller            Fieller's confidence set for a ratio of two noisy estimates; ratio_resolved says whether
+                       it resolves a share (bounded, and not holding both 0 and 1)
+    check_margin       an equivalence or non-superiority margin, refused unless below the effect under test
+    clusters_for_power the clusters (tasks) a t-test needs for 80% power at an effect, from their spread
 """
 
 import math
@@ -223,3 +228,107 @@ def draw_row(claim, condition, statistic, values, tolerance, at_most=True, separ
                n_draws=len(table), n_decidable=n, n_hold=hold, stated_condition=cond,
                verdict_half_tolerance=QUICK if quick else sens[0], verdict_twice_tolerance=QUICK if quick else sens[1])
     return row, table.assign(tolerance=tolerance)
+
+
+# ------------------------------------------------------------------------------------------------
+# the test a row uses: Student-t power over clusters, Fieller sets for ratios, margins below the effect
+# ------------------------------------------------------------------------------------------------
+def _df(df):
+    if not (df > 0 and math.isfinite(df)):
+        raise ValueError(f"df = {df!r} must be a finite number > 0")
+    return float(df)
+
+
+def t_power(effect, se, df, level=0.95):
+    """The probability that the two-sided one-sample (or paired) t-test at ``level`` with ``df`` degrees
+    of freedom (clusters - 1) rejects 0 when the true effect is ``effect`` and the estimate's standard
+    error ``se``: P(|T| > t_crit) with T noncentral t(df, effect / se)."""
+    if not se > 0:
+        raise ValueError(f"se = {se!r} must be > 0")
+    df = _df(df)
+    crit = stats.t.ppf(0.5 + level / 2, df)
+    nc = abs(effect) / se
+    p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    if math.isfinite(p):
+        return p
+    # scipy's noncentral t can return NaN at few df and a large noncentrality: integrate over the chi-square
+    # instead, T = (Z + nc) / s with s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)]
+    from scipy.integrate import quad
+    tail = lambda v: (stats.norm.cdf(nc - crit * math.sqrt(v / df)) + stats.norm.cdf(-nc - crit * math.sqrt(v / df))) \
+        * stats.chi2.pdf(v, df)                                                                   # noqa: E731
+    return float(quad(tail, 0, math.inf, limit=200)[0])
+
+
+def t_mde_80(se, df, level=0.95, power_target=0.8):
+    """The smallest true effect that the two-sided t-test of :func:`t_power` detects with probability
+    ``power_target`` (the noncentral t, not the normal: with 7 df it is 1.17x the z-test's 2.80 se)."""
+    from scipy.optimize import brentq
+    if not se >= 0:
+        raise ValueError(f"se = {se!r} must be >= 0")
+    df = _df(df)
+    if not level / 2 < power_target < 1:
+        raise ValueError(f"power_target = {power_target!r} must lie in ({level / 2}, 1)")
+    if se == 0:
+        return 0.0
+    hi = stats.t.ppf(0.5 + level / 2, df) + stats.t.ppf(power_target, df) + 1.0
+    while t_power(hi, 1.0, df, level) < power_target:
+        hi *= 2
+    return float(brentq(lambda d: t_power(d, 1.0, df, level) - power_target, 0.0, hi, xtol=1e-12) * se)
+
+
+def fieller(num, den, se_num, se_den, cov=0.0, df=None, level=0.95):
+    """Fieller's ``level`` confidence set for the ratio num / den of two (jointly normal) estimates with
+    standard errors ``se_num``, ``se_den`` and covariance ``cov`` (t with ``df`` degrees of freedom, normal
+    when None): the ratios r with (num - r den)^2 <= q^2 Var(num - r den), the roots of
+    a r^2 - 2 b r + c = 0 with a = den^2 - q^2 se_den^2, b = num den - q^2 cov, c = num^2 - q^2 se_num^2.
+    Returns (estimate, lo, hi, kind): kind 'interval' ([lo, hi], when den is significantly nonzero),
+    'two rays' ((-inf, lo] and [hi, inf)) or 'whole line' (lo = -inf, hi = inf)."""
+    if not (se_num >= 0 and se_den >= 0):
+        raise ValueError(f"se_num = {se_num!r} and se_den = {se_den!r} must be >= 0")
+    q = stats.norm.ppf(0.5 + level / 2) if df is None else stats.t.ppf(0.5 + level / 2, _df(df))
+    a = den ** 2 - q ** 2 * se_den ** 2
+    b = num * den - q ** 2 * cov
+    c = num ** 2 - q ** 2 * se_num ** 2
+    disc = b * b - a * c
+    estimate = num / den if den != 0 else math.copysign(math.inf, num) if num != 0 else math.nan
+    if a > 0:                                   # disc >= 0 here (Cauchy-Schwarz); a bounded interval
+        root = math.sqrt(max(disc, 0.0))
+        return float(estimate), float((b - root) / a), float((b + root) / a), "interval"
+    if a < 0 and disc > 0:
+        root = math.sqrt(disc)
+        r1, r2 = sorted(((b - root) / a, (b + root) / a))
+        return float(estimate), float(r1), float(r2), "two rays"
+    return float(estimate), -math.inf, math.inf, "whole line"
+
+
+def ratio_resolved(lo, hi, kind):
+    """Whether a Fieller set (:func:`fieller`) resolves a share: 'not resolved' when it is unbounded
+    (two rays or the whole line) or holds both 0 and 1 (none of it and all of it are both consistent)."""
+    return kind == "interval" and not (lo <= 0 and hi >= 1)
+
+
+def check_margin(margin, effect, name="margin"):
+    """``margin`` when 0 < margin < |effect| (an equivalence or non-superiority margin must be smaller than
+    the effect it is meant to rule out: else an effect as large as the one measured, measured precisely,
+    would pass as 'none'); ValueError naming ``name`` otherwise."""
+    if not (0 < margin < abs(effect)):
+        raise ValueError(f"{name} = {margin!r} must be > 0 and below the effect under test |{effect!r}|")
+    return float(margin)
+
+
+def clusters_for_power(sd, effect, level=0.95, power_target=0.8, most=1_000_000):
+    """The fewest clusters n (>= 2) at which the two-sided t-test over n cluster means of spread ``sd``
+    (se = sd / sqrt(n), df = n - 1) detects ``effect`` with probability ``power_target``; None when even
+    ``most`` clusters do not (or the effect is 0)."""
+    if not (sd > 0 and math.isfinite(sd)):
+        raise ValueError(f"sd = {sd!r} must be a finite number > 0")
+    enough = lambda n: t_power(effect, sd / math.sqrt(n), n - 1, level) >= power_target   # noqa: E731
+    if effect == 0 or not enough(most):
+        return None
+    lo, hi = 1, 2                               # not enough(lo) (one cluster: no test), enough(hi) after doubling
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi

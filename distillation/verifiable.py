@@ -60,12 +60,21 @@ def checkpoints(steps):
     return {0} | ({int(v) for v in log_grid(steps)} if steps >= 1 else set())
 
 
-def distil(task, runs, students, steps=300, batch=32, seed=0):
+def pool_generator(task_seed, seed):
+    """The generator of the offline pool of student seed ``seed`` on the task of ``task_seed``: seeded by
+    both, so that no two tasks share a pool's start states and teacher draws (the seeds of a task are
+    clustered by task; a component shared across tasks would not be)."""
+    state = np.random.SeedSequence([10_000, int(task_seed), int(seed)]).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def distil(task, runs, students, steps=300, batch=32, seed=0, task_seed=0):
     """Distil every run at once (``students`` one per run, trained in place): runs is a list of (method,
     seed), method a ``configs.Method`` with ``objective`` (fkl, rkl, or '': no distillation), ``rollouts`` (offline:
-    minibatches from a pool of ``pool`` teacher traces drawn once per seed and shared by that seed's
-    offline methods; on-policy: the student's own responses; fresh: ``batch`` new teacher traces per run
-    every step, from their own generator so that adding them changes no other run) and ``pool``. Returns
+    minibatches from a pool of ``pool`` teacher traces drawn once per (``task_seed``, seed)
+    (:func:`pool_generator`) and shared by that seed's offline methods; on-policy: the student's own
+    responses; fresh: ``batch`` new teacher traces per run every step, from their own generator so that
+    adding them changes no other run) and ``pool``. Returns
     (rows of the exact outcomes at the :func:`checkpoints` with the cumulative costs, the final costs
     (teacher_tokens, student_tokens) (R,))."""
     R = len(runs)
@@ -80,7 +89,7 @@ def distil(task, runs, students, steps=300, batch=32, seed=0):
         method, s = runs[r]
         key = (s, method.pool)
         if key not in pools:
-            pools[key] = teacher_traces(task, method.pool, torch.Generator().manual_seed(10_000 + s))
+            pools[key] = teacher_traces(task, method.pool, pool_generator(task_seed, s))
         teacher_tokens[r] = task.K * float(pools[key].mask.sum())      # generated and scored once, up front
     lp = torch.as_tensor(task.teacher_logp, dtype=torch.float32)
     w = torch.as_tensor(task.weights)

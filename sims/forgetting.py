@@ -188,25 +188,32 @@ def frontier(quality, forgetting, at):
 
 
 def frontier_rows(df, student, margin=0.05, points=9):
-    """Forgetting at equal quality on B: per seed, the frontier of the alpha = 1 runs over that of the
-    alpha = 0 runs (every other factor free), read at ``points`` log-spaced qualities from the best both
-    reach up to LEARNED, as a geometric mean; a t-interval over seeds; 'alpha leaves forgetting
+    """Forgetting at equal quality on B, per objective (each run's quality is its KL to its own
+    objective's target, so objectives are never pooled): per seed, the frontier of the alpha = 1 runs over
+    that of the alpha = 0 runs (every other factor free), read at ``points`` log-spaced qualities from the
+    best both reach up to LEARNED, as a geometric mean; a t-interval over seeds; 'alpha leaves forgetting
     unchanged at equal quality' within 1 +- ``margin``."""
-    per_seed = []
-    for _, g in df.groupby("seed"):
-        ends = [g[g.alpha == a] for a in (0.0, 1.0)]
-        lo = max(e.quality.min() for e in ends)
-        if lo >= LEARNED:
-            continue
-        at = np.geomspace(lo, LEARNED, points)
-        f0, f1 = (np.maximum(frontier(e.quality, e.forgetting, at), FLOOR) for e in ends)
-        per_seed.append(float(np.mean(np.log(f1 / f0))))
-    if not per_seed:
-        return []
-    return [ratio_row(f"E3 alpha leaves forgetting unchanged at equal quality on B (within {margin:.0%})",
-                      f"{student}, the quality-forgetting frontier (quality < {LEARNED:g}), every other factor free",
-                      f"least forgetting at a quality on B, alpha = 1 over alpha = 0, geometric mean over {points} "
-                      f"qualities, mean", per_seed, margin)]
+    rows = []
+    for objective, part in df.groupby("objective", sort=False):
+        per_seed = []
+        for _, g in part.groupby("seed"):
+            ends = [g[g.alpha == a] for a in (0.0, 1.0)]
+            if any(e.empty for e in ends):
+                continue
+            lo = max(e.quality.min() for e in ends)
+            if lo >= LEARNED:
+                continue
+            at = np.geomspace(lo, LEARNED, points)
+            f0, f1 = (np.maximum(frontier(e.quality, e.forgetting, at), FLOOR) for e in ends)
+            per_seed.append(float(np.mean(np.log(f1 / f0))))
+        if per_seed:
+            rows.append(ratio_row(
+                f"E3 alpha leaves forgetting unchanged at equal quality on B (within {margin:.0%})",
+                f"{student}, {objective.upper()}, the quality-forgetting frontier (quality: KL to the "
+                f"{objective.upper()} target < {LEARNED:g}), every other factor free",
+                f"least forgetting at a quality on B, alpha = 1 over alpha = 0, geometric mean over {points} "
+                f"qualities, mean", per_seed, margin))
+    return rows
 
 
 def ratio_row(claim, condition, statistic, log_ratios, margin):

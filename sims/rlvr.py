@@ -28,6 +28,7 @@ Writes to ``--out`` (default results/rlvr):
   figures/       rlvr.png (E4), rlvr_cost.png (E6)
 """
 
+import argparse
 import os
 import sys
 
@@ -38,7 +39,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
-from analysis.verdicts import COLUMNS, effect_verdict, mde_80, power, tost, verdict_row  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from analysis.verdicts import (COLUMNS, bound_verdict, check_margin, clusters_for_power, count_verdict,  # noqa: E402
+                               effect_verdict, fieller, ratio_resolved, t_mde_80, t_power, tost, verdict_row)
 from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
@@ -72,8 +76,11 @@ METHODS = (
 )
 PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offline RKL")}
 FRESH = {"fkl": "fresh-teacher FKL", "rkl": "fresh-teacher RKL"}
-EQUIVALENCE_MARGIN = 0.01                    # E4: an OOD-accuracy difference within +-1 point is "no edge" (TOST)
+MARGIN_SHARE = 0.5                           # E4: equivalence / non-superiority margins are half the pre-RL edge
 PARITY = 0.001                               # E6: "reached the offline arm's ID accuracy" = within 0.001 of it
+DEFAULT_STUDENT_TOKEN_COST = 1.0             # E6: a generated student token costs f scored teacher tokens (f = 1) ...
+STUDENT_TOKEN_COSTS = (0.0, 1.0, 3.0)        # ... and the verdicts at each of these prices
+VERDICT_COLUMNS = COLUMNS + ("margin", "df", "mde_80", "power", "student_token_cost")
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
                    "neural": tuple(m for m in METHODS if m.pool in (0, 1024))}
 TRAINING = dict(batch=32, contexts=8, group=8)
@@ -102,7 +109,7 @@ def run_study(cell):
     students = goal_students(student, task, [task_id * 100 + s for _, s in runs], lr=distil_lr)
     stream = cell.seed_array()
     rows, costs = verifiable.distil(task, runs, students, steps=cell["distil_steps"], batch=TRAINING["batch"],
-                           seed=int(stream[0]))
+                                    seed=int(stream[0]), task_seed=task_id)
     students.lr = rl_lr                                     # RL starts its own Adam at its own rate
     rl_rows = verifiable.reinforce(task, runs, students, costs, steps=cell["rl_steps"], contexts=TRAINING["contexts"],
                           group=TRAINING["group"], seed=int(stream[1]))
@@ -177,20 +184,74 @@ def task_clustered(diff, tasks):
     return estimate, lo, hi, se, len(means)
 
 
-def verdicts(curves):
-    """verdicts.csv of E4 and E6 by stated rules, per student, feature condition and objective, the runs
-    clustered by task: 'an on-policy edge exists after distillation' (the t-interval over task means of
-    on-policy minus offline OOD accuracy above 0: reproduces; below the margin throughout: does not;
-    else inconclusive) and 'the edge does not survive RL' (TOST within +-EQUIVALENCE_MARGIN: reproduces;
-    interval after RL above 0: does not reproduce; otherwise inconclusive, with the smallest effect the
-    design detects at 80% power and its power to see the edge measured before RL); E6 'offline traces
-    reach parity at a lower cost': the on-policy arm's tokens to reach the offline arm's final ID accuracy
-    (and KL) over the offline arm's tokens, above 1 throughout the t-interval over task means: reproduces."""
+def _row(claim, condition, statistic, estimate, lo, hi, rule, verdict, **extra):
+    """A verdicts.csv row (``VERDICT_COLUMNS``): analysis.verdicts' columns and the test's margin, df, MDE,
+    power and the student-token price (NaN where a row has none)."""
+    return dict(verdict_row(claim, condition, statistic, estimate, lo, hi, rule, verdict),
+                **{k: float(extra.get(k, np.nan)) for k in VERDICT_COLUMNS[len(COLUMNS):]})
+
+
+def _edge_margin(edge):
+    """E4's equivalence and non-superiority margin: MARGIN_SHARE of the pre-RL edge when that is positive
+    (``check_margin``: strictly below it), else None (no edge to split or to lose)."""
+    return check_margin(MARGIN_SHARE * edge, edge) if edge > 0 else None
+
+
+def _t_tests(se, n):
+    """(df, the t-test's MDE at 80% power) over ``n`` task means with standard error ``se``."""
+    return (n - 1, t_mde_80(se, n - 1)) if n > 1 and se > 0 else (np.nan, np.nan)
+
+
+def _share_row(num, den, tasks_, where, fresh, on, off):
+    """E4's freshness share: (fresh - offline) / (on-policy - offline) over the task means, with its
+    Fieller set (t over the tasks); 'not resolved' when the set is unbounded or holds both 0 and 1."""
+    means = pd.DataFrame({"num": np.asarray(num, dtype=float), "den": np.asarray(den, dtype=float)}).groupby(
+        np.asarray(tasks_)).mean()
+    n = len(means)
+    claim = "E4 control: data freshness carries most of the edge (share > 0.5)"
+    statistic = (f"({fresh} minus {off}) over ({on} minus {off}) OOD accuracy after distillation, a ratio of "
+                 f"means of {n} task means")
+    rule = ("Fieller 95% set (t over tasks) not resolved (unbounded, or holds both 0 and 1): inconclusive; a "
+            "resolved set above 0.5: reproduces; below 0.5: does not; else inconclusive")
+    if n < 2:
+        return _row(claim, where, statistic + "; one task: no Fieller set", np.nan, np.nan, np.nan, rule,
+                    "inconclusive")
+    cov = float(np.cov(means.num, means.den, ddof=1)[0, 1]) / n
+    se_num, se_den = (float(means[c].std(ddof=1) / np.sqrt(n)) for c in ("num", "den"))
+    est, lo, hi, kind = fieller(means.num.mean(), means.den.mean(), se_num, se_den, cov, df=n - 1)
+    resolved = ratio_resolved(lo, hi, kind)
+    shown = {"interval": f"[{lo:.2f}, {hi:.2f}]", "two rays": f"(-inf, {lo:.2f}] and [{hi:.2f}, inf)",
+             "whole line": "the whole line"}[kind]
+    verdict = bound_verdict(lo, hi, 0.5, at_most=False) if resolved else "inconclusive"
+    lo, hi = (lo, hi) if kind == "interval" else (-np.inf, np.inf)
+    return _row(claim, where, f"{statistic}; Fieller 95% set {shown}: {'resolved' if resolved else 'not resolved'}",
+                est, lo, hi, rule, verdict, df=n - 1)
+
+
+def verdicts(curves, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
+    """verdicts.csv of E4 and E6 by stated rules (``VERDICT_COLUMNS``), per student, feature condition and
+    objective, the runs clustered by task (t over the task means, df = tasks - 1):
+
+    E4 'an on-policy edge exists after distillation': the interval of on-policy minus offline OOD accuracy
+    above 0: reproduces; below 0 throughout: does not; else inconclusive; with the t-test's MDE and the
+    tasks 80% power at the measured edge would need (tasks, not seeds: the task means' spread decides).
+    'The edge does not survive RL': TOST within +-margin, margin = MARGIN_SHARE x the pre-RL edge (below
+    it; no positive edge: no margin, inconclusive): reproduces; interval after RL above 0: does not; with
+    the MDE and the power (noncentral t) at the pre-RL edge. The fresh-teacher controls split the edge
+    (non-superiority at the same margin, 0 without an edge), and freshness's share of it by Fieller.
+
+    E6 per pool size and per student-token price f in STUDENT_TOKEN_COSTS (and ``student_token_cost``):
+    cost = teacher tokens + f x student tokens; the on-policy arm's cost to reach the offline arm's final
+    ID accuracy (within PARITY) and its final KL, crossings interpolated log-linearly between checkpoints,
+    over the offline arm's cost, a geometric mean over task means; runs that never reach it count at their
+    budget and make the estimate 'at least' with a one-sided bound. And the reverse: whether the offline
+    arm reaches the on-policy arm's final KL within its steps (f-free)."""
     ends = stage_ends(curves)
     rows = []
     for (student, condition), g in ends.groupby(["student", "condition"], sort=False):
         wide = g.set_index(["task", "seed", "method"]).unstack("method")
         tasks_ = wide.index.get_level_values("task")
+        seeds = wide.index.get_level_values("seed").nunique()
         for objective, (on, off) in PAIRS.items():
             if ("ood_accuracy_distil", on) not in wide or ("ood_accuracy_distil", off) not in wide:
                 continue
@@ -198,75 +259,154 @@ def verdicts(curves):
             diff = {stage: wide[(f"ood_accuracy_{stage}", on)] - wide[(f"ood_accuracy_{stage}", off)]
                     for stage in ("distil", "rl")}
             est, lo, hi, se, n = task_clustered(diff["distil"], tasks_)
-            rows.append(verdict_row("E4 an on-policy edge in OOD accuracy exists after distillation", where,
-                                    f"on-policy minus offline OOD accuracy, mean of {n} task means, 95% t-interval over tasks",
-                                    est, lo, hi, "interval above 0: reproduces; below +margin throughout: does not; "
-                                    "else inconclusive", effect_verdict(lo, hi, 1, EQUIVALENCE_MARGIN)))
-            edge = est
+            df, mde = _t_tests(se, n)
+            design = ""
+            if n > 1 and se > 0:
+                need = clusters_for_power(se * np.sqrt(n), est) if est != 0 else None
+                design = (f"; between-task s.d. of the task means {se * np.sqrt(n):.3f}: 80% power at this edge "
+                          f"needs {f'{need:,} tasks' if need else 'more than 10^6 tasks'} at {seeds} seeds each")
+            rows.append(_row("E4 an on-policy edge in OOD accuracy exists after distillation", where,
+                             f"on-policy minus offline OOD accuracy, mean of {n} task means, 95% t-interval over "
+                             f"tasks{design}", est, lo, hi,
+                             "interval above 0: reproduces; below 0 throughout (margin 0): does not; else inconclusive",
+                             effect_verdict(lo, hi, 1, 0.0) if n > 1 else "inconclusive", margin=0.0, df=df,
+                             mde_80=mde))
+            edge, margin = est, _edge_margin(est)
             est, lo, hi, se, n = task_clustered(diff["rl"], tasks_)
+            df, mde = _t_tests(se, n)
+            extra = dict(df=df, mde_80=mde)
             if n < 2:                                  # one task: no between-task spread to test against
                 verdict, tests = "inconclusive", "one task: no task-level interval, power or TOST"
+                rule = "TOST within +-margin: reproduces; interval above 0: does not; else inconclusive"
+            elif margin is None:
+                verdict, tests = "inconclusive", f"no positive pre-RL edge ({edge:+.3f}): no margin, nothing to lose"
+                rule = "TOST within +-margin: reproduces; interval above 0: does not; else inconclusive"
             else:
-                p, equivalent = tost(est, max(se, 1e-12), EQUIVALENCE_MARGIN, df=n - 1)
+                p, equivalent = tost(est, max(se, 1e-12), margin, df=n - 1)
                 verdict = ("reproduces" if equivalent else "does not reproduce" if lo > 0 else "inconclusive")
-                tests = (f"TOST p = {p:.2g} (margin {EQUIVALENCE_MARGIN:g}); smallest effect detectable at 80% power "
-                         f"{mde_80(se):.3f}; power to see the pre-RL edge ({edge:+.3f}) {power(edge, max(se, 1e-12)):.2f}")
-            rows.append(verdict_row(
-                "E4 the edge does not survive RL", where, f"the same difference after RL; {tests}", est, lo, hi,
-                f"TOST within +-{EQUIVALENCE_MARGIN:g}: reproduces; interval above 0: does not; else inconclusive",
-                verdict))
+                pw = t_power(edge, max(se, 1e-12), n - 1)
+                tests = (f"TOST p = {p:.2g}; t-test with {n - 1} df: smallest effect detectable at 80% power "
+                         f"{mde:.3f}, power to see the pre-RL edge ({edge:+.3f}) {pw:.2f}")
+                rule = (f"TOST within +-{margin:.2g} ({MARGIN_SHARE:g} x the pre-RL edge): reproduces; interval "
+                        f"above 0: does not; else inconclusive")
+                extra.update(margin=margin, power=pw)
+            rows.append(_row("E4 the edge does not survive RL", where, f"the same difference after RL; {tests}",
+                             est, lo, hi, rule, verdict, **extra))
             fresh = FRESH[objective]
             if ("ood_accuracy_distil", fresh) not in wide:
                 continue
+            control_margin = margin or 0.0
+            said = (f"{control_margin:.2g} ({MARGIN_SHARE:g} x the edge {edge:+.3f})" if margin else
+                    f"0 (no positive edge: {edge:+.3f})")
+            parts = {}
             for claim, a, b in (("E4 control: fresh teacher traces carry an OOD edge over the pool (data freshness)",
                                  fresh, off),
                                 ("E4 control: on-policy sampling carries an OOD edge beyond fresh teacher data",
                                  on, fresh)):
-                est, lo, hi, _, n = task_clustered(wide[("ood_accuracy_distil", a)] - wide[("ood_accuracy_distil", b)],
-                                                   tasks_)
-                rows.append(verdict_row(claim, where, f"{a} minus {b} OOD accuracy after distillation, mean of {n} "
-                                        f"task means, 95% t-interval over tasks", est, lo, hi,
-                                        "interval above 0: reproduces; below +margin throughout: does not; else "
-                                        "inconclusive", effect_verdict(lo, hi, 1, EQUIVALENCE_MARGIN)))
+                parts[a, b] = wide[("ood_accuracy_distil", a)] - wide[("ood_accuracy_distil", b)]
+                est, lo, hi, se, n = task_clustered(parts[a, b], tasks_)
+                df, mde = _t_tests(se, n)
+                rows.append(_row(claim, where, f"{a} minus {b} OOD accuracy after distillation, mean of {n} task "
+                                 f"means, 95% t-interval over tasks", est, lo, hi,
+                                 f"interval above 0: reproduces; below +{said} throughout: does not; else "
+                                 f"inconclusive",
+                                 effect_verdict(lo, hi, 1, control_margin) if n > 1 else "inconclusive",
+                                 margin=control_margin, df=df, mde_80=mde))
+            rows.append(_share_row(parts[fresh, off], diff["distil"], tasks_, where, fresh, on, off))
     if not {"objective", "teacher_tokens", "student_tokens", "kl_arithmetic", "kl_local"} <= set(curves.columns):
-        return pd.DataFrame(rows, columns=list(COLUMNS))                 # E4's curves only
+        return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))                 # E4's curves only
     by_pool = {}                                   # E6 against each pool size: {pool: {objective: method}}
     for m in METHODS:
         if m.offline and m.method in set(curves.method):
             by_pool.setdefault(m.pool, {})[m.objective] = m.method
+    prices = sorted(set(STUDENT_TOKEN_COSTS) | {float(student_token_cost)})
     for pool, references in sorted(by_pool.items()):
-        rows += _e6_rows(e6_runs(curves, references), pool)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+        for f in prices:
+            rows += _e6_rows(e6_runs(curves, references, f), pool, f)
+        rows += _reverse_rows(e6_runs(curves, references), pool)
+    return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
 
 
-def _e6_rows(runs, pool):
-    """E6's verdict rows: the on-policy arms' cost to parity against the offline arms of ``pool`` traces."""
+E6_TARGETS = (   # (claim, the offline arm's end point it names, the e6_runs column of the cost to reach it)
+    ("E6 offline traces reach parity with on-policy distillation at a lower cost (final ID accuracy (within "
+     f"{PARITY:g}))", f"final ID accuracy (within {PARITY:g})", "cost_to_offline_accuracy"),
+    ("E6 on-policy distillation needs more tokens than the offline arm to reach the offline arm's final KL",
+     "final KL to the target", "cost_to_offline_kl"),
+)
+
+
+def _e6_rows(runs, pool, f):
+    """E6's rows at student-token price ``f``: the on-policy arms' cost to reach each end point of the
+    offline arm of ``pool`` traces, over the offline arm's cost (:data:`E6_TARGETS`). Censored runs
+    (never reached within the budget) count at their budget: the estimate is then 'at least' with a
+    one-sided 95% bound (hi = inf), and may decide 'reproduces' only if some run reached it."""
     rows = []
     for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
         if method not in (on for on, _ in PAIRS.values()):
             continue
-        for target, column in (("final ID accuracy (within 0.001)", "cost_to_offline_accuracy"),
-                               ("final KL to the target", "cost_to_offline_kl")):
+        for claim, target, column in E6_TARGETS:
             reached = g[column].notna()
-            # a run that never reaches it within the budget counts at its whole budget: a lower bound
+            censored = int((~reached).sum())
             ratio = np.where(reached, g[column], g.cost) / g.offline_cost
-            est, lo, hi, _, n = task_clustered(np.log(ratio), g.task.to_numpy())
-            rows.append(verdict_row(
-                f"E6 offline traces reach parity with on-policy distillation at a lower cost ({target})",
-                f"{student}, {condition}, {method} against its offline arm ({pool:,} traces)",
-                f"on-policy tokens to reach the offline arm's {target} over the offline arm's tokens; reached in "
-                f"{int(reached.sum())} of {len(g)} runs (the others at their whole budget, a lower bound); "
-                f"geometric mean of {n} task means, 95% t-interval over tasks", float(np.exp(est)), float(np.exp(lo)),
-                float(np.exp(hi)),
-                "ratio interval above 1 (on-policy costs more): reproduces; below 1: does not; else inconclusive",
-                effect_verdict(lo, hi, 1, 0.0)))
+            est, lo, hi, se, n = task_clustered(np.log(ratio), g.task.to_numpy())
+            df = n - 1 if n > 1 else np.nan
+            where = f"{student}, {condition}, f = {f:g}, {method} against its offline arm ({pool:,} traces)"
+            what = (f"on-policy cost (teacher tokens + {f:g} x student tokens) to reach the offline arm's {target} "
+                    f"(interpolated log-linearly between checkpoints) over the offline arm's; reached in "
+                    f"{int(reached.sum())} of {len(g)} runs")
+            if n < 2 or not np.isfinite(se):
+                verdict, said, lo, hi = "inconclusive", "; one task: no interval", np.nan, np.nan
+            elif censored:
+                lo, hi = est - stats.t.ppf(0.95, n - 1) * se, np.inf
+                verdict = "reproduces" if lo > 0 and reached.any() else "inconclusive"
+                never = "" if reached.any() else "; never reached: the verdict may not rest on censored runs alone"
+                said = (f" (the other {censored} at their budget: the estimate is at least the geometric mean "
+                        f"shown{never}); one-sided 95% t lower bound over {n} task means")
+            else:
+                verdict = effect_verdict(lo, hi, 1, 0.0)
+                said = f"; geometric mean of {n} task means, 95% t-interval over tasks"
+            rule = ("ratio interval above 1 (on-policy costs more): reproduces; below 1: does not; else inconclusive; "
+                    "censored runs: only the one-sided lower bound above 1 decides (reproduces), with a run reached")
+            rows.append(_row(claim, where, ("at least: " if censored else "") + what + said, float(np.exp(est)),
+                             float(np.exp(lo)), float(np.exp(hi)), rule, verdict, df=df, student_token_cost=f))
     return rows
 
 
-def _first_at_most(cost, value, threshold):
-    """The cost at the first checkpoint where value <= threshold (NaN if never)."""
-    hit = np.nonzero(np.asarray(value) <= threshold)[0]
-    return float(np.asarray(cost)[hit[0]]) if hit.size else float("nan")
+def _reverse_rows(runs, pool):
+    """E6 the other way: does the offline arm of ``pool`` traces reach the on-policy arm's final KL at any
+    checkpoint of its steps (its budget; its cost does not grow with steps)? Counted over runs; 'never' is a
+    result (does not reproduce)."""
+    rows = []
+    for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
+        if method not in (on for on, _ in PAIRS.values()):
+            continue
+        reached = g.offline_reaches_kl.to_numpy(dtype=float)
+        verdict, met = count_verdict(reached, 0.5, at_most=False)
+        share = reached.mean()
+        rows.append(_row(
+            "E6 the offline arm reaches the on-policy arm's final KL within its budget",
+            f"{student}, {condition}, {method}'s offline arm ({pool:,} traces)",
+            f"share of runs whose offline arm's KL falls to the on-policy arm's final KL at some checkpoint: {met} of "
+            f"{len(g)} runs ({'never' if met == 0 else 'always' if met == len(g) else 'some'}); [min, max] over "
+            f"tasks of the share", share, g.groupby("task").offline_reaches_kl.mean().min(),
+            g.groupby("task").offline_reaches_kl.mean().max(),
+            "every run reaches it: reproduces; none (never): does not; some: under stated conditions", verdict))
+    return rows
+
+
+def crossing_cost(cost, value, threshold):
+    """The cost at which ``value`` first falls to ``threshold`` or below (NaN if never): between the last
+    checkpoint above it and the first at or below, value is taken linear in log cost (the checkpoints
+    are log-spaced); at the first checkpoint's cost when the one before costs nothing."""
+    cost, value = np.asarray(cost, dtype=float), np.asarray(value, dtype=float)
+    hit = np.nonzero(value <= threshold)[0]
+    if not hit.size:
+        return float("nan")
+    i = hit[0]
+    if i == 0 or cost[i - 1] <= 0 or cost[i] <= cost[i - 1]:
+        return float(cost[i])
+    t = (value[i - 1] - threshold) / (value[i - 1] - value[i])
+    return float(np.exp(np.log(cost[i - 1]) + t * (np.log(cost[i]) - np.log(cost[i - 1]))))
 
 
 def _last_at_most(value, cost, budget):
@@ -275,15 +415,19 @@ def _last_at_most(value, cost, budget):
     return float(within[-1]) if within.size else float("nan")
 
 
-def e6_runs(curves, references=None):
-    """One row per run of a distilled method: cost = teacher forward tokens + student generated tokens at
-    the end of distillation, the KL (per position, on the student's ID rollouts) to its objective's
-    target, the ID accuracy; the KL at the reference offline method's cost (``references`` {objective:
-    method}, default the pools of 1024 traces of PAIRS; its cost ``offline_cost``), the cost to reach the
-    reference's final KL and the cost to reach its final ID accuracy (within PARITY)."""
+def e6_runs(curves, references=None, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
+    """One row per run of a distilled method: cost = teacher forward tokens + f x student generated tokens
+    (f = ``student_token_cost``, the price of a generated student token in scored teacher tokens) at the
+    end of distillation, the KL (per position, on the student's ID rollouts) to its objective's target, the
+    ID accuracy; the KL at the reference offline method's cost (``references`` {objective: method}, default
+    the pools of 1024 traces of PAIRS; its cost ``offline_cost``), the cost to reach the reference's final
+    KL and its final ID accuracy (within PARITY) (:func:`crossing_cost`), and whether the reference reaches
+    this run's final KL at some checkpoint (``offline_reaches_kl``)."""
+    if not (student_token_cost >= 0 and np.isfinite(student_token_cost)):
+        raise ValueError(f"student_token_cost = {student_token_cost!r} must be a finite number >= 0")
     references = references or {obj: off for obj, (_, off) in PAIRS.items()}
     d = curves[(curves.stage == "distil") & curves.objective.isin(list(references))].copy()
-    d["cost"] = d.teacher_tokens + d.student_tokens
+    d["cost"] = d.teacher_tokens + student_token_cost * d.student_tokens
     d["kl_target"] = np.where(d.objective == "fkl", d.kl_arithmetic, d.kl_local)
     keys = ["student", "condition", "task", "seed"]
     per_run = []
@@ -295,26 +439,29 @@ def e6_runs(curves, references=None):
             ref = offline[end.objective].sort_values("step")
             if ref.empty:                               # this student does not run that reference arm
                 continue
-            ref_cost, ref_kl, ref_acc = float(ref.cost.iloc[-1]), float(ref.kl_target.iloc[-1]), float(ref.id_accuracy.iloc[-1])
+            ref_end = ref.iloc[-1]
+            ref_cost, ref_kl, ref_acc = float(ref_end.cost), float(ref_end.kl_target), float(ref_end.id_accuracy)
             row = dict(student=student, condition=condition, task=task, seed=seed, method=method,
                        objective=end.objective,
                        cost=end.cost, teacher_tokens=end.teacher_tokens, student_tokens=end.student_tokens,
                        kl_target=end.kl_target, id_accuracy=end.id_accuracy,
                        kl_at_offline_cost=_last_at_most(run.kl_target, run.cost, ref_cost),
-                       cost_to_offline_kl=_first_at_most(run.cost, run.kl_target, ref_kl),
-                       cost_to_offline_accuracy=_first_at_most(run.cost, -run.id_accuracy, -(ref_acc - PARITY)),
-                       offline_cost=ref_cost)
+                       cost_to_offline_kl=crossing_cost(run.cost, run.kl_target, ref_kl),
+                       cost_to_offline_accuracy=crossing_cost(run.cost, -run.id_accuracy, -(ref_acc - PARITY)),
+                       offline_cost=ref_cost, offline_reaches_kl=bool((ref.kl_target <= end.kl_target).any()),
+                       student_token_cost=float(student_token_cost))
             per_run.append(row)
     return pd.DataFrame(per_run)
 
 
-def e6_table(curves):
+def e6_table(curves, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
     """:func:`e6_runs` summarised per student, condition and method: means with intervals over (task,
     seed), and how many runs reached the offline arm's KL and ID accuracy."""
-    per_run = e6_runs(curves)
+    per_run = e6_runs(curves, student_token_cost=student_token_cost)
     rows = []
     for (student, condition, method), g in per_run.groupby(["student", "condition", "method"], sort=False):
-        row = dict(student=student, condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g))
+        row = dict(student=student, condition=condition, method=method, objective=g.objective.iloc[0], runs=len(g),
+                   student_token_cost=float(student_token_cost))
         for col in ("cost", "teacher_tokens", "student_tokens", "kl_target", "id_accuracy", "kl_at_offline_cost",
                     "cost_to_offline_kl", "cost_to_offline_accuracy"):
             values = g[col].dropna()
@@ -327,8 +474,23 @@ def e6_table(curves):
     return pd.DataFrame(rows)
 
 
+def _price(text):
+    """--student-token-cost: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value >= 0 and np.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"--student-token-cost must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def main(argv=None):
     ap = experiment_parser("rlvr.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
+    ap.add_argument("--student-token-cost", type=_price, default=DEFAULT_STUDENT_TOKEN_COST,
+                    help=f"E6: the price of a generated student token in scored teacher tokens (default "
+                         f"{DEFAULT_STUDENT_TOKEN_COST:g}; the verdicts are also computed at "
+                         f"{', '.join(f'{f:g}' for f in STUDENT_TOKEN_COSTS)})")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, args.full, seeds=args.seeds)
     cells = cells_for(size, args.only or EXPERIMENTS, args.base_seed)
@@ -337,10 +499,10 @@ def main(argv=None):
     curves = pd.concat([r["curves"] for r in results], ignore_index=True)
     write_csv(os.path.join(args.out, "curves.csv"), curves)
     write_csv(os.path.join(args.out, "teachers.csv"), pd.concat([r["teachers"] for r in results], ignore_index=True))
-    e4, e6 = e4_table(curves), e6_table(curves)
+    e4, e6 = e4_table(curves), e6_table(curves, args.student_token_cost)
     write_csv(os.path.join(args.out, "e4.csv"), e4)
     write_csv(os.path.join(args.out, "e6.csv"), e6)
-    write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(curves))
+    write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(curves, args.student_token_cost))
     if not args.quiet:
         print(e4[e4.comparison.str.contains(" - ")].to_string(index=False, float_format=lambda v: f"{v:.3f}"),
               file=sys.stderr)

@@ -34,7 +34,7 @@ def distilled(task):
 
 def test_distillation_counts_every_token(task, distilled):
     runs, W0, W, rows, (teacher, student) = distilled
-    pool = verifiable.teacher_traces(task, 128, torch.Generator().manual_seed(10_000))
+    pool = verifiable.teacher_traces(task, 128, verifiable.pool_generator(0, 0))
     assert teacher[0] == task.K * int(pool.mask.sum()) and student[0] == 0         # paid once, up front
     for r in (1, 2):
         assert student[r] > 250 * 32 and teacher[r] == task.K * student[r]        # every student token scored
@@ -43,6 +43,16 @@ def test_distillation_counts_every_token(task, distilled):
     last = rows[rows.step == 250].set_index("method")
     assert last.loc["offline FKL", "teacher_tokens"] == teacher[0]
     assert last.loc["on-policy RKL", "student_tokens"] == student[2]
+
+
+def test_offline_pools_are_drawn_per_task_and_seed(task):
+    """The pool of seed s on one task shares nothing with seed s's pool on another task (the t-interval
+    over tasks treats tasks as independent), and the same (task, seed) draws the same pool."""
+    draw = lambda task_seed, seed: verifiable.teacher_traces(task, 64, verifiable.pool_generator(task_seed, seed))  # noqa: E731
+    same, other_task, other_seed = draw(3, 1), draw(4, 1), draw(3, 2)
+    assert torch.equal(draw(3, 1).states, same.states)
+    assert not torch.equal(same.states[:, 0], other_task.states[:, 0])
+    assert not torch.equal(same.states[:, 0], other_seed.states[:, 0])
 
 
 @pytest.mark.parametrize("change", [dict(objective="sft"), dict(rollouts="online"), dict(pool=0), dict(size=3)])

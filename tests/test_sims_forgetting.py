@@ -148,6 +148,21 @@ def test_forgetting_at_equal_quality_reads_the_frontiers_not_the_learning_rates(
     assert row["estimate"] == pytest.approx(2.0, rel=1e-3) and row["verdict"] == "does not reproduce"
 
 
+def test_the_frontier_is_read_per_objective_each_against_its_own_target():
+    """FKL runs whose alpha = 1 frontier equals alpha = 0's and RKL runs whose alpha = 1 forgetting is
+    doubled and whose qualities (KL to another target) are 10x smaller: one row per objective, 1 and 2;
+    pooled, the RKL runs' small KLs would set the whole frontier."""
+    from sims import forgetting
+    fkl = _frontier_design([(0.005, 1e-3), (0.001, 1e-2), (0.009, 1e-4)])
+    rkl = _frontier_design([(0.009, 2e-4), (0.005, 2e-3), (0.001, 2e-2)]).assign(
+        objective="rkl", quality=lambda d: d.quality / 10)
+    rows = pd.DataFrame(forgetting.frontier_rows(pd.concat([fkl, rkl], ignore_index=True), "neural"))
+    assert list(rows.condition.str.split(",").str[1].str.strip()) == ["FKL", "RKL"]
+    assert rows.estimate.to_numpy() == pytest.approx([1.0, 2.0], rel=1e-3)
+    assert list(rows.verdict) == ["reproduces", "does not reproduce"]
+    assert rows.condition.str.contains("KL to the FKL target").iloc[0]
+
+
 def test_precision_rows_read_each_storage_and_the_served_copy():
     """float32 moves the same share at every rate; bf16 storage moves 0.1 at the lowest rate and 0.6 at
     the highest; mixed precision's master moves like float32 and its served copy like bf16 storage."""
