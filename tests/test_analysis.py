@@ -222,15 +222,6 @@ def test_verdict_edges_defaults_and_tost_scaling():
     assert (row["claim"], row["condition"], row["statistic"], row["rule"]) == ("my claim", "my condition", "s", "r")
 
 
-def test_count_row_states_the_count_the_range_and_the_rule():
-    from analysis.verdicts import count_row
-    row = count_row("c", "k", "|bias|", [3.0, 1.0, 2.0, 0.5], 1.0, unit="random pair")
-    assert row["statistic"] == "|bias|; 2 of 4 random pairs <= 1; median [min, max] over the pairs"
-    assert (row["estimate"], row["lo"], row["hi"]) == (1.5, 0.5, 3.0)
-    assert row["verdict"] == "reproduces under stated conditions"
-    assert row["rule"].startswith("every random pair <= 1: reproduces")
-
-
 # ------------------------------------------------------------------------------------------------
 # the test a row uses: t over clusters, Fieller, margins
 # ------------------------------------------------------------------------------------------------
