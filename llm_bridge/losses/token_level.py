@@ -203,6 +203,7 @@ def _kernel(problem, kind, beta):
     return kernel
 
 
+@torch.compiler.disable
 def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_temperature, teacher_temperature,
                 chunk_size, reduction, vocab_size, tail, metrics, beta=None, num_items_in_batch=None,
                 empty_mask="zero"):
@@ -287,6 +288,13 @@ def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, ma
     kind: 'forward', 'reverse' or 'jsd' (with ``beta``). Gradients flow to ``hidden_states`` and to
     ``lm_head_weight`` (every reduction but 'none'). Returns (loss, metrics) as the other losses.
     """
+    return _fused(hidden_states, lm_head_weight, teacher_logits, weights, mask, kind, beta, bias, student_temperature,
+                  teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, num_items_in_batch, empty_mask)
+
+
+@torch.compiler.disable
+def _fused(hidden_states, lm_head_weight, teacher_logits, weights, mask, kind, beta, bias, student_temperature,
+           teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, num_items_in_batch, empty_mask):
     if kind not in ("forward", "reverse", "jsd"):
         raise ValueError(f"kind = {kind!r} must be 'forward', 'reverse' or 'jsd'")
     if not torch.is_tensor(hidden_states) or hidden_states.ndim != 3:
