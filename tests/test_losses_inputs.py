@@ -490,3 +490,25 @@ def test_shifted_student_and_teachers_are_read_chunk_by_chunk_with_no_whole_copy
         assert largest_allocation(lambda: fn(s[:, :-1], t[:, :, :-1], W3, chunk_size=8, metrics=False)) < whole / 4
         permuted = t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)[:, :, :-1]
         assert largest_allocation(lambda: fn(s[:, :-1], permuted, W3, chunk_size=8, metrics=False)) < whole / 4
+
+
+def test_backward_hands_over_the_gradient_without_a_second_full_size_buffer():
+    """loss.backward() (upstream gradient 1) allocates nothing near the (B, T, V) gradient: the buffer
+    filled in the forward pass becomes the student's .grad (a scaled upstream gradient, or a retained
+    graph, costs one copy, and the gradient stays right: 2 x and twice the same)."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(36)
+    B, T, V = 2, 64, 500
+    s = torch.randn(B, T, V, generator=g).requires_grad_()
+    t = torch.randn(3, B, T, V, generator=g)
+    whole = B * T * V * 4
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        loss, _ = fn(s, t, W3, chunk_size=8, metrics=False)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss.backward()
+        assert max(e.cpu_memory_usage for e in prof.events()) < whole / 4
+        once, s.grad = s.grad, None
+        loss, _ = fn(s, t, W3, chunk_size=8, metrics=False)
+        (twice,) = torch.autograd.grad(2 * loss, s, retain_graph=True)
+        torch.testing.assert_close(twice, 2 * once, rtol=1e-6, atol=0)
+        assert torch.equal(torch.autograd.grad(loss, s)[0], once)
