@@ -512,3 +512,27 @@ def test_backward_hands_over_the_gradient_without_a_second_full_size_buffer():
         (twice,) = torch.autograd.grad(2 * loss, s, retain_graph=True)
         torch.testing.assert_close(twice, 2 * once, rtol=1e-6, atol=0)
         assert torch.equal(torch.autograd.grad(loss, s)[0], once)
+
+
+def test_the_readme_snippet_uses_trl_s_shifted_convention():
+    """The README's first losses snippet runs, drops the logits' last position and shifts the labels'
+    mask: its loss equals the mean over the positions t whose label at t + 1 is kept, written out."""
+    import re
+    from conftest import ROOT
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Distillation losses for training loops"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    g = torch.Generator().manual_seed(37)
+    B, T, V = 2, 6, 7
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[0, 4:] = -100
+    labels[1, :2] = -100
+    ns = {"student_logits": torch.randn(B, T, V, generator=g, dtype=torch.float64).requires_grad_(),
+          "teacher_logits": torch.randn(3, B, T, V, generator=g, dtype=torch.float64), "labels": labels}
+    exec(code, ns)
+    w = torch.tensor([[0.5, 0.3, 0.2]] * B, dtype=torch.float64)
+    per = per_position("forward", ns["student_logits"][:, :-1], ns["teacher_logits"][:, :, :-1], w)
+    kept = labels[:, 1:] != -100
+    assert float(ns["loss"]) == pytest.approx(float(per[kept].mean()), rel=1e-12)
+    assert ns["metrics"]["n_positions"] == int(kept.sum()) == 7
+    assert ns["student_logits"].grad is not None and torch.all(ns["student_logits"].grad[:, -1] == 0)
