@@ -159,7 +159,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the V = 32000 logits cases only")
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the cold (peak) call")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1: on a shared, "
+                    "oversubscribed machine every parallel op waits for its threads to be scheduled)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "bench_losses.csv"))
     ap.add_argument("--child", nargs=4, metavar=("SIZE", "DTYPE", "LAYOUT", "CONTENDER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
