@@ -4,6 +4,7 @@ deliberate breaks listed in the issue (per-sample weights on the masked path, th
 reduction 'sum', importance weights in reward mode). Every expected value is written out in float64."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -365,7 +366,9 @@ def test_audit_rows_for_the_forward_direction_k3_plus_and_the_clamp():
 # issue 31: what a TRL / Trainer user hits (compile with shifted views, empty steps, low-precision
 # weights, numeric temperatures, inference), each against a value written out or the eager result
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY") == "default", reason="inductor's C++ code uses at::vec, which the "
+    "'default' capability leaves undeclared (a torch build issue, not the loss's)"))])
 def test_a_compiled_step_with_shifted_student_and_teacher_views_equals_the_eager_step(backend):
     """TRL's GKD pattern: logits[:, :-1] against teacher_logits[:, :, :-1] (views that no flat view can
     express) inside a torch.compile'd step, with a linear 'model' in front: loss and gradients equal

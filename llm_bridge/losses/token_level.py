@@ -138,8 +138,10 @@ def _kernel(problem, kind, beta):
         return A, neg_entropy, r
 
     def metrics_of(A, neg_entropy, r):
-        return {"teacher_disagreement": neg_entropy - torch.special.xlogy(A, A).sum(-1),
-                "neg_log_z": -torch.logsumexp(r, -1)}
+        a_log_a = _dot(A, torch.log(A))
+        if not bool(torch.isfinite(a_log_a).all()):                   # A = 0 somewhere (-inf logits)
+            a_log_a = torch.special.xlogy(A, A).sum(-1)
+        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -torch.logsumexp(r, -1)}
 
     def full(idx, z, factor, need_grad):
         w = problem.weights_at(idx, z.device)
