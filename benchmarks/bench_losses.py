@@ -18,6 +18,7 @@ on the student's logits, contiguous or shifted (``student[:, :-1]`` and ``teache
 
     python benchmarks/bench_losses.py                 # every case below, writes benchmarks/bench_losses.csv
     python benchmarks/bench_losses.py --quick         # V = 32000 logits cases only
+    python benchmarks/bench_losses.py --sizes V151936 --layouts contiguous,shifted --out qwen.csv
 
 Peak = the growth of the process's high-water mark (getrusage ru_maxrss) over one cold forward +
 backward, above the inputs (which are built without transients: the mark before the call is within
@@ -146,18 +147,23 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
     print(json.dumps({"peak_mib": peak, "slack_mib": mark - before, "inputs_mib": before, "time_s": min(times)}))
 
 
-def cases(quick, liger):
-    for size in SIZES if not quick else ("V32000",):
-        for dtype in ("float32", "bf16"):
-            for layout in ("contiguous", "shifted"):
-                yield size, dtype, layout, LOGIT_CONTENDERS
-            if liger and not quick:
-                yield size, dtype, "fused", FUSED_CONTENDERS
+def cases(sizes, dtypes, layouts, liger):
+    for size in sizes:
+        for dtype in dtypes:
+            for layout in layouts:
+                if layout != "fused":
+                    yield size, dtype, layout, LOGIT_CONTENDERS
+                elif liger:
+                    yield size, dtype, "fused", FUSED_CONTENDERS
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the V = 32000 logits cases only")
+    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {list(SIZES)}")
+    ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated, of float32 and bf16")
+    ap.add_argument("--layouts", default="contiguous,shifted,fused", help="comma-separated, of contiguous, "
+                    "shifted (the student's logits) and fused (hidden states, against Liger)")
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the cold (peak) call")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1: on a shared, "
                     "oversubscribed machine every parallel op waits for its threads to be scheduled)")
@@ -177,7 +183,10 @@ def main():
     print(f"threads = {args.threads}; fresh process per contender, default allocator; Liger: "
           f"{'LigerFusedLinearJSDLoss 0.8.5 (torch path)' if liger else 'absent (make oracle)'}")
     rows = []
-    for size, dtype, layout, contenders in cases(args.quick, liger):
+    sizes, layouts = args.sizes.split(","), args.layouts.split(",")
+    if args.quick:
+        sizes, layouts = ["V32000"], [x for x in layouts if x != "fused"]
+    for size, dtype, layout, contenders in cases(sizes, args.dtypes.split(","), layouts, liger):
         result = {}
         for contender in contenders:
             out = subprocess.run([sys.executable, __file__, "--child", size, dtype, layout, contender,
