@@ -23,7 +23,8 @@ on the student's logits, contiguous or shifted (``student[:, :-1]`` and ``teache
 Peak = the growth of the process's high-water mark (getrusage ru_maxrss) over one cold forward +
 backward, above the inputs (which are built without transients: the mark before the call is within
 ``slack_mib`` of the resident size). Time = the best of ``--repeats`` further calls. Ratios between
-contenders of one case, not absolute numbers, are what carries over (the machine may be shared).
+contenders of one case, not absolute numbers, are what carries over (the machine may be shared; each
+row records the process's ``nice`` value, since a shared machine may lower a long job's priority).
 """
 
 import argparse
@@ -144,7 +145,8 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
         times.append(time.perf_counter() - t0)
         for p in params:
             p.grad = None
-    print(json.dumps({"peak_mib": peak, "slack_mib": mark - before, "inputs_mib": before, "time_s": min(times)}))
+    print(json.dumps({"peak_mib": peak, "slack_mib": mark - before, "inputs_mib": before, "time_s": min(times),
+                      "nice": os.nice(0)}))
 
 
 def cases(sizes, dtypes, layouts, liger):
@@ -195,10 +197,11 @@ def main():
             result[contender] = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append({"size": size, **SIZES[size], "dtype": dtype, "layout": layout, "contender": contender,
                          **{k: round(v, 4) for k, v in result[contender].items()}})
+            result[contender]["nice"] = int(result[contender]["nice"])
         print(f"\n{size} {SIZES[size]}, {dtype}, {layout}")
-        print(f"{'':>22} {'peak MiB':>9} {'slack':>6} {'s (f+b)':>8}")
+        print(f"{'':>22} {'peak MiB':>9} {'slack':>6} {'s (f+b)':>8} {'nice':>5}")
         for contender, r in result.items():
-            print(f"{contender:>22} {r['peak_mib']:9.0f} {r['slack_mib']:6.0f} {r['time_s']:8.3f}")
+            print(f"{contender:>22} {r['peak_mib']:9.0f} {r['slack_mib']:6.0f} {r['time_s']:8.3f} {r['nice']:5d}")
         for a, b in RATIOS:
             if a in result and b in result:
                 print(f"{'ratio ' + a + ' / ' + b:>48}: peak {result[a]['peak_mib'] / result[b]['peak_mib']:5.2f}x, "
