@@ -230,7 +230,7 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
     over the first ``vocab_size`` columns (default: all; teachers must then have the student's width).
     ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and the README).
     ``chunk_size``: positions per chunk (default about 2M logits per buffer); ``metrics=False`` skips
-    the per-position metrics (a fifth to a third of the time: benchmarks/README.md).
+    the per-position metrics (a sixth to two fifths of the time: benchmarks/README.md).
 
     ``mask`` (B, T): 0 / 1 only (bool, integer or float; anything else is a ValueError; from labels with
     -100 use :func:`mask_from_labels`). ``reduction``: ``"mean"`` over the kept positions (TRL's
