@@ -246,7 +246,7 @@ def test_non_finite_teachers_with_weight_zero_on_that_sample_are_ignored():
         forward_kl(s, bad, route, mask)
 
 
-def test_permuted_teachers_are_read_without_a_whole_copy_and_give_the_same_loss():
+def test_permuted_teachers_give_the_same_loss():  # the reads: test_shifted_student_and_teachers_are_read_chunk_by_chunk...
     s, t, mask, weights = problem(seed=11)
     permuted = t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)          # (K, B, T, V) view, T before B
     assert not permuted[0].is_contiguous()
