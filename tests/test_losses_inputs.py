@@ -4,6 +4,7 @@ deliberate breaks listed in the issue (per-sample weights on the masked path, th
 reduction 'sum', importance weights in reward mode). Every expected value is written out in float64."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -245,7 +246,7 @@ def test_non_finite_teachers_with_weight_zero_on_that_sample_are_ignored():
         forward_kl(s, bad, route, mask)
 
 
-def test_permuted_teachers_are_read_without_a_whole_copy_and_give_the_same_loss():
+def test_permuted_teachers_give_the_same_loss():  # the reads: test_shifted_student_and_teachers_are_read_chunk_by_chunk...
     s, t, mask, weights = problem(seed=11)
     permuted = t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)          # (K, B, T, V) view, T before B
     assert not permuted[0].is_contiguous()
@@ -359,3 +360,185 @@ def test_audit_rows_for_the_forward_direction_k3_plus_and_the_clamp():
         ["estimator", "mode", "samples", "teachers", "direction"])
     assert far.loc[("k3", "loss", "student", "one", "reverse"), "equals"] == "FKL to A"
     assert far.loc[("k3 clamp 10", "loss", "student", "one", "reverse"), "err FKL to A"] > 0.05
+
+
+# ------------------------------------------------------------------------------------------------
+# issue 31: what a TRL / Trainer user hits (compile with shifted views, empty steps, low-precision
+# weights, numeric temperatures, inference), each against a value written out or the eager result
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=[pytest.mark.slow, pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY") == "default", reason="inductor's C++ code uses at::vec, which the "
+    "'default' capability leaves undeclared (a torch build issue, not the loss's)")])])
+def test_a_compiled_step_with_shifted_student_and_teacher_views_equals_the_eager_step(backend):
+    """TRL's GKD pattern: logits[:, :-1] against teacher_logits[:, :, :-1] (views that no flat view can
+    express) inside a torch.compile'd step, with a linear 'model' in front: loss and gradients equal
+    the eager step's."""
+    g = torch.Generator().manual_seed(31)
+    B, T, H, V = 2, 6, 5, 11
+    x = torch.randn(B, T + 1, H, generator=g, dtype=torch.float64)
+    teachers = torch.randn(3, B, T + 1, V, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, V, (B, T + 1), generator=g)
+    labels[0, :3] = -100
+
+    def step(head, x, teachers, labels):
+        logits = x @ head
+        loss, _ = forward_kl(logits[:, :-1], teachers[:, :, :-1], W3, mask_from_labels(labels)[:, 1:], chunk_size=4)
+        loss.backward()
+        return loss.detach()
+
+    head = torch.randn(H, V, generator=g, dtype=torch.float64).requires_grad_()
+    want = step(head, x, teachers, labels)
+    g_want, head.grad = head.grad, None
+    from torch._inductor import config as inductor_config
+    with inductor_config.patch(force_disable_caches=True):  # a kernel cached under another ATEN_CPU_CAPABILITY is wrong here
+        torch._dynamo.reset()
+        got = torch.compile(step, backend=backend)(head, x, teachers, labels)
+    assert float(got) == pytest.approx(float(want), rel=1e-12)
+    np.testing.assert_allclose(head.grad.numpy(), g_want.numpy(), rtol=1e-10, atol=1e-14)
+
+
+def test_an_accumulation_step_of_ignored_labels_gives_a_zero_loss_under_num_items_in_batch_zero():
+    """Trainer passes num_items_in_batch = 0 when every label of the step is -100: a zero loss that
+    backpropagates zeros (the empty-mask policy), for the token losses and the estimators; 0 with kept
+    positions is a ValueError; the estimate of an all-masked batch is 0, not NaN."""
+    s, t, _, weights = problem(seed=31)
+    empty = torch.zeros(3, 6, dtype=torch.bool)
+    tokens = torch.zeros(3, 6, dtype=torch.long)
+    for n in (0, torch.tensor(0)):
+        for fn in (forward_kl, reverse_kl, generalized_jsd):
+            loss, _ = fn(s, t, weights, empty, num_items_in_batch=n)
+            assert float(loss) == 0.0 and torch.all(torch.autograd.grad(loss, s)[0] == 0)
+        loss, metrics = kl_estimator_loss(s, tokens, token_log_probs(t, tokens), weights, empty, num_items_in_batch=n)
+        assert float(loss) == 0.0 and torch.all(torch.autograd.grad(loss, s)[0] == 0)
+        assert metrics["estimate"] == 0.0
+    with pytest.raises(ValueError, match="num_items_in_batch = 0 but the mask keeps 18 positions"):
+        forward_kl(s, t, weights, num_items_in_batch=0)
+    with pytest.raises(ValueError, match="num_items_in_batch = -1"):
+        forward_kl(s, t, weights, empty, num_items_in_batch=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_weights_from_a_low_precision_softmax_are_accepted_and_renormalised(dtype):
+    """A bf16 / fp16 softmax's rows sum to 1 only within the dtype's rounding (1.002, 0.99995): accepted
+    within K eps and renormalised, so the loss equals the loss at the float64-renormalised weights; a
+    float64 row off by 1e-3 is still refused."""
+    s, t, mask, _ = problem(seed=32)
+    logits = torch.randn(3, 3, generator=torch.Generator().manual_seed(3)) * 3
+    w = torch.softmax(logits.to(dtype), -1)
+    sums = w.double().sum(-1)
+    assert float((sums - 1).abs().max()) > 1e-6                      # the old tolerance refused these
+    exact = w.double() / sums[:, None]
+    for fn in (forward_kl, reverse_kl):
+        got, _ = fn(s, t, w, mask)
+        want, _ = fn(s, t, exact, mask)
+        assert float(got) == pytest.approx(float(want), rel=1e-14)
+    with pytest.raises(ValueError, match="sum to 1.001"):
+        forward_kl(s, t, torch.tensor([0.501, 0.3, 0.2], dtype=torch.float64))
+    with pytest.raises(ValueError, match="sum to 1.1"):
+        forward_kl(s, t, torch.tensor([0.6, 0.3, 0.2]).to(dtype))
+
+
+def test_temperatures_may_be_numpy_scalars_or_one_element_tensors():
+    s, t, mask, weights = problem(seed=33)
+    tokens = torch.randint(0, 7, (3, 6), generator=torch.Generator().manual_seed(4))
+    want, _ = forward_kl(s, t, weights, mask, student_temperature=2.0, teacher_temperature=1.5)
+    lp = token_log_probs(t, tokens)
+    k_want, _ = kl_estimator_loss(s, tokens, lp, weights, mask, student_temperature=2.0)
+    for tau_s, tau_t in ((np.float32(2.0), np.float64(1.5)), (torch.tensor(2.0), torch.tensor(1.5)), (np.int64(2), 1.5)):
+        got, metrics = forward_kl(s, t, weights, mask, student_temperature=tau_s, teacher_temperature=tau_t)
+        assert float(got) == pytest.approx(float(want), rel=1e-14)
+        assert metrics["student_temperature"] == 2.0 and isinstance(metrics["student_temperature"], float)
+        got, _ = kl_estimator_loss(s, tokens, lp, weights, mask, student_temperature=tau_s)
+        assert float(got) == pytest.approx(float(k_want), rel=1e-14)
+    for bad in (np.float32(-1.0), torch.tensor(0.0), torch.tensor([1.0, 2.0]), True, "2"):
+        with pytest.raises(ValueError, match="student_temperature = .* must be a positive number"):
+            forward_kl(s, t, weights, mask, student_temperature=bad)
+
+
+def test_no_gradient_work_under_no_grad_and_inference_mode(monkeypatch):
+    """Evaluation of a student that requires grad: under inference_mode no error, under no_grad no
+    gradient computed (the engine is asked for none); the values equal the training-mode values."""
+    from llm_bridge.losses import _engine
+    s, t, mask, weights = problem(seed=34)
+    asked = []
+    run = _engine.run
+    monkeypatch.setattr(_engine, "run", lambda *a, **kw: asked.append(kw.get("grad_in", False)) or run(*a, **kw))
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        want, _ = fn(s, t, weights, mask)
+        assert asked[-1] is True
+        for context in (torch.no_grad, torch.inference_mode):
+            with context():
+                got, metrics = fn(s, t, weights, mask)
+            assert asked[-1] is False and not got.requires_grad
+            assert float(got) == pytest.approx(float(want), rel=1e-14)
+            assert torch.isfinite(metrics["teacher_disagreement"][mask]).all()
+
+
+def test_shifted_student_and_teachers_are_read_chunk_by_chunk_with_no_whole_copy():
+    """Under no_grad (no gradient buffer) no single allocation of the loss comes near one (B, T, V)
+    tensor: the shifted student and teachers are gathered a chunk at a time (the profiler records each
+    op's allocation); the unchunked arithmetic on the same views does allocate that much, so the
+    measurement can fail."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(35)
+    B, T, V = 2, 64, 500
+    s = torch.randn(B, T + 1, V, generator=g)
+    t = torch.randn(3, B, T + 1, V, generator=g)
+    whole = B * T * V * 4
+
+    def largest_allocation(fn):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn()
+        return max(e.cpu_memory_usage for e in prof.events())
+
+    assert largest_allocation(lambda: torch.log_softmax(s[:, :-1].reshape(-1, V), -1)) >= whole
+    for fn in (forward_kl, reverse_kl):
+        assert largest_allocation(lambda: fn(s[:, :-1], t[:, :, :-1], W3, chunk_size=8, metrics=False)) < whole / 4
+        permuted = t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)[:, :, :-1]
+        assert largest_allocation(lambda: fn(s[:, :-1], permuted, W3, chunk_size=8, metrics=False)) < whole / 4
+
+
+def test_backward_hands_over_the_gradient_without_a_second_full_size_buffer():
+    """loss.backward() (upstream gradient 1) allocates nothing near the (B, T, V) gradient: the buffer
+    filled in the forward pass becomes the student's .grad (a scaled upstream gradient, or a retained
+    graph, costs one copy, and the gradient stays right: 2 x and twice the same)."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(36)
+    B, T, V = 2, 64, 500
+    s = torch.randn(B, T, V, generator=g).requires_grad_()
+    t = torch.randn(3, B, T, V, generator=g)
+    whole = B * T * V * 4
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        loss, _ = fn(s, t, W3, chunk_size=8, metrics=False)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss.backward()
+        assert max(e.cpu_memory_usage for e in prof.events()) < whole / 4
+        once, s.grad = s.grad, None
+        loss, _ = fn(s, t, W3, chunk_size=8, metrics=False)
+        (twice,) = torch.autograd.grad(2 * loss, s, retain_graph=True)
+        torch.testing.assert_close(twice, 2 * once, rtol=1e-6, atol=0)
+        assert torch.equal(torch.autograd.grad(loss, s)[0], once)
+
+
+def test_the_readme_snippet_uses_trl_s_shifted_convention():
+    """The README's first losses snippet runs, drops the logits' last position and shifts the labels'
+    mask: its loss equals the mean over the positions t whose label at t + 1 is kept, written out."""
+    import re
+    from conftest import ROOT
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Distillation losses for training loops"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    g = torch.Generator().manual_seed(37)
+    B, T, V = 2, 6, 7
+    labels = torch.randint(0, V, (B, T), generator=g)
+    labels[0, 4:] = -100
+    labels[1, :2] = -100
+    ns = {"student_logits": torch.randn(B, T, V, generator=g, dtype=torch.float64).requires_grad_(),
+          "teacher_logits": torch.randn(3, B, T, V, generator=g, dtype=torch.float64), "labels": labels}
+    exec(code, ns)
+    w = torch.tensor([[0.5, 0.3, 0.2]] * B, dtype=torch.float64)
+    per = per_position("forward", ns["student_logits"][:, :-1], ns["teacher_logits"][:, :, :-1], w)
+    kept = labels[:, 1:] != -100
+    assert float(ns["loss"]) == pytest.approx(float(per[kept].mean()), rel=1e-12)
+    assert ns["metrics"]["n_positions"] == int(kept.sum()) == 7
+    assert ns["student_logits"].grad is not None and torch.all(ns["student_logits"].grad[:, -1] == 0)

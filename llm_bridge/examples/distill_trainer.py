@@ -9,8 +9,11 @@ The batch follows transformers' causal-LM layout: ``input_ids`` (B, T + 1), ``la
 -100 where no loss is wanted), ``attention_mask``. The logits at position t are scored against the
 teachers' at t for the token at t + 1, so the mask is ``mask_from_labels(labels)[:, 1:]``: exactly the
 positions Trainer counts in ``num_items_in_batch`` (``labels[..., 1:] != -100`` over the micro-batches
-of one optimizer step). Dividing by that count, not by this micro-batch's, makes gradient
-accumulation give the full batch's update.
+of one optimizer step, and of every process under DDP). Dividing by that count, not by this
+micro-batch's, makes gradient accumulation give the full batch's update; under DDP with
+``average_tokens_across_devices`` (transformers' default) the count is summed over the processes while
+DDP averages their gradients, so the loss is multiplied by the number of processes, as Trainer's own
+``compute_loss`` does.
 """
 
 import argparse
@@ -47,6 +50,8 @@ class DistillTrainer(Trainer):
             mask = mask & attention[:, 1:].bool()
         loss, _ = forward_kl(outputs.logits[:, :-1], teacher_logits[:, :, :-1], self.weights, mask,
                              vocab_size=self.vocab_size, num_items_in_batch=num_items_in_batch)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * self.accelerator.num_processes       # DDP averages; the count is the global one
         return (loss, outputs) if return_outputs else loss
 
 

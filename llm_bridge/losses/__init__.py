@@ -25,9 +25,12 @@ a zero loss that keeps the graph), and
 per-position metrics (``(B, T)``, NaN where masked): ``teacher_disagreement`` = sum_k w_k KL(p_k || A),
 ``neg_log_z`` = -ln z (both zero iff the teachers agree), ``tail_mass`` ``(K, B, T)`` for top-k teachers,
 and the temperatures used. Memory: positions are processed in chunks of ``chunk_size``; the gradient
-with respect to the student's logits is computed chunk by chunk during the forward pass (as Liger's
-fused losses do), so no ``K x B x T x V`` float32 tensor, nor the student's full log-softmax, is ever
-materialised; bf16 / fp16 logits are upcast to float32 per chunk (float64 inputs stay float64).
+with respect to the student's logits is computed chunk by chunk during the forward pass, in closed form
+(as Liger's fused losses do, without autograd), scaled by the reduction and written into the one
+buffer that ``backward`` hands over as the student's gradient, so no ``K x B x T x V`` float32 tensor,
+nor the student's full log-softmax, is ever materialised; bf16 / fp16 logits are upcast to float32 per
+chunk (float64 inputs stay float64). NaN / inf inputs are found from each chunk's per-row results (no
+separate scan); under ``no_grad`` / ``inference_mode`` no gradient is computed.
 :func:`fused_linear_loss` goes further and never materialises the student's logits at all.
 """
 

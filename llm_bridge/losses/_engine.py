@@ -3,13 +3,14 @@
 during the forward pass (:class:`ChunkedLoss`), then the reduction."""
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 TAILS = ("tail", "renormalize", "uniform", "truncate")
-CHUNK_ELEMENTS = 1 << 23        # default chunk: about 8M logits (32 MB in float32) per (positions, V) buffer
+CHUNK_ELEMENTS = 1 << 21        # default chunk: about 2M logits (8 MB in float32) per (positions, V) buffer
 
 
 @dataclass(frozen=True)
@@ -28,33 +29,27 @@ def first_bad(bad):
     return tuple(int(i) for i in torch.nonzero(bad)[0])
 
 
-def _check_finite(x, name, chunk):
-    """NaN / inf in a (..., V) tensor: ValueError naming the first position, scanned in chunks."""
-    flat = x.reshape(-1, x.shape[-1])
-    for lo in range(0, flat.shape[0], chunk):
-        bad = ~torch.isfinite(flat[lo:lo + chunk])
-        if bool(bad.any()):
-            row, col = first_bad(bad)
-            pos = np.unravel_index(lo + row, x.shape[:-1])
-            raise ValueError(f"{name}{list(int(p) for p in pos)} has a non-finite logit "
-                             f"({float(flat[lo + row, col])}) at vocabulary index {col}")
+def _raise_at(name, x, bad, positions, T, message):
+    """ValueError naming the first True entry of ``bad`` (rows of the chunk ``x`` at flat ``positions``)."""
+    row, col = first_bad(bad)
+    pos = int(positions[row])
+    raise ValueError(f"{name}[{pos // T}, {pos % T}] " + message.format(value=float(x[row, col]), col=col))
 
 
-class TeacherRows:
-    """Rows (positions) of a (B, T, V) teacher, read chunk by chunk without copying the teacher whole: a
-    flat view when its layout allows one (contiguous, or a view of the teacher axis of a larger tensor),
-    else the chunk's rows gathered by (sample, position) (a permuted view: only the chunk is copied)."""
+class Rows:
+    """Rows (positions) of a (B, T, D) tensor, read chunk by chunk without copying it whole: a flat view
+    when its layout allows one (contiguous, or a view of one slot of a larger tensor), else the chunk's
+    rows gathered by (sample, position) (a shifted ``x[:, :-1]`` or permuted view: only the chunk is
+    copied). The layout is read from the strides (no try / except: torch.compile traces it)."""
 
-    def __init__(self, teacher):
-        teacher = teacher.detach()                   # a constant: no gradient flows to the teachers
-        self.B, self.T = teacher.shape[:2]
-        try:
-            self.flat, self.tensor = teacher.view(-1, teacher.shape[-1]), None
-        except RuntimeError:
-            self.flat, self.tensor = None, teacher
+    def __init__(self, x):
+        x = x.detach()                               # a constant here: gradients are computed in closed form
+        self.B, self.T = x.shape[:2]
+        flat = self.B == 1 or self.T == 1 or x.stride(0) == x.stride(1) * self.T
+        self.flat, self.tensor = (x.reshape(-1, x.shape[-1]), None) if flat else (None, x)
 
     def __call__(self, idx):
-        """Rows ``idx`` (a slice or an index tensor of flat positions b T + t) as an (n, V) tensor."""
+        """Rows ``idx`` (a slice or an index tensor of flat positions b T + t) as an (n, D) tensor."""
         if self.flat is not None:
             return self.flat[idx]
         if isinstance(idx, slice):
@@ -62,22 +57,24 @@ class TeacherRows:
         return self.tensor[idx // self.T, idx % self.T]
 
 
-def _check_teacher(rows, k, live_samples, V, kind, chunk):
-    """A full teacher's logits, scanned in chunks. On samples where its weight is > 0: NaN / +inf, a row
-    of -inf only, or (reverse KL) any -inf, is a ValueError naming the first position; -inf elsewhere
-    is a valid log-prob (vocabulary masks, top-p filtering: p = 0, 0 log 0 = 0). On samples where its
-    weight is 0 anything goes. Returns (neg_inf: -inf on a live sample, sanitize: non-finite on a dead
-    one), so that the exact path is taken only for the teachers that need it."""
-    neg_inf = sanitize = False
-    N = rows.B * rows.T
-    for lo in range(0, N, chunk):
-        x = rows(slice(lo, lo + chunk))[:, :V]
-        finite = torch.isfinite(x)
-        if bool(finite.all()):
-            continue
-        live = live_samples[torch.arange(lo, lo + x.shape[0], device=live_samples.device) // rows.T][:, None]
+def locate_bad_input(problem, idx, kind):
+    """The chunk ``idx`` gave a non-finite loss: the ValueError naming the first bad input there (SPEC 7).
+    The student (or hidden states): NaN / inf. A full teacher on samples where its weight is > 0: NaN /
+    +inf, a row of -inf only, or (reverse KL) any -inf; -inf elsewhere is a valid log-prob (vocabulary
+    masks, top-p filtering: p = 0, 0 log 0 = 0); on samples where its weight is 0 anything goes."""
+    positions = problem.positions(idx)
+    x = problem.student_rows(idx)
+    name = "hidden_states" if problem.hidden else "student_logits"
+    x = x if problem.hidden else x[:, :problem.V]
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        _raise_at(name, x, bad, positions, problem.T, "has a non-finite logit ({value}) at vocabulary index {col}"
+                  if not problem.hidden else "has a non-finite value ({value}) at index {col}")
+    for k, rows in enumerate(problem.teacher_rows):
+        x = rows(idx)[:, :problem.V]
+        live = (problem.weights[:, k].to(x.device) > 0)[positions // problem.T][:, None]
         minus_inf = torch.isneginf(x)
-        checks = ((~finite & ~minus_inf & live, "has a non-finite logit ({value}) at vocabulary index {col}"),
+        checks = ((~torch.isfinite(x) & ~minus_inf & live, "has a non-finite logit ({value}) at vocabulary index {col}"),
                   ((minus_inf.all(-1, keepdim=True) & live).expand_as(x), "is -inf at every vocabulary index"))
         if kind == "reverse":
             checks += ((minus_inf & live, "is -inf at vocabulary index {col} with weight > 0: the reverse KL is "
@@ -85,15 +82,29 @@ def _check_teacher(rows, k, live_samples, V, kind, chunk):
                                           "or generalized_jsd with 0 < beta < 1, or weight 0 on that sample"),)
         for bad, message in checks:
             if bool(bad.any()):
-                row, col = first_bad(bad)
-                pos = [(lo + row) // rows.T, (lo + row) % rows.T]
-                raise ValueError(f"teacher {k} logits{pos} " + message.format(value=float(x[row, col]), col=col))
-        neg_inf = neg_inf or bool((minus_inf & live).any())
-        sanitize = sanitize or bool((~finite & ~live).any())
-    return neg_inf, sanitize
+                _raise_at(f"teacher {k} logits", x, bad, positions, problem.T, message)
+    raise ValueError(f"the loss is not finite at position {[int(positions[0]) // problem.T, int(positions[0]) % problem.T]} "
+                     f"or after it in that chunk, though every input there is finite")
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def positive_number(name, x):
+    """A positive finite number (int, float, NumPy scalar or one-element tensor) as a float, else a
+    ValueError naming ``name``."""
+    if torch.is_tensor(x) and x.numel() == 1 and not x.dtype == torch.bool:
+        x = x.item()
+    if isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_)) and math.isfinite(float(x)) and float(x) > 0:
+        return float(x)
+    raise ValueError(f"{name} = {x!r} must be a positive number")
 
 
 def check_weights(weights, K, B):
+    """(B, K) float64 weights on the simplex. Rows must sum to 1 within 1e-6, or, for bf16 / fp16 weights
+    (a softmax in that dtype: row sums 1.002, 0.99995), within K x the dtype's epsilon; those rows are
+    then renormalised."""
+    dtype = weights.dtype if torch.is_tensor(weights) else None
     w = torch.as_tensor(weights, dtype=torch.float64).detach()      # a constant, as the teachers
     if w.ndim == 1:
         if w.shape[0] != K:
@@ -109,11 +120,13 @@ def check_weights(weights, K, B):
         i = first_bad(bad)
         raise ValueError(f"weights{list(i)} = {float(w[i])} must be finite and >= 0")
     sums = w.sum(dim=1)
-    off = (sums - 1).abs() > 1e-6
+    tol = max(1e-6, K * torch.finfo(dtype).eps) if dtype in LOW_PRECISION else 1e-6
+    off = (sums - 1).abs() > tol
     if bool(off.any()):
         b = int(torch.nonzero(off)[0])
-        raise ValueError(f"weights of sample {b} sum to {float(sums[b])!r}, not 1 (weights lie on the simplex)")
-    return w
+        raise ValueError(f"weights of sample {b} sum to {float(sums[b])!r}, not 1 within {tol:.3g} "
+                         f"(weights lie on the simplex)")
+    return w / sums[:, None] if dtype in LOW_PRECISION else w
 
 
 REDUCTIONS = ("mean", "sum", "batchmean", "none")
@@ -153,8 +166,15 @@ def check_reduction(reduction, num_items_in_batch, empty_mask):
                          f"of the whole accumulated batch); it cannot be combined with reduction = {reduction!r}")
     n = num_items_in_batch
     ok = (torch.is_tensor(n) and n.numel() == 1) or (isinstance(n, (int, float)) and not isinstance(n, bool))
-    if not ok or not (math.isfinite(float(n)) and float(n) > 0):
-        raise ValueError(f"num_items_in_batch = {n!r} must be a positive count (a number or a one-element tensor)")
+    if not ok or not (math.isfinite(float(n)) and float(n) >= 0):
+        raise ValueError(f"num_items_in_batch = {n!r} must be a count >= 0 (a number or a one-element tensor)")
+
+
+def check_items(num_items_in_batch, mask):
+    """num_items_in_batch = 0 (a whole accumulation step of ignored labels) goes with an empty mask only."""
+    if num_items_in_batch is not None and float(num_items_in_batch) == 0 and bool(mask.any()):
+        raise ValueError(f"num_items_in_batch = 0 but the mask keeps {int(mask.sum())} positions: it counts the "
+                         f"kept positions of the whole accumulation step, this micro-batch's included")
 
 
 def reduce_total(total, count, B, reduction, num_items_in_batch):
@@ -162,8 +182,8 @@ def reduce_total(total, count, B, reduction, num_items_in_batch):
     'mean' total / count (total / num_items_in_batch when given: the kept positions of every
     micro-batch of a gradient-accumulation step, as transformers' Trainer passes it), 'sum' total,
     'batchmean' total / B (torch's KLDivLoss and TRL's ``labels=None``). No kept position: a zero
-    that keeps the graph (total is then an exact 0 with a grad_fn)."""
-    if num_items_in_batch is not None:
+    that keeps the graph (total is then an exact 0 with a grad_fn), also under num_items_in_batch = 0."""
+    if num_items_in_batch is not None and float(num_items_in_batch) > 0:
         n = num_items_in_batch
         return total / (n.to(total.device) if torch.is_tensor(n) else n)
     if reduction == "sum":
@@ -225,11 +245,21 @@ class Problem:
     tail: str                      # top-k tail treatment
     compute: torch.dtype           # float32, or float64 for float64 inputs
     metrics: bool                  # compute the per-position metrics
+    hidden: bool                   # the student is given by hidden states (fused path)
+    student_rows: Rows             # the student's chunk rows without a whole copy
+    teacher_rows: list             # K Rows (full teachers; empty for TopK)
     bias: torch.Tensor = None      # the lm_head bias (V,) of the fused path
     num_items_in_batch: object = None   # the denominator of 'mean' under gradient accumulation
-    teacher_rows: list = None      # K TeacherRows (full teachers): chunk rows without a whole copy
-    neg_inf: list = None           # K bools: teacher k has -inf logits where its weight is > 0
-    sanitize: list = None          # K bools: teacher k has non-finite logits where its weight is 0
+
+    def positions(self, idx):
+        """The flat positions b T + t of the rows ``idx`` (a slice or an index tensor)."""
+        if isinstance(idx, slice):
+            return torch.arange(self.B * self.T, device=self.mask.device)[idx]
+        return idx
+
+    def weights_at(self, idx, device):
+        """(n, K) weights of the rows ``idx`` in the compute dtype."""
+        return self.weights.to(device=device, dtype=self.compute)[self.positions(idx).to(device) // self.T]
 
 
 def prepare(student, student_V, teachers, weights, mask, student_temperature, teacher_temperature, chunk_size,
@@ -251,9 +281,8 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
     if any(topk) and not all(topk):
         raise ValueError("teachers must be all full logits or all TopK, not a mix")
     K = len(teachers)
-    for name, tau in (("student_temperature", student_temperature), ("teacher_temperature", teacher_temperature)):
-        if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
-            raise ValueError(f"{name} = {tau!r} must be a positive number")
+    student_temperature = positive_number("student_temperature", student_temperature)
+    teacher_temperature = positive_number("teacher_temperature", teacher_temperature)
     if chunk_size is None:
         chunk_size = max(1, CHUNK_ELEMENTS // max(int(student_V), 1))
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -303,23 +332,14 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
         V = _vocab(V_s, [t.shape[-1] for t in teachers], vocab_size)
     w = check_weights(weights, K, B)
     m = check_mask(mask, B, T, s.device, empty_mask)
-    if hidden:
-        _check_finite(s, "hidden_states", chunk_size)
-    else:
-        _check_finite(s[..., :V], "student_logits", chunk_size)
-    teacher_rows, neg_inf, sanitize = [], [], []
-    if not all(topk):
-        for k, t in enumerate(teachers):
-            teacher_rows.append(TeacherRows(t))
-            flags = _check_teacher(teacher_rows[-1], k, w[:, k].to(t.device) > 0, V, kind, chunk_size)
-            neg_inf.append(flags[0])
-            sanitize.append(flags[1])
+    check_items(num_items_in_batch, m)
+    # NaN / inf inputs are found inside the chunk loop, from the per-row results (locate_bad_input)
     compute = torch.float64 if s.dtype == torch.float64 else torch.float32
     return Problem(student=s, teachers=teachers, topk=all(topk), K=K, B=B, T=T, V=V, weights=w, mask=m,
-                   tau_s=float(student_temperature), tau_t=float(teacher_temperature), chunk=chunk_size,
-                   reduction=reduction, tail=tail, compute=compute, metrics=bool(metrics), bias=bias,
-                   num_items_in_batch=num_items_in_batch, teacher_rows=teacher_rows, neg_inf=neg_inf,
-                   sanitize=sanitize)
+                   tau_s=student_temperature, tau_t=teacher_temperature, chunk=chunk_size,
+                   reduction=reduction, tail=tail, compute=compute, metrics=bool(metrics), hidden=hidden,
+                   student_rows=Rows(s), teacher_rows=[] if all(topk) else [Rows(t) for t in teachers],
+                   bias=bias, num_items_in_batch=num_items_in_batch)
 
 
 
@@ -329,57 +349,104 @@ def rows(x, idx):
     return x.reshape(-1, x.shape[-1])[idx]
 
 
+# ------------------------------------------------------------------------------------------------
+# the chunked engine: loss per position and, chunk by chunk in the forward pass, the student's gradient
+# in closed form (a kernel per loss, token_level.py), the reduction's scale folded in
+# ------------------------------------------------------------------------------------------------
+def reduction_scale(problem):
+    """d loss / d (sum of the per-position losses): 1 / count ('mean'), 1 / num_items_in_batch, 1 / B
+    ('batchmean'), 1 ('sum'; 'none' multiplies by the upstream gradient in backward)."""
+    n = problem.num_items_in_batch
+    if n is not None and float(n) > 0:
+        return 1.0 / float(n)
+    if problem.reduction == "mean":
+        return 1.0 / max(int(problem.mask.sum()), 1)
+    return 1.0 / problem.B if problem.reduction == "batchmean" else 1.0
 
 
-# ------------------------------------------------------------------------------------------------
-# the chunked engine: loss per position, gradient computed chunk by chunk during the forward pass
-# ------------------------------------------------------------------------------------------------
-class ChunkedLoss(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, student, weight, problem, terms, out_metrics):
-        """student: (B, T, V_s) logits, or hidden states (B, T, H) when ``weight`` (V_s, H) is given."""
-        N = problem.B * problem.T
-        flat = student.reshape(N, student.shape[-1])
-        dense = bool(problem.mask.all())                    # every position: contiguous slices, no gathers
-        positions = torch.nonzero(problem.mask.reshape(-1)).squeeze(1)
-        need = bool(ctx.needs_input_grad[0] or (weight is not None and ctx.needs_input_grad[1]))
-        losses = torch.zeros(N, dtype=problem.compute, device=student.device)
-        grad_in = torch.zeros_like(student).reshape(N, student.shape[-1]) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=problem.compute, device=weight.device) \
-            if weight is not None and ctx.needs_input_grad[1] else None
-        V = problem.V
-        for lo in range(0, positions.numel(), problem.chunk):
-            idx = slice(lo, lo + problem.chunk) if dense else positions[lo:lo + problem.chunk]
-            with torch.enable_grad():
-                x = flat[idx].detach().to(problem.compute).requires_grad_(need)
-                if weight is None:
-                    z = x[:, :V]
+def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False):
+    """The loop over chunks of kept positions. ``kernel(idx, z, factor, need_grad)`` gets the chunk's
+    student logits z (n, V) (divided by the temperature, in the compute dtype, its own buffer) and
+    returns (loss (n,), check (n,), metrics), with, when asked, factor x d loss.sum() / d z written over
+    z. A non-finite ``check`` row is bad input (NaN / inf, or -inf where it is infinite): the chunk's
+    inputs are then searched for the first bad entry (locate_bad_input). Returns (losses (N,),
+    gradient with respect to the student (its shape and dtype) or None, and to the lm_head weight)."""
+    N, V, c = problem.B * problem.T, problem.V, problem.compute
+    device = student.device
+    dense = bool(problem.mask.all())                    # every position: contiguous slices, no gathers
+    positions = None if dense else torch.nonzero(problem.mask.reshape(-1)).squeeze(1)
+    count = N if dense else positions.numel()
+    factor = reduction_scale(problem) / problem.tau_s
+    losses = torch.zeros(N, dtype=c, device=device)
+    need = grad_in or grad_w
+    g_in = None
+    if grad_in:
+        width = student.shape[-1]
+        fill = dense and (problem.hidden or V == width)
+        g_in = (torch.empty if fill else torch.zeros)((N, width), dtype=student.dtype, device=device)
+    g_w = torch.zeros(weight.shape, dtype=c, device=device) if grad_w else None
+    w_c = weight.detach()[:V].to(c) if weight is not None else None
+    bias = problem.bias.detach()[:V].to(c) if problem.bias is not None else None
+    for lo in range(0, count, problem.chunk):
+        idx = slice(lo, min(lo + problem.chunk, count)) if dense else positions[lo:lo + problem.chunk]
+        x = problem.student_rows(idx)
+        if weight is None:
+            direct = g_in is not None and dense and g_in.dtype == c and V == x.shape[1]
+            z = g_in[idx] if direct else torch.empty((x.shape[0], V), dtype=c, device=device)
+            z.copy_(x[:, :V])
+        else:
+            direct = False
+            x = x.to(c)
+            z = x @ w_c.T
+            if bias is not None:
+                z.add_(bias)
+        if problem.tau_s != 1.0:
+            z.div_(problem.tau_s)
+        loss, check, met = kernel(idx, z, factor, need)
+        if not bool(torch.isfinite(check).all()):
+            locate_bad_input(problem, idx, kernel.kind)
+        losses[idx] = loss
+        if need:
+            if weight is not None:
+                if g_w is not None:
+                    g_w[:V].addmm_(z.T, x)
+                if g_in is not None:
+                    g_in[idx] = (z @ w_c).to(g_in.dtype)
+            elif not direct and g_in is not None:
+                if dense:
+                    g_in[idx, :V] = z
                 else:
-                    w_c = weight.detach().to(problem.compute).requires_grad_(grad_w is not None)
-                    z = (x @ w_c.T)[:, :V]
-                    if problem.bias is not None:
-                        z = z + problem.bias[:V].to(problem.compute)
-                s_logp = torch.log_softmax(z if problem.tau_s == 1.0 else z / problem.tau_s, dim=-1)
-                loss, met = terms(idx, s_logp)
-                if need:
-                    wrt = [x] + ([w_c] if grad_w is not None else [])
-                    grads = torch.autograd.grad(loss.sum(), wrt)
-                    if grad_in is not None:
-                        grad_in[idx] = grads[0].to(grad_in.dtype)
-                    if grad_w is not None:
-                        grad_w += grads[1]
-            losses[idx] = loss.detach()
-            for name, value in met.items():
-                if name not in out_metrics:
-                    shape = (value.shape[0], N) if value.ndim == 2 else (N,)
-                    out_metrics[name] = torch.full(shape, math.nan, dtype=problem.compute, device=student.device)
-                out_metrics[name][..., idx] = value.detach()
-        ctx.save_for_backward(grad_in if grad_in is not None else torch.empty(0),
-                              grad_w if grad_w is not None else torch.empty(0))
-        ctx.has = (grad_in is not None, grad_w is not None)
-        ctx.in_shape = student.shape
-        ctx.w_dtype = weight.dtype if weight is not None else None
+                    g_in[idx, :V] = z.to(g_in.dtype)
+        for name, value in met.items():
+            if name not in out_metrics:
+                shape = (value.shape[0], N) if value.ndim == 2 else (N,)
+                out_metrics[name] = torch.full(shape, math.nan, dtype=c, device=device)
+            out_metrics[name][..., idx] = value
+    if g_in is not None:
+        g_in = g_in.reshape(student.shape)
+    return losses, g_in, g_w
+
+
+def _reduced(losses, problem):
+    if problem.reduction == "none":
         return losses.reshape(problem.B, problem.T)
+    return reduce_total(losses.sum(), int(problem.mask.sum()), problem.B, problem.reduction,
+                        problem.num_items_in_batch)
+
+
+class ChunkedLoss(torch.autograd.Function):
+    """The reduced loss (or the (B, T) losses for 'none'), its gradient computed in the forward pass."""
+
+    @staticmethod
+    def forward(ctx, student, weight, problem, kernel, out_metrics):
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        losses, g_in, g_w = run(problem, kernel, student, weight, out_metrics, grad_in=ctx.needs_input_grad[0],
+                                grad_w=need_w)
+        out_metrics["loss_per_position"] = losses
+        ctx.save_for_backward(g_in, g_w)
+        ctx.w_dtype = weight.dtype if weight is not None else None
+        ctx.per_position = problem.reduction == "none"
+        return _reduced(losses, problem)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -387,29 +454,42 @@ class ChunkedLoss(torch.autograd.Function):
             raise RuntimeError("the distillation losses compute the student's gradient during the forward pass, "
                                "so they cannot differentiate twice (create_graph=True, double backward); "
                                "write the objective out with torch ops where a second derivative is needed")
-        grad_in, grad_w = ctx.saved_tensors
-        g = grad_out.reshape(-1)
-        out_in = out_w = None
-        if ctx.has[0]:               # out of place: a second backward (retain_graph=True) finds grad_in intact
-            out_in = (grad_in * g[:, None].to(grad_in.dtype)).reshape(ctx.in_shape)
-        if ctx.has[1]:
-            if not bool((g == g[0]).all()):
-                raise RuntimeError("fused_linear_loss supports reduction 'mean' or 'sum' for the lm_head weight")
-            out_w = (grad_w * g[0]).to(ctx.w_dtype)
-        return out_in, out_w, None, None, None
+        g_in, g_w = ctx.saved_tensors
+        if ctx.per_position:
+            return (g_in * grad_out[..., None].to(g_in.dtype) if g_in is not None else None), None, None, None, None
+        # a scalar upstream gradient: 1 (loss.backward()) hands the saved buffer over as it is, with no
+        # second full-size buffer (autograd copies it only if the graph is retained); else a scaled copy
+        one = bool(grad_out == 1)
+        if g_in is not None and not one:
+            g_in = g_in * grad_out.to(g_in.dtype)
+        if g_w is not None:
+            g_w = (g_w if one else g_w * grad_out).to(ctx.w_dtype)
+        return g_in, g_w, None, None, None
 
 
-def reduce(per_position, problem, metrics):
+def compute(problem, kernel, student, weight=None):
+    """(loss, metrics): through ChunkedLoss when a gradient is wanted, else (no_grad, inference_mode,
+    nothing requiring grad) the same loop with no gradient work."""
+    out = {}
+    wants = torch.is_grad_enabled() and (student.requires_grad or (weight is not None and weight.requires_grad))
+    if wants:
+        loss = ChunkedLoss.apply(student, weight, problem, kernel, out)
+    else:
+        losses, _, _ = run(problem, kernel, student, weight, out)
+        out["loss_per_position"] = losses
+        loss = _reduced(losses, problem)
+    return loss, finish_metrics(problem, out)
+
+
+def finish_metrics(problem, metrics):
+    """(B, T) metrics (NaN where masked), the kept count and the temperatures."""
     mask = problem.mask
-    n = int(mask.sum())
-    metrics.update(n_positions=n, student_temperature=problem.tau_s, teacher_temperature=problem.tau_t,
-                   loss_per_position=torch.where(mask, per_position.detach(), torch.full_like(per_position, math.nan)))
+    per = metrics["loss_per_position"].reshape(problem.B, problem.T)
+    metrics.update(n_positions=int(mask.sum()), student_temperature=problem.tau_s,
+                   teacher_temperature=problem.tau_t,
+                   loss_per_position=torch.where(mask, per, torch.full_like(per, math.nan)))
     for name in list(metrics):
         v = metrics[name]
         if torch.is_tensor(v) and v.shape[-1] == problem.B * problem.T:
             metrics[name] = v.reshape(v.shape[:-1] + (problem.B, problem.T))
-    if problem.reduction == "none":
-        return per_position
-    return reduce_total(per_position.sum(), n, problem.B, problem.reduction, problem.num_items_in_batch)
-
-
+    return metrics

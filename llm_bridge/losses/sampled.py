@@ -3,7 +3,7 @@ gradient by reward-to-go, and the k1 / k2 / k3 estimators as losses or rewards."
 
 import torch
 
-from ._engine import check_mask, check_reduction, check_weights, first_bad, reduce_total
+from ._engine import check_items, check_mask, check_reduction, check_weights, first_bad, positive_number, reduce_total
 from .token_level import reverse_kl
 
 def token_log_probs(logits, tokens, temperature=1.0, vocab_size=None):
@@ -11,6 +11,7 @@ def token_log_probs(logits, tokens, temperature=1.0, vocab_size=None):
     tokens (B, T) long; returns (..., B, T) in float32 (float64 for float64 logits), differentiable."""
     if not torch.is_tensor(tokens) or tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError("tokens must be an integer (B, T) tensor")
+    temperature = positive_number("temperature", temperature)
     V = logits.shape[-1] if vocab_size is None else vocab_size
     if tokens.shape != logits.shape[-3:-1]:
         raise ValueError(f"tokens must have shape (B, T) = {tuple(logits.shape[-3:-1])}, got {tuple(tokens.shape)}")
@@ -25,18 +26,20 @@ def token_log_probs(logits, tokens, temperature=1.0, vocab_size=None):
 
 
 def _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights, student_temperature,
-             vocab_size, empty_mask="zero"):
+             vocab_size, empty_mask="zero", num_items_in_batch=None):
     """Validated (ln q(y) (B, T) with grad, ln p_k(y) (K, B, T), weights (B, K), mask, IS weights)."""
     if not torch.is_tensor(student_logits) or student_logits.ndim != 3:
         raise ValueError("student_logits must be a (B, T, V) tensor")
     B, T, _ = student_logits.shape
-    lq = token_log_probs(student_logits, tokens, student_temperature, vocab_size)
+    lq = token_log_probs(student_logits, tokens, positive_number("student_temperature", student_temperature),
+                         vocab_size)
     lp = torch.as_tensor(teacher_log_probs)
     if lp.ndim != 3 or lp.shape[1:] != (B, T):
         raise ValueError(f"teacher_log_probs must have shape (K, B, T) = (K, {B}, {T}): each teacher's "
                          f"log-prob of the sampled tokens (token_log_probs(teacher_logits, tokens)), got {tuple(lp.shape)}")
     w = check_weights(weights, lp.shape[0], B).to(lq.dtype).to(lq.device)
     m = check_mask(mask, B, T, lq.device, empty_mask)
+    check_items(num_items_in_batch, m)
     lp = lp.detach()                                            # a constant: no gradient flows to the teachers
     live = (w.T[:, :, None] > 0).to(lp.device) & m[None].to(lp.device)   # (K, B, T): weight > 0, kept
     bad = (torch.isnan(lp) | (lp > 1e-6)) & live
@@ -98,7 +101,7 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
         raise ValueError(f"baseline = {baseline!r} must be 'leave-one-out' or None")
     check_reduction(reduction, num_items_in_batch, empty_mask)
     lq, lp, w, m, rho = _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights,
-                                 student_temperature, vocab_size, empty_mask)
+                                 student_temperature, vocab_size, empty_mask, num_items_in_batch)
     B, T = lq.shape
     reward = torch.where(m, (w.T[:, :, None] * lp).sum(0) - lq.detach(), torch.zeros_like(lq))
     to_go = torch.zeros_like(reward)
@@ -193,7 +196,7 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
         raise ValueError(f"clamp = {clamp!r} must be None or a positive number (verl's low_var_kl: 10)")
     check_reduction(reduction, num_items_in_batch, empty_mask)
     lq, lp, w, m, rho = _sampled(student_logits, tokens, teacher_log_probs, weights, mask, importance_weights,
-                                 student_temperature, vocab_size, empty_mask)
+                                 student_temperature, vocab_size, empty_mask, num_items_in_batch)
     if direction == "reverse" and clamp is None and estimator != "k3+":      # the original arithmetic, unchanged
         value_of = ESTIMATORS[estimator][0]
         if pool == "before":
@@ -207,6 +210,7 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
         else:
             value = (w.T[:, :, None] * _estimator_value(estimator, sign * (lp - lq[None]), clamp)).sum(0)
     per_token = rho * (value if mode == "loss" else value.detach() * lq)
-    metrics = {"estimate": float((value.detach() * m).sum() / m.sum()), "estimator": estimator, "mode": mode,
+    n = int(m.sum())                                      # no kept position: the estimate of nothing is 0
+    metrics = {"estimate": float((value.detach() * m).sum() / n) if n else 0.0, "estimator": estimator, "mode": mode,
                "pool": pool, "direction": direction, "clamp": clamp}
     return _reduce_tokens(per_token, m, reduction, num_items_in_batch), metrics

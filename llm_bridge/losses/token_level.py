@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ._engine import ChunkedLoss, prepare, reduce, rows
+from ._engine import compute, locate_bad_input, prepare, rows
 
 # The beta of a generalised JSD in other libraries, against ours (0 = forward KL, 1 = reverse KL), read
 # from each release's source and, where stated, run against ours (tests/test_losses_oracle.py):
@@ -75,67 +75,137 @@ def _topk_rows(kind, s_logp, ids, lp, tail, V, beta):
 
 
 
-def _terms(problem, kind, beta):
-    """terms(idx, s_logp) -> (loss (n,), metrics {name: (n,) or (K, n)}) for the positions idx.
+def _dot(a, b):
+    """Row-wise dot product of two (n, V) tensors, with no (n, V) temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(-1)
 
-    Full teachers, one pass each (log-softmax in the compute dtype): A = sum_k w_k p_k, the pooled
-    r = sum_k w_k ln p_k and sum_k w_k sum_a p_k ln p_k accumulate, so that
-    forward = sum_k w_k sum p_k ln p_k - sum_a A ln q, reverse = sum_a q (ln q - r),
-    disagreement = sum_k w_k sum p_k ln p_k - sum_a A ln A (= H(A) - sum_k w_k H(p_k)), ln z = lse(r).
-    Where a teacher's weight is > 0 its logits are finite or -inf (checked; -inf only for forward KL and
-    the JSD, with 0 log 0 = 0 taken explicitly for the teachers that have one); where its weight is 0
-    non-finite logits are replaced by a finite row, so weight-0 teachers add exact zeros.
+
+def _kernel(problem, kind, beta):
+    """kernel(idx, z, factor, need_grad) -> (loss (n,), check (n,), metrics) for the engine (_engine.run):
+    z holds the chunk's student logits / temperature and is overwritten with factor x the gradient of
+    the chunk's summed loss with respect to z, in closed form (q = softmax z, ln p_k, weights w_k):
+
+        forward   sum_k w_k sum p_k ln p_k - sum A ln q        gradient (sum_k w_k) q - A, A = sum_k w_k p_k
+        reverse   sum q (ln q - r), r = sum_k w_k ln p_k      gradient q (ln q - r - loss)
+        jsd       sum_k w_k JSD_beta(p_k, q)                  gradient (1 - beta) q (D - sum q D),
+                                                              D = sum_k w_k (ln q - ln M_k)
+
+    Metrics from the same terms: ``teacher_disagreement`` = sum_k w_k sum p_k ln p_k - sum A ln A
+    (= H(A) - sum_k w_k H(p_k)) and ``neg_log_z`` = -lse(r). Where a teacher's weight is > 0 its
+    logits are finite or -inf (-inf only for forward KL and the JSD; 0 log 0 = 0, taken exactly when a
+    row's p ln p is not finite); where its weight is 0 its logits are never read (a chunk without weight
+    on it) or replaced by zeros, so weight-0 teachers add exact zeros. Top-k teachers: the loss by
+    autograd on the chunk (k + 1 categories, small next to the logits).
     """
-    teachers, V, compute, tau_t = problem.teachers, problem.V, problem.compute, problem.tau_t
-    w_pos = problem.weights.to(compute).to(problem.student.device)
-    metrics = problem.metrics
+    teachers, V, c, tau_t, metrics = problem.teachers, problem.V, problem.compute, problem.tau_t, problem.metrics
 
-    def weights_at(idx):
-        b = (torch.arange(problem.B * problem.T, device=w_pos.device)[idx] if isinstance(idx, slice) else idx) // problem.T
-        return w_pos[b]                                          # (n, K)
+    def teacher_log_probs(k, idx, wk):
+        """ln p_k on the chunk (n, V), or None when teacher k has weight 0 on every row."""
+        dead = wk[:, 0] == 0
+        if bool(dead.all()):
+            return None
+        logits = problem.teacher_rows[k](idx)[:, :V]
+        if bool(dead.any()):                 # weight 0 there: any finite row (its logits may be NaN / inf)
+            logits = torch.where(dead[:, None], torch.zeros((), dtype=logits.dtype, device=logits.device), logits)
+        if tau_t != 1.0:
+            return torch.log_softmax(logits.to(c) / tau_t, -1)
+        return torch.log_softmax(logits, -1, dtype=c)
 
-    def terms(idx, s_logp):
-        w = weights_at(idx)
-        if problem.topk:
-            flat = [(rows(t.ids, idx), rows(t.log_probs, idx).to(compute)) for t in teachers]
-            per = torch.stack([_topk_rows(kind, s_logp, ids, lp, problem.tail, V, beta) for ids, lp in flat], dim=1)
-            tail = torch.stack([-torch.expm1(torch.logsumexp(lp, -1)) for _, lp in flat]).clamp(min=0.0)
-            return (w * per).sum(-1), ({"tail_mass": tail} if metrics else {})
-        A = pooled = None
-        neg_entropy = 0.0
-        jsd = 0.0
+    def p_log_p(k, idx, p, lp):
+        """sum p ln p per row, 0 log 0 = 0; bad logits (NaN, +inf, all -inf where live) raise."""
+        e = _dot(p, lp)
+        if not bool(torch.isfinite(e).all()):
+            e = torch.where(p > 0, p * lp, torch.zeros_like(p)).sum(-1)      # -inf logits: p = 0 there
+            if not bool(torch.isfinite(e).all()):
+                locate_bad_input(problem, idx, kind)
+        return e
+
+    def pools(idx, w, need_a, need_r):
+        """A = sum_k w_k p_k, sum_k w_k sum p_k ln p_k, r = sum_k w_k ln p_k (each only if needed)."""
+        A = r = None
+        neg_entropy = torch.zeros(w.shape[0], dtype=c, device=w.device)
         for k in range(len(teachers)):
-            logits = problem.teacher_rows[k](idx)[:, :V].to(compute)
             wk = w[:, k:k + 1]
-            if problem.sanitize[k]:               # non-finite logits where the weight is 0: any finite row
-                logits = torch.where(wk > 0, logits, torch.zeros_like(logits))
-            lp = torch.log_softmax(logits if tau_t == 1.0 else logits / tau_t, -1)
-            if kind == "reverse":
-                pooled = wk * lp if pooled is None else pooled.add_(wk * lp)
-                if not metrics:
-                    continue
-            p = lp.exp()
-            p_lp = torch.where(p > 0, p * lp, torch.zeros_like(p)) if problem.neg_inf[k] else p * lp   # 0 log 0 = 0
-            neg_entropy = neg_entropy + wk[:, 0] * p_lp.sum(-1)
-            A = wk * p if A is None else A.add_(wk * p)
-            if metrics and kind != "reverse":
-                pooled = wk * lp if pooled is None else pooled.add_(wk * lp)
-            if kind == "jsd":
-                jsd = jsd + wk[:, 0] * _jsd_rows(lp, s_logp, beta)
+            lp = teacher_log_probs(k, idx, wk)
+            if lp is None:
+                continue
+            if need_a:
+                p = lp.exp()
+                neg_entropy += wk[:, 0] * p_log_p(k, idx, p, lp)
+                A = p.mul_(wk) if A is None else A.addcmul_(p, wk)
+            if need_r:
+                r = lp.mul_(wk) if r is None else r.addcmul_(lp, wk)
+        return A, neg_entropy, r
+
+    def metrics_of(A, neg_entropy, r):
+        a_log_a = _dot(A, torch.log(A))
+        if not bool(torch.isfinite(a_log_a).all()):                   # A = 0 somewhere (-inf logits)
+            a_log_a = torch.special.xlogy(A, A).sum(-1)
+        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -torch.logsumexp(r, -1)}
+
+    def full(idx, z, factor, need_grad):
+        w = problem.weights_at(idx, z.device)
+        w_sum = w.sum(-1, keepdim=True)
+        z.sub_(torch.logsumexp(z, -1, keepdim=True))                  # ln q
         if kind == "forward":
-            loss = neg_entropy - (A * s_logp).sum(-1)
-        elif kind == "reverse":
-            loss = (s_logp.exp() * (s_logp - pooled)).sum(-1)
-        else:
-            loss = jsd
-        if not metrics:
-            return loss, {}
-        a_log_a = torch.where(A > 0, A * torch.log(A), torch.zeros_like(A)) if any(problem.neg_inf) else A * torch.log(A)
-        return loss, {"teacher_disagreement": neg_entropy - a_log_a.sum(-1),
-                      "neg_log_z": -torch.logsumexp(pooled, -1)}
-    return terms
+            A, neg_entropy, r = pools(idx, w, True, metrics)
+            loss = neg_entropy - _dot(A, z)
+            met = metrics_of(A, neg_entropy, r) if metrics else {}
+            if need_grad:
+                z.exp_().mul_(w_sum * factor).sub_(A, alpha=factor)
+            return loss, loss, met
+        if kind == "reverse":
+            A, neg_entropy, r = pools(idx, w, metrics, True)
+            met = metrics_of(A, neg_entropy, r) if metrics else {}
+            q = z.exp()
+            d = torch.sub(z, r, out=r)                                 # ln q - r
+            loss = _dot(q, d)
+            if need_grad:
+                torch.mul(q, d.sub_(loss[:, None]), out=z).mul_(factor)
+            return loss, loss, met
+        loss = torch.zeros(w.shape[0], dtype=c, device=z.device)
+        log_m_pool = None
+        for k in range(len(teachers)):
+            wk = w[:, k:k + 1]
+            lp = teacher_log_probs(k, idx, wk)
+            if lp is None:
+                continue
+            log_m = torch.logaddexp(lp + math.log(beta), z + math.log1p(-beta))
+            loss += wk[:, 0] * (beta * _kl_rows(lp, log_m) + (1 - beta) * _kl_rows(z, log_m))
+            log_m_pool = log_m.mul_(wk) if log_m_pool is None else log_m_pool.addcmul_(log_m, wk)
+        met = {}
+        if metrics:
+            met = metrics_of(*pools(idx, w, True, True))
+        d = torch.mul(z, w_sum).sub_(log_m_pool)                       # D = sum_k w_k (ln q - ln M_k)
+        q = z.exp()
+        qd = _dot(q, d)
+        if need_grad:
+            torch.mul(q, d.sub_(qd[:, None]), out=z).mul_((1 - beta) * factor)
+        return loss, loss + qd, met
+
+    def topk(idx, z, factor, need_grad):
+        w = problem.weights_at(idx, z.device)
+        with torch.enable_grad():
+            x = z.detach().requires_grad_(need_grad)
+            s_logp = torch.log_softmax(x, dim=-1)
+            flat = [(rows(t.ids, idx), rows(t.log_probs, idx).to(c)) for t in teachers]
+            per = torch.stack([_topk_rows(kind, s_logp, ids, lp, problem.tail, V, beta) for ids, lp in flat], dim=1)
+            loss = (w * per).sum(-1)
+            if need_grad:
+                (g,) = torch.autograd.grad(loss.sum(), x)
+                z.copy_(g).mul_(factor)
+        loss = loss.detach()
+        met = {}
+        if metrics:
+            met["tail_mass"] = torch.stack([-torch.expm1(torch.logsumexp(lp, -1)) for _, lp in flat]).clamp(min=0.0)
+        return loss, loss, met
+
+    kernel = topk if problem.topk else full
+    kernel.kind = kind
+    return kernel
 
 
+@torch.compiler.disable
 def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_temperature, teacher_temperature,
                 chunk_size, reduction, vocab_size, tail, metrics, beta=None, num_items_in_batch=None,
                 empty_mask="zero"):
@@ -146,9 +216,7 @@ def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_tem
     problem = prepare(s, s.shape[-1], teacher_logits, weights, mask, student_temperature, teacher_temperature,
                       chunk_size, reduction, vocab_size, tail, kind, metrics=metrics,
                       num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
-    out = {}
-    per_position = ChunkedLoss.apply(student_logits, None, problem, _terms(problem, kind, beta), out)
-    return reduce(per_position, problem, out), out
+    return compute(problem, _kernel(problem, kind, beta), student_logits)
 
 
 def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_temperature=1.0,
@@ -161,8 +229,8 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
     q = softmax(student_logits / student_temperature), p_k = softmax(teacher_logits_k / teacher_temperature)
     over the first ``vocab_size`` columns (default: all; teachers must then have the student's width).
     ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and the README).
-    ``chunk_size``: positions per chunk (default about 8M logits per buffer); ``metrics=False`` skips
-    the per-position metrics (about a fifth of the time).
+    ``chunk_size``: positions per chunk (default about 2M logits per buffer); ``metrics=False`` skips
+    the per-position metrics (a sixth to two fifths of the time: benchmarks/README.md).
 
     ``mask`` (B, T): 0 / 1 only (bool, integer or float; anything else is a ValueError; from labels with
     -100 use :func:`mask_from_labels`). ``reduction``: ``"mean"`` over the kept positions (TRL's
@@ -222,6 +290,13 @@ def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, ma
     kind: 'forward', 'reverse' or 'jsd' (with ``beta``). Gradients flow to ``hidden_states`` and to
     ``lm_head_weight`` (every reduction but 'none'). Returns (loss, metrics) as the other losses.
     """
+    return _fused(hidden_states, lm_head_weight, teacher_logits, weights, mask, kind, beta, bias, student_temperature,
+                  teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, num_items_in_batch, empty_mask)
+
+
+@torch.compiler.disable
+def _fused(hidden_states, lm_head_weight, teacher_logits, weights, mask, kind, beta, bias, student_temperature,
+           teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, num_items_in_batch, empty_mask):
     if kind not in ("forward", "reverse", "jsd"):
         raise ValueError(f"kind = {kind!r} must be 'forward', 'reverse' or 'jsd'")
     if not torch.is_tensor(hidden_states) or hidden_states.ndim != 3:
@@ -234,10 +309,8 @@ def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, ma
     problem = prepare(hidden_states, lm_head_weight.shape[0], teacher_logits, weights, mask, student_temperature,
                       teacher_temperature, chunk_size, reduction, vocab_size, tail, kind, hidden=True, metrics=metrics,
                       bias=bias, num_items_in_batch=num_items_in_batch, empty_mask=empty_mask)
-    out = {}
     b = None if kind == "jsd" and beta in (0, 1) else beta
     k = "forward" if kind == "jsd" and beta == 0 else "reverse" if kind == "jsd" and beta == 1 else kind
-    per_position = ChunkedLoss.apply(hidden_states, lm_head_weight, problem, _terms(problem, k, b), out)
-    return reduce(per_position, problem, out), out
+    return compute(problem, _kernel(problem, k, b), hidden_states, lm_head_weight)
 
 
