@@ -54,15 +54,19 @@ def flip_figure(questions, partitions):
 @paper
 def validation_figure(validation):
     """The study's drift (95% interval) against aggregation's exact drift on TabularLM teachers: SPEC 2's
-    rows (exact: -ln rho) and the random family; the diagonal is recovery."""
+    rows (exact: -ln rho), the random family and the LLM-like family (with and without the heavy-tail
+    correction); the diagonal is recovery."""
     fig = figure(TWO_COLUMNS / 2, 2.6)
     ax = fig.subplots()
-    groups = [("spec", None)] + [("random", n) for n in sorted(validation.loc[validation.machine == "random", "samples"].unique(), reverse=True)]
-    for j, (machine, n) in enumerate(groups):
-        sub = validation[(validation.machine == machine) & ((validation.samples == n) if n is not None else True)]
+    v = validation.assign(correction=validation.get("correction", "none"))
+    groups = [("spec", None, "none")] + [key for key, _ in v[v.machine != "spec"].groupby(
+        ["machine", "samples", "correction"], sort=False)]
+    for j, (machine, n, corr) in enumerate(groups):
+        sub = v[(v.machine == machine) & ((v.samples == n) if n is not None else True) & (v.correction == corr)]
+        name = machine + ("" if n is None else f", N = {n}") + ("" if corr == "none" else f", {corr}")
         ax.errorbar(sub.exact_drift, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift], fmt="o",
-                    ms=3, color=f"C{(3, 0, 2, 4)[j % 4]}", elinewidth=0.6, lw=0, alpha=0.8,
-                    label=f"{machine}{'' if n is None else f', N = {n}'}: {int(sub.covered.sum())}/{len(sub)} cover")
+                    ms=3, color=f"C{(3, 0, 2, 4, 1, 5)[j % 6]}", elinewidth=0.6, lw=0, alpha=0.8,
+                    label=f"{name}: {int(sub.covered.sum())}/{len(sub)} cover")
     lims = [min(validation.exact_drift.min(), validation.drift_lo.min()), max(validation.exact_drift.max(),
                                                                             validation.drift_hi.max())]
     ax.plot(lims, lims, color="k", lw=0.6)
