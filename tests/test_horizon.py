@@ -312,3 +312,24 @@ def test_positive_control_flips_at_the_exact_first_flip(t2):
         assert expected == -1 and h_star > 32        # too weak for H <= 32
     plain, _ = flip_horizon_study(bridge_of(base, w), q, HORIZONS, 4, seed=0)
     assert abs(plain.drift.iloc[0]) < 1e-6 and not plain.flip.iloc[0]
+
+
+def test_saturating_fits_report_no_extrapolated_h_star():
+    """With an end token, D(H) plateaus once most continuations have ended: the study then reports no
+    H* (NaN) and flags the fit saturating, exactly when fewer than half of the continuations of C or I
+    still run at the largest H; without end tokens every continuation runs and H* is reported."""
+    seen = set()
+    for seed, end_logit in [(0, 2.0), (1, -4.0), (2, 0.0), (3, -2.0)]:
+        t = examples.llm_like_prefix_teachers(seed, 0.3, end_logit=end_logit)
+        q, h = flip_horizon_study(bridge_of(t, [0.5, 0.5], ends=[t.n - 1]), one_question(t), [0, 2, 8], 16, seed=seed)
+        r, top = q.iloc[0], h.iloc[-1]
+        assert r.running_correct == top.running_correct and r.running_incorrect == top.running_incorrect
+        assert r.saturating == (min(top.running_correct, top.running_incorrect) < 0.5)
+        assert np.isnan(r.h_star) == r.saturating and np.isnan(r.h_star_lo) == r.saturating
+        assert np.isfinite(r.drift) and r.detectable_drift > 0
+        seen.add(r.saturating)
+        if end_logit > 1:                      # 88% end at every step: nothing runs to H = 8
+            assert r.saturating and top.running_correct < 0.2
+        q2, h2 = flip_horizon_study(bridge_of(t, [0.5, 0.5]), one_question(t), [0, 2, 8], 16, seed=seed)
+        assert not q2.saturating.iloc[0] and (h2.running_correct == 1).all() and not np.isnan(q2.h_star.iloc[0])
+    assert seen == {True, False}
