@@ -1,20 +1,33 @@
-"""How far real teachers are from the prefix-bias flip (issue 22, claim T8): per question and teacher
+"""How far real teachers are from the prefix-bias flip (issues 22, 30; claim T8): per question and teacher
 configuration, the margins, ln Z_H after the correct and the incorrect option, the per-token drift of
-their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H.
+their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H, the
+smallest drift the design detects, and a positive control whose drift is positive by construction.
 
-    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations, H <= 16, 8 min
+    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations + 2 controls, H <= 16
+    python -m llm_bridge.flip_horizon --long       # then H <= 64 where the drift interval allows a flip beyond 16
     python -m llm_bridge.flip_horizon --quick      # 6 questions, N = 4, H <= 4 (tests)
     python -m llm_bridge.flip_horizon --only tabular   # the exact-machine validation only
 
+The positive control ``tempered-after-correct-<T2>`` (T2 = 2, 1.25; the first 16 questions): one
+persona twice, the second teacher's logits divided by T2 after the correct option only. Every context
+whose ESS at some H is below 3/4 of N gets as many samples again, up to 4 N (the heavy-tail correction).
+
 Writes to ``--out`` (default results/flip_horizon):
   flip_questions.csv   config x question: teacher / l / mixture / pooled margins, drift (+ _lo, _hi,
-                       _se), h_star (+ _lo, _hi), flip (significant, at some measured H), first_flip,
-                       option token counts
-  flip_partitions.csv  config x question x H: ln Z_H(uC), ln Z_H(uI) with 95% intervals and ESS, the
-                       gap D(H), g's margin with its interval, flip flags
-  flip_summary.csv     per config: eligible questions, the distribution of H*, flips, the nearest case
-  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random family at N = 300 and at the real
-                       study's N): the study's drift and H* against aggregation's exact ones
+                       _se), h_star (+ _lo, _hi; NaN where D(H) saturates), flip (significant, at some
+                       measured H), first_flip (measured), detectable_drift (80% power) and its horizon,
+                       samples, ESS, running shares, option token counts
+  flip_partitions.csv  config x question x H: ln Z_H(uC), ln Z_H(uI) with 95% intervals, ESS and running
+                       shares, the gap D(H) with its s.e., g's margin with its interval, flip flags
+  flip_summary.csv     per config: eligible questions, flips and detection rate, the detectable drift
+                       (median; low / high margin), samples and ESS, saturating fits, the distribution
+                       of H*, the nearest case
+  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random binary family at N = 300 and at the
+                       real study's N; the LLM-like family at the study's N and horizons, without and
+                       with the heavy-tail correction): the study's drift, gap and H* against the exact ones
+  flip_validation_summary.csv  per family: coverage of the drift, gap and H* intervals, z-scores, ESS,
+                       samples used, measured and false flips
+  flip_long_*.csv      with --long: the same tables at H up to 64 for the long candidates
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).

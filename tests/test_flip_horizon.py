@@ -137,15 +137,30 @@ def test_flip_figure_draws_a_boundary_per_horizon():
     x, y = boundary.get_data()
     np.testing.assert_allclose(y, np.asarray(x) / 8)
     assert "1 flips" in axes[0].get_title()
-    v = pd.DataFrame(dict(machine=["llm", "llm"], samples=[8, 8], correction=["none", "ESS >= 6"], drift=[0.1, 0.1],
-                          drift_lo=[0.0, 0.0], drift_hi=[0.2, 0.2], exact_drift=[0.25, 0.15], covered=[False, True]))
-    labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
-    assert labels[1:] == ["llm, N = 8: 0/1 cover", "llm, N = 8, ESS >= 6: 1/1 cover"]
     v = pd.DataFrame(dict(machine=["spec", "random", "random"], samples=[8, 300, 8], drift=[0.5, 0.1, 0.2],
                           drift_lo=[0.5, 0.05, 0.0], drift_hi=[0.5, 0.15, 0.3], exact_drift=[0.5, 0.12, 0.31],
                           covered=[True, True, False]))
     labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
     assert labels == ["spec: 1/1 cover", "random, N = 300: 1/1 cover", "random, N = 8: 0/1 cover"]
+    v = pd.DataFrame(dict(machine=["llm", "llm"], samples=[8, 8], correction=["none", "ESS >= 6"], drift=[0.1, 0.1],
+                          drift_lo=[0.0, 0.0], drift_hi=[0.2, 0.2], exact_drift=[0.25, 0.15], covered=[False, True]))
+    labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
+    assert labels[1:] == ["llm, N = 8: 0/1 cover", "llm, N = 8, ESS >= 6: 1/1 cover"]
+
+
+def test_curves_figure_draws_every_eligible_question_and_bands_the_flips():
+    from figures.flip_horizon import curves_figure
+    q, p = synthetic_tables()
+    p["margin_g_lo"] = p.margin_g - 0.1
+    fig = curves_figure(q, p)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    a = axes[0]
+    assert a.get_title() == "A: 1 of 4 eligible flip"
+    lines = [ln for ln in a.get_lines() if len(ln.get_xdata()) == 3]       # one per eligible question
+    assert len(lines) == 4 and sum(ln.get_color() == "C3" for ln in lines) == 1
+    red = next(ln for ln in lines if ln.get_color() == "C3")
+    np.testing.assert_allclose(red.get_ydata(), [1.0, 1.0 - 0.8, 1.0 - 1.6])           # a1: m - drift H
+    assert len(a.collections) == 1                                          # one band: the flip
 
 
 @pytest.mark.slow
