@@ -184,8 +184,12 @@ def test_real_model_small_run_is_consistent(tmp_path):
     np.testing.assert_allclose(q.margin, 0.5 * (q.margin_teacher0 + q.margin_teacher1), atol=1e-9)
     at0 = p[p.horizon == 0].set_index(["config", "id"]).margin_g
     np.testing.assert_allclose(at0.loc[list(zip(q.config, q.id))].to_numpy(), q.margin, atol=1e-12)
-    finite = q[q.drift > 0]
+    finite = q[(q.drift > 0) & ~q.saturating]
     np.testing.assert_allclose(finite.h_star, finite.margin / finite.drift, rtol=1e-9)
+    assert q.h_star.isna().equals(q.saturating)            # no extrapolation where D(H) saturates
+    top = p[p.horizon == 2].set_index("id")
+    np.testing.assert_array_equal(q.saturating, np.minimum(top.loc[q.id, "running_correct"],
+                                                           top.loc[q.id, "running_incorrect"]).to_numpy() < 0.5)
     assert (p.flip <= (p.margin_g_hi < 0)).all()
     assert q.loc[q.id == "capital_france", "teachers_prefer_correct"].all()      # SmolLM2 knows Paris
     # identical teachers: the pool is the teacher, z = 1 (to float32), no gap and no drift
