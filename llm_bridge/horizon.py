@@ -267,6 +267,7 @@ def fit_drift(horizons, gap, gap_cov, margin, z=Z_95):
 # power, measured flips, saturation
 # ------------------------------------------------------------------------------------------------
 Z_80 = 0.8416212335729143   # one-sided 80% normal quantile: the power the detectable drift is stated at
+SATURATION = 0.5            # below this share of continuations still running, D(H) is saturating
 
 
 def detectable_drift(margin, gap_se, horizons, z=Z_95, z_power=Z_80):
@@ -296,9 +297,9 @@ def detectable_drift(margin, gap_se, horizons, z=Z_95, z_power=Z_80):
     ok = (H > 0) & np.isfinite(se)
     if not ok.any():
         return np.inf, -1
-    need = np.where(ok, (margin + (z + z_power) * se) / np.where(ok, H, 1.0), np.inf)
+    need = (margin + (z + z_power) * se[ok]) / H[ok]
     j = int(np.argmin(need))
-    return float(need[j]), int(H[j])
+    return float(need[j]), int(H[ok][j])
 
 
 def first_significant_flip(horizons, margin_g_hi, eligible):
@@ -321,6 +322,12 @@ def running_share(tokens, end_token_ids, horizons):
     ended = np.isin(tokens, list(end_token_ids)) if len(end_token_ids) else np.zeros(tokens.shape, bool)
     before = np.concatenate([np.zeros((tokens.shape[0], 1), bool), np.cumsum(ended, axis=1) > 0], axis=1)
     return np.array([1.0 - before[:, min(max(h - 1, 0), before.shape[1] - 1)].mean() for h in horizons])
+
+
+def is_saturating(running_correct, running_incorrect, share=SATURATION):
+    """Whether D(H) is saturating at a horizon: fewer than ``share`` of the continuations of C or of I
+    still run there (:func:`running_share`); a linear extrapolation of D beyond it would be wrong."""
+    return bool(min(running_correct, running_incorrect) < share)
 
 
 def _check_twin(teachers, twin, name):
@@ -446,8 +453,8 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         half = z * se
         fit = fit_drift(hs, gap, cov, m, z)
         top = int(np.argmax(hs))
-        saturating = bool(min(rc[top], ri[top]) < 0.5)
-        h_star = (np.nan,) * 3 if saturating else (fit.h_star, fit.h_star_lo, fit.h_star_hi)
+        saturating = is_saturating(rc[top], ri[top])
+        h_star = (np.nan, np.nan, np.nan) if saturating else (fit.h_star, fit.h_star_lo, fit.h_star_hi)
         for j, h in enumerate(hs):
             half_c, half_i = (z * np.sqrt(max(c.cov[j, j], 0.0)) for c in (cc, ci))
             mg = m - gap[j]

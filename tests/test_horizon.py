@@ -11,8 +11,9 @@ import torch
 import aggregation as ag
 from aggregation import examples
 from llm_bridge.horizon import (Z_80, detectable_drift, exact_flip_horizon, first_significant_flip, fit_drift,
-                                flip_horizon_study, log_partition_curve, running_share, sample_contexts,
-                                sample_log_factors_many, torch_geometric_pool)
+                                flip_horizon_study, is_saturating, log_partition_curve, running_share,
+                                sample_contexts, sample_log_factors_many, torch_geometric_pool)
+from llm_bridge.partition import Z_95
 from llm_bridge.partition import log_mean_exp_stats
 from llm_bridge.tabular import TabularLM
 from llm_bridge.teachers import Teacher, Teachers
@@ -216,10 +217,11 @@ def test_detectable_drift_has_80_percent_power_at_its_best_horizon():
     assert detectable_drift(1.0, [0.0, 0.01, 5.0], [0, 8, 16]) == (pytest.approx((1 + 2.801585218 * 0.01) / 8), 8)
     assert detectable_drift(0.5, [0.0, 0.0], [0, 2]) == (pytest.approx(0.25), 2)          # exact: m / H
     assert detectable_drift(1.0, [0.0, np.inf], [0, 4]) == (np.inf, -1)
-    for bad in (dict(gap_se=[0.1]), dict(gap_se=[-0.1, 0.1]), dict(horizons=[-1, 4]), dict(margin=np.nan)):
+    for bad, msg in ((dict(gap_se=[0.1]), "do not match"), (dict(gap_se=[-0.1, 0.1]), "gap_se must be >= 0"),
+                     (dict(horizons=[-1, 4]), "horizons must be >= 0"), (dict(margin=np.nan), "not finite")):
         args = dict(margin=1.0, gap_se=[0.1, 0.1], horizons=[0, 4])
         args.update(bad)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=msg):
             detectable_drift(**args)
 
 
@@ -228,8 +230,10 @@ def test_first_significant_flip_and_running_share():
     assert first_significant_flip(hs, [1.0, 0.0, 0.2, -0.1, -2.0], True) == 4          # 0 is not below 0
     assert first_significant_flip(hs, [1.0, 0.0, 0.2, -0.1, -2.0], False) == -1
     assert first_significant_flip(hs, [1.0, 0.5, 0.2, 0.1, 0.0], True) == -1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="does not match"):
         first_significant_flip(hs, [1.0, 0.5], True)
+    assert not is_saturating(0.5, 1.0) and is_saturating(0.49, 1.0) and is_saturating(1.0, 0.49)
+    assert is_saturating(0.6, 0.9, share=0.7) and not is_saturating(0.6, 0.9, share=0.6)
     end = 9
     tokens = np.array([[5, end, 3], [5, 5, 5], [end, -1, -1], [5, 5, end]])      # (N, H_max - 1) for H_max = 4
     np.testing.assert_allclose(running_share(tokens, [end], [0, 1, 2, 3, 4]), [1, 1, 0.75, 0.5, 0.25])
@@ -273,6 +277,13 @@ def test_ess_floor_extends_the_plain_samples_until_the_floor():
             assert log_mean_exp_stats(np.cumsum(f[:len(f) // 2], 1))[2].min() < 3.5
     with pytest.raises(ValueError, match="ess_floor"):
         sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), ess_floor=0)
+    with pytest.raises(ValueError, match="max_samples"):
+        sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), ess_floor=2, max_samples=3)
+    # a floor no context can reach: every context doubles up to the default cap 8 N, even at H = 1
+    # (where the one factor is deterministic: ESS = N exactly)
+    capped = sample_contexts(b, contexts, 1, 2, np.random.default_rng(0), ess_floor=1e9)
+    assert [len(f) for f, _ in capped] == [16, 16, 16]
+    assert [len(f) for f, _ in sample_contexts(b, contexts, 1, 2, np.random.default_rng(0))] == [2, 2, 2]
     other = bridge_of(t, [0.3, 0.7], ends=[t.n - 1])
     with pytest.raises(ValueError, match="after_correct"):
         sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), after_correct=other)
@@ -333,3 +344,29 @@ def test_saturating_fits_report_no_extrapolated_h_star():
         q2, h2 = flip_horizon_study(bridge_of(t, [0.5, 0.5]), one_question(t), [0, 2, 8], 16, seed=seed)
         assert not q2.saturating.iloc[0] and (h2.running_correct == 1).all() and not np.isnan(q2.h_star.iloc[0])
     assert seen == {True, False}
+
+
+def test_study_columns_agree_with_the_library_functions():
+    """On LLM-like machines with the ESS floor: samples per option as drawn, ess_min the smallest ESS of
+    either option at any H, g's interval m - D +- z se, the flags and the first flip from the upper
+    bound, the detectable drift from the measured s.e., and the corrected study extends the plain one."""
+    for seed in range(4):
+        t, b = llm_bridge_of(seed, sigma=0.6)
+        q = one_question(t)
+        res, h = flip_horizon_study(b, q, [0, 1, 2, 4, 8], 4, seed=seed, ess_floor=3.5, max_samples=16)
+        r = res.iloc[0]
+        assert r.samples_correct in (4, 8, 16) and r.samples_incorrect in (4, 8, 16)
+        assert r.ess_min == pytest.approx(min(h.ess_correct.min(), h.ess_incorrect.min()))
+        assert r.ess_min >= 3.5 or 16 in (r.samples_correct, r.samples_incorrect)
+        np.testing.assert_allclose(h.margin_g, r.margin - h.gap, atol=1e-12)
+        np.testing.assert_allclose(h.margin_g_hi, h.margin_g + Z_95 * h.gap_se, atol=1e-12)
+        np.testing.assert_allclose(h.margin_g_lo, h.margin_g - Z_95 * h.gap_se, atol=1e-12)
+        np.testing.assert_array_equal(h.flip, r.teachers_prefer_correct & (h.margin_g_hi < 0))
+        assert r.first_flip == first_significant_flip([0, 1, 2, 4, 8], h.margin_g_hi, r.teachers_prefer_correct)
+        assert r.flip == (r.first_flip >= 0)
+        d, dh = detectable_drift(r.margin, h.gap_se, [0, 1, 2, 4, 8])
+        assert (r.detectable_drift, r.detectable_horizon) == (pytest.approx(d), dh)
+        plain, _ = flip_horizon_study(b, q, [0, 1, 2, 4, 8], 4, seed=seed)
+        assert plain.samples_correct.iloc[0] == 4 and plain.margin.iloc[0] == pytest.approx(r.margin, abs=1e-12)
+        if r.samples_correct == r.samples_incorrect == 4:          # no extra samples: the same estimate
+            assert plain.drift.iloc[0] == pytest.approx(r.drift, abs=1e-12)
