@@ -153,7 +153,7 @@ def cells_for(size, only, base_seed):
     if "smollm2" in only:
         all_qs = load_questions()
         for config in (c for c in CONFIGS + CONTROLS if c.name in size.get("configs", CONFIG_NAMES)):
-            qs = all_qs[:size["control_questions"] if config.after_correct else size["questions"]]
+            qs = all_qs[:min(size["control_questions"], size["questions"]) if config.after_correct else size["questions"]]
             for lo in range(0, len(qs), size["group"]):
                 group = qs[lo:lo + size["group"]]
                 settings = dict(config=config.name, personas=[list(p) for p in config.personas],
