@@ -25,6 +25,13 @@ measured horizons (D(0) = 0 exactly), ``drift = sum_j H_j D_j / sum_j H_j^2``, i
 interval is ``[m / drift_hi, m / drift_lo]`` (Fieller's, exact for a known m), infinite above when
 the drift's interval reaches 0. A *flip at H* is measured, not extrapolated: every teacher prefers C
 (m_k > 0) and g's margin ``m - D(H)`` has its 95% upper bound below 0.
+
+What the design can see (issue 30): :func:`first_significant_flip` is the measured first flip;
+:func:`detectable_drift` the smallest drift that flips at 80% power given the measured s.e. of D(H);
+:func:`running_share` and :func:`is_saturating` say where an end token makes D(H) plateau (no H* is
+extrapolated there); :func:`sample_contexts` adds samples where the ESS is below a floor (heavy
+tails) and continues the correct option's contexts with other teachers (``after_correct``: the
+positive control, teachers changed only after C).
 """
 
 from dataclasses import dataclass
