@@ -251,6 +251,9 @@ def test_llm_like_family_is_in_the_real_regime():
     t = examples.llm_like_prefix_teachers(0)
     assert t.n == 24 and (t.next_state[1:, 23] == -1).all() and (t.next_state[1:, :23] >= 0).all()
     assert (t.log_probs[:, 0, 0] > t.log_probs[:, 0, 1]).all()
+    np.testing.assert_allclose(np.exp(t.log_probs).sum(-1), 1.0, atol=1e-12)
+    with pytest.raises(ValueError, match="n = 3"):
+        examples.llm_like_prefix_teachers(0, n=3)
     ess = []
     for seed in range(6):
         t, b = llm_bridge_of(seed)
