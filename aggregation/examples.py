@@ -112,3 +112,39 @@ def random_prefix_teachers(seed, sigma, n_teachers=3, n_states=4):
     log_probs[:, 0, 0], log_probs[:, 0, 1] = np.log(p_c), np.log1p(-p_c)
     log_probs[:, 1:] = logits - np.logaddexp(logits[..., :1], logits[..., 1:])
     return FiniteStateTeachers(next_state, log_probs)
+
+
+def llm_like_prefix_teachers(seed, sigma=0.5, n=24, n_states=8, n_teachers=2, end_logit=-3.0, df=2.0):
+    """Random teachers in a language model's regime, on which every teacher prefers the correct first
+    token (SPEC 2, claim T8): ``n`` tokens, the last an end token, and heavy-tailed disagreement.
+
+    State 0 is the start: token 0 = C enters a region of ``n_states`` states, token 1 = I another; the
+    other start tokens end the response. p_k(C | start) ~ U(0.55, 0.95), p_k(I | start) = 0.9 (1 - p_k(C)).
+    In a region, every token but the end token moves to a seeded state of the same region; the end
+    token (id n - 1) ends the response. Teacher k's row in region state s is
+    softmax(b_s + sigma t_{k,s}), b ~ N(0, 2^2) over the tokens with b_end = ``end_logit`` + the log
+    of the row's mass (so the end token takes a fixed share of about e^end_logit / (1 + e^end_logit)),
+    and t Student-t with ``df`` degrees of freedom: most tokens nearly agreed on, a few with large
+    disagreement, so that the continuation weights prod z are heavy-tailed as on real models.
+    """
+    rng = np.random.default_rng(seed)
+    if n < 4:
+        raise ValueError(f"n = {n} must be >= 4 (C, I, another token and the end token)")
+    m, K, end = n_states, n_teachers, n - 1
+    S = 1 + 2 * m
+    next_state = np.full((S, n), -1, dtype=np.int64)
+    for offset in (1, 1 + m):
+        next_state[offset:offset + m, :end] = offset + rng.integers(0, m, size=(m, end))
+    next_state[0, 0], next_state[0, 1] = 1, 1 + m
+    p_c = rng.uniform(0.55, 0.95, size=K)
+    log_probs = np.empty((K, S, n))
+    log_probs[:, 0, 0], log_probs[:, 0, 1] = np.log(p_c), np.log(0.9 * (1 - p_c))
+    log_probs[:, 0, 2:] = np.log(0.1 * (1 - p_c))[:, None] - np.log(n - 2)
+    base = 2.0 * rng.normal(size=(S - 1, n))
+    noise = rng.standard_t(df, size=(K, S - 1, n))
+    logits = base[None] + sigma * noise
+    body = logits[..., :end] - np.logaddexp.reduce(logits[..., :end], axis=-1, keepdims=True)
+    log_end = end_logit + sigma * noise[..., end]
+    log_probs[:, 1:, :end] = body - np.logaddexp(0.0, log_end)[..., None]
+    log_probs[:, 1:, end] = log_end - np.logaddexp(0.0, log_end)
+    return FiniteStateTeachers(next_state, log_probs)

@@ -54,15 +54,19 @@ def flip_figure(questions, partitions):
 @paper
 def validation_figure(validation):
     """The study's drift (95% interval) against aggregation's exact drift on TabularLM teachers: SPEC 2's
-    rows (exact: -ln rho) and the random family; the diagonal is recovery."""
+    rows (exact: -ln rho), the random family and the LLM-like family (with and without the heavy-tail
+    correction); the diagonal is recovery."""
     fig = figure(TWO_COLUMNS / 2, 2.6)
     ax = fig.subplots()
-    groups = [("spec", None)] + [("random", n) for n in sorted(validation.loc[validation.machine == "random", "samples"].unique(), reverse=True)]
-    for j, (machine, n) in enumerate(groups):
-        sub = validation[(validation.machine == machine) & ((validation.samples == n) if n is not None else True)]
+    v = validation.assign(correction=validation.get("correction", "none"))
+    groups = [("spec", None, "none")] + [key for key, _ in v[v.machine != "spec"].groupby(
+        ["machine", "samples", "correction"], sort=False)]
+    for j, (machine, n, corr) in enumerate(groups):
+        sub = v[(v.machine == machine) & ((v.samples == n) if n is not None else True) & (v.correction == corr)]
+        name = machine + ("" if n is None else f", N = {n}") + ("" if corr == "none" else f", {corr}")
         ax.errorbar(sub.exact_drift, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift], fmt="o",
-                    ms=3, color=f"C{(3, 0, 2, 4)[j % 4]}", elinewidth=0.6, lw=0, alpha=0.8,
-                    label=f"{machine}{'' if n is None else f', N = {n}'}: {int(sub.covered.sum())}/{len(sub)} cover")
+                    ms=3, color=f"C{(3, 0, 2, 4, 1, 5)[j % 6]}", elinewidth=0.6, lw=0, alpha=0.8,
+                    label=f"{name}: {int(sub.covered.sum())}/{len(sub)} cover")
     lims = [min(validation.exact_drift.min(), validation.drift_lo.min()), max(validation.exact_drift.max(),
                                                                             validation.drift_hi.max())]
     ax.plot(lims, lims, color="k", lw=0.6)
@@ -73,11 +77,45 @@ def validation_figure(validation):
     return fig
 
 
+@paper
+def curves_figure(questions, partitions, y_max=3.0):
+    """The measured curves beside any extrapolation: one panel per configuration, g's margin
+    m - D(H) against H for every eligible question (grey; red with its 95% band where a flip is
+    measured, i.e. the band's upper end falls below 0), the zero line; the y axis is cut at ``y_max``
+    nats (questions with larger margins are far from a flip)."""
+    configs = list(dict.fromkeys(questions["config"]))
+    fig = figure(TWO_COLUMNS, 2.0 * ((len(configs) + 1) // 2) + 0.4)
+    axes = np.atleast_1d(fig.subplots((len(configs) + 1) // 2, min(2, len(configs)), squeeze=False).ravel())
+    for ax, config in zip(axes, configs):
+        grp = questions[(questions.config == config) & questions.teachers_prefer_correct]
+        part = partitions[partitions.config == config]
+        for _, q in grp.iterrows():
+            c = part[part.id == q.id].sort_values("horizon")
+            if q.flip:
+                ax.fill_between(c.horizon, c.margin_g_lo, c.margin_g_hi, color="C3", alpha=0.15, lw=0)
+            ax.plot(c.horizon, c.margin_g, color="C3" if q.flip else "0.6", lw=1.0 if q.flip else 0.6)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_ylim(min(-1.0, float(part.margin_g.min()) if len(part) else -1.0) - 0.2, y_max)
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_title(f"{config}: {int(grp.flip.sum())} of {len(grp)} eligible flip")
+        ax.set_xlabel("horizon H (tokens after the option)")
+        ax.set_ylabel("g's margin m - D(H) (nats)")
+        ax.grid(True)
+    for ax in axes[len(configs):]:
+        ax.set_visible(False)
+    return fig
+
+
 def figures_from(folder):
     out = {}
     q = os.path.join(folder, "flip_questions.csv")
     if os.path.exists(q):
-        out["flip_horizon"] = flip_figure(pd.read_csv(q), pd.read_csv(os.path.join(folder, "flip_partitions.csv")))
+        questions, partitions = pd.read_csv(q), pd.read_csv(os.path.join(folder, "flip_partitions.csv"))
+        out["flip_horizon"] = flip_figure(questions, partitions)
+        out["flip_curves"] = curves_figure(questions, partitions)
+    lq = os.path.join(folder, "flip_long_questions.csv")
+    if os.path.exists(lq):
+        out["flip_long_curves"] = curves_figure(pd.read_csv(lq), pd.read_csv(os.path.join(folder, "flip_long_partitions.csv")))
     v = os.path.join(folder, "flip_validation.csv")
     if os.path.exists(v):
         out["flip_validation"] = validation_figure(pd.read_csv(v))

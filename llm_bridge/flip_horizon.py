@@ -1,20 +1,33 @@
-"""How far real teachers are from the prefix-bias flip (issue 22, claim T8): per question and teacher
+"""How far real teachers are from the prefix-bias flip (issues 22, 30; claim T8): per question and teacher
 configuration, the margins, ln Z_H after the correct and the incorrect option, the per-token drift of
-their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H.
+their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H, the
+smallest drift the design detects, and a positive control whose drift is positive by construction.
 
-    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations, H <= 16, 8 min
+    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations + 2 controls, H <= 16
+    python -m llm_bridge.flip_horizon --long       # then H <= 64 where the drift interval allows a flip beyond 16
     python -m llm_bridge.flip_horizon --quick      # 6 questions, N = 4, H <= 4 (tests)
     python -m llm_bridge.flip_horizon --only tabular   # the exact-machine validation only
 
+The positive control ``tempered-after-correct-<T2>`` (T2 = 2, 1.25; the first 16 questions): one
+persona twice, the second teacher's logits divided by T2 after the correct option only. Every context
+whose ESS at some H is below 3/4 of N gets as many samples again, up to 4 N (the heavy-tail correction).
+
 Writes to ``--out`` (default results/flip_horizon):
   flip_questions.csv   config x question: teacher / l / mixture / pooled margins, drift (+ _lo, _hi,
-                       _se), h_star (+ _lo, _hi), flip (significant, at some measured H), first_flip,
-                       option token counts
-  flip_partitions.csv  config x question x H: ln Z_H(uC), ln Z_H(uI) with 95% intervals and ESS, the
-                       gap D(H), g's margin with its interval, flip flags
-  flip_summary.csv     per config: eligible questions, the distribution of H*, flips, the nearest case
-  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random family at N = 300 and at the real
-                       study's N): the study's drift and H* against aggregation's exact ones
+                       _se), h_star (+ _lo, _hi; NaN where D(H) saturates), flip (significant, at some
+                       measured H), first_flip (measured), detectable_drift (80% power) and its horizon,
+                       samples, ESS, running shares, option token counts
+  flip_partitions.csv  config x question x H: ln Z_H(uC), ln Z_H(uI) with 95% intervals, ESS and running
+                       shares, the gap D(H) with its s.e., g's margin with its interval, flip flags
+  flip_summary.csv     per config: eligible questions, flips and detection rate, the detectable drift
+                       (median; low / high margin), samples and ESS, saturating fits, the distribution
+                       of H*, the nearest case
+  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random binary family at N = 300 and at the
+                       real study's N; the LLM-like family at the study's N and horizons, without and
+                       with the heavy-tail correction): the study's drift, gap and H* against the exact ones
+  flip_validation_summary.csv  per family: coverage of the drift, gap and H* intervals, z-scores, ESS,
+                       samples used, measured and false flips
+  flip_long_*.csv      with --long: the same tables at H up to 64 for the long candidates
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
@@ -38,7 +51,13 @@ EXPERIMENTS = ("tabular", "smollm2")
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
 QUESTIONS = Path(__file__).resolve().parent / "data" / "flip_questions.jsonl"
 SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group": (16, 6),
-         "random_machines": (40, 4), "tabular_samples": (300, 100)}
+         "random_machines": (40, 4), "tabular_samples": (300, 100), "llm_machines": (80, 4), "control_questions": (16, 4),
+         "long_horizon": (64, 8)}
+# the heavy-tail correction: a context whose ESS at some H is below ESS_SHARE N (6 of N = 8) gets as
+# many samples again, up to MAX_SAMPLES_FACTOR N (restores the drift's coverage on the LLM-like family)
+ESS_SHARE = 0.75
+MAX_SAMPLES_FACTOR = 4
+SIGMA_LLM = 0.3
 TABULAR_HORIZONS = (0, 1, 2, 4, 8, 16, 32)
 SPEC_ROWS = (([.9, .9], [[.9, .1], [.1, .9]], [.5, .5]), ([.9, .9], [[.8, .2], [.2, .8]], [.5, .5]),
              ([.99, .8], [[.8, .2], [.2, .8]], [.5, .5]), ([.9, .9], [[.8, .2], [.2, .8]], [.8, .2]))
@@ -49,10 +68,13 @@ CONCISE = "You are a concise assistant. Reply with the answer only, in one or tw
 @dataclass(frozen=True)
 class TeacherConfig:
     """Two personas of one model (system prompt, temperature), weights (1/2, 1/2), and why the theory
-    expects them to move H* or not."""
+    expects them to move H* or not. ``after_correct``: the positive control, the second teacher's
+    temperature after the correct option only (before it, and after the incorrect one, it is the
+    persona's own)."""
     name: str
     personas: tuple          # ((name, system prompt, temperature), ...)
     why: str
+    after_correct: float = None
 
 
 CONFIGS = (
@@ -82,7 +104,13 @@ CONFIGS = (
         "the mirror image: the checker goes on only after an answer it believes wrong (after I), so the teachers "
         "disagree more after I: drift < 0, H* infinite (a control)"),
 )
-CONFIG_NAMES = tuple(c.name for c in CONFIGS)
+HELPFUL = "You are a helpful assistant."
+CONTROLS = tuple(TeacherConfig(f"tempered-after-correct-{t2:g}", (("a", HELPFUL, 1.0), ("b", HELPFUL, 1.0)),
+                               f"the positive control: one persona twice, the second teacher's logits divided by "
+                               f"T2 = {t2:g} after the correct option only; the teachers agree before the option and "
+                               "after I (Z = 1) and disagree after C, so drift > 0 by construction and every eligible "
+                               "question flips at some H", after_correct=t2) for t2 in (2.0, 1.25))
+CONFIG_NAMES = tuple(c.name for c in CONFIGS + CONTROLS)
 
 
 def horizons_up_to(h_max):
@@ -114,17 +142,50 @@ def cells_for(size, only, base_seed):
             for i in range(size["random_machines"]):
                 cells.append(Cell("flip_horizon", "tabular", dict(machine="random", index=i, sigma=1.0, samples=n),
                                   base_seed=base_seed, stream=("tabular", "random", i, n)))
+        # the real study's regime (24 tokens, an end token, heavy tails) at its N and horizons, without and
+        # with the heavy-tail correction (the same stream: the corrected run extends the plain one's samples)
+        for floor in (None, ESS_SHARE * size["samples"]):
+            for i in range(size["llm_machines"]):
+                cells.append(Cell("flip_horizon", "tabular", dict(
+                    machine="llm", index=i, sigma=SIGMA_LLM, samples=size["samples"], ess_floor=floor,
+                    max_samples=MAX_SAMPLES_FACTOR * size["samples"], horizons=horizons_up_to(size["max_horizon"])),
+                    base_seed=base_seed, stream=("tabular", "llm", i, size["samples"])))
     if "smollm2" in only:
-        qs = load_questions()[:size["questions"]]
-        for config in (c for c in CONFIGS if c.name in size.get("configs", CONFIG_NAMES)):
+        all_qs = load_questions()
+        for config in (c for c in CONFIGS + CONTROLS if c.name in size.get("configs", CONFIG_NAMES)):
+            qs = all_qs[:min(size["control_questions"], size["questions"]) if config.after_correct else size["questions"]]
             for lo in range(0, len(qs), size["group"]):
                 group = qs[lo:lo + size["group"]]
                 settings = dict(config=config.name, personas=[list(p) for p in config.personas],
+                                after_correct=config.after_correct,
                                 questions=[(q["id"], q["question"], q["correct"], q["incorrect"]) for q in group],
                                 samples=size["samples"], horizons=horizons_up_to(size["max_horizon"]),
-                                model=size["model"], device=size["device"], dtype=size["dtype"])
+                                ess_floor=ESS_SHARE * size["samples"],
+                                max_samples=MAX_SAMPLES_FACTOR * size["samples"], model=size["model"], device=size["device"], dtype=size["dtype"])
                 cells.append(Cell("flip_horizon", "smollm2", settings, base_seed=base_seed,
                                   stream=("smollm2", config.name, lo)))
+    return cells
+
+
+def long_cells_for(questions, size, base_seed):
+    """Cells measuring H up to ``size["long_horizon"]`` for :func:`long_candidates` (groups of ``group``
+    questions per configuration; the same N and heavy-tail correction, so low ESS gets more samples)."""
+    h_long = size["long_horizon"]
+    pick = long_candidates(questions, h_long)
+    meta = {q["id"]: q for q in load_questions()}
+    configs = {c.name: c for c in CONFIGS + CONTROLS}
+    cells = []
+    for name, grp in pick.groupby("config", sort=False):
+        config, ids = configs[name], list(grp.id)
+        for lo in range(0, len(ids), size["group"]):
+            group = [meta[i] for i in ids[lo:lo + size["group"]]]
+            settings = dict(config=name, personas=[list(p) for p in config.personas], after_correct=config.after_correct,
+                            questions=[(q["id"], q["question"], q["correct"], q["incorrect"]) for q in group],
+                            samples=size["samples"], horizons=horizons_up_to(h_long), ess_floor=ESS_SHARE * size["samples"],
+                            max_samples=MAX_SAMPLES_FACTOR * size["samples"],
+                            model=size["model"], device=size["device"], dtype=size["dtype"])
+            cells.append(Cell("flip_horizon", "smollm2", settings, base_seed=base_seed,
+                              stream=("smollm2-long", name, tuple(ids[lo:lo + size["group"]]))))
     return cells
 
 
@@ -132,29 +193,71 @@ def run_tabular(cell):
     from aggregation import examples
     from .tabular import TabularLM
     from .teachers import Teacher, Teachers
+    ends, hs = (), TABULAR_HORIZONS
     if cell["machine"] == "spec":
         p, cont, w = SPEC_ROWS[cell["index"]]
         machine = examples.prefix_bias_teachers(p, cont)
-    else:
+    elif cell["machine"] == "random":
         machine = examples.random_prefix_teachers(cell["index"], cell["sigma"])
         w = [1 / 3] * 3
-    bridge = Teachers([Teacher(TabularLM(machine, k), name=f"t{k}") for k in range(machine.K)], w, vocab_size=machine.n)
+    else:
+        machine = examples.llm_like_prefix_teachers(cell["index"], cell["sigma"])
+        w, ends, hs = [1 / 2] * 2, [machine.n - 1], cell["horizons"]
+    bridge = Teachers([Teacher(TabularLM(machine, k), name=f"t{k}") for k in range(machine.K)], w, vocab_size=machine.n,
+                      end_token_ids=ends)
     question = [dict(id=f"{cell['machine']}{cell['index']}", prompt_ids=[machine.n], correct_ids=[0], incorrect_ids=[1])]
-    q, _ = flip_horizon_study(bridge, question, TABULAR_HORIZONS, cell["samples"], int(cell.seed_array()[0]))
-    exact = exact_flip_horizon(machine, w, TABULAR_HORIZONS, h_max=256)
-    row = q.iloc[0]
+    floor = cell.settings.get("ess_floor")
+    q, h = flip_horizon_study(bridge, question, hs, cell["samples"], int(cell.seed_array()[0]), ess_floor=floor,
+                              max_samples=cell.settings.get("max_samples"))
+    exact = exact_flip_horizon(machine, w, hs, h_max=256)
+    row, last = q.iloc[0], h.iloc[int(np.argmax(hs))]
     return pd.DataFrame([dict(machine=cell["machine"], index=cell["index"], samples=cell["samples"],
+                              correction="none" if floor is None else f"ESS >= {floor:g}",
+                              samples_used=0.5 * (row.samples_correct + row.samples_incorrect), ess_min=row.ess_min,
+                              saturating=row.saturating, h_max=max(hs),
                               margin=row.margin, exact_margin=exact["margin"], drift=row.drift, drift_lo=row.drift_lo,
                               drift_hi=row.drift_hi, drift_se=row.drift_se, exact_drift=exact["drift"],
+                              gap=last.gap, gap_lo=last.gap_lo, gap_hi=last.gap_hi, gap_se=last.gap_se,
+                              exact_gap=exact["gap"][int(np.argmax(hs))],
                               h_star=row.h_star, h_star_lo=row.h_star_lo, h_star_hi=row.h_star_hi,
-                              exact_h_star=exact["h_star"], exact_first_flip=exact["first_flip"])])
+                              exact_h_star=exact["h_star"], exact_first_flip=exact["first_flip"],
+                              first_flip=row.first_flip)])
 
 
-def coverage(validation):
-    """Whether each drift interval covers the exact drift, with a float32 allowance (the teachers'
-    log-probs are float32: SPEC 2's rows give zero-width intervals that miss by ~1e-8)."""
-    tol = 1e-6 * (1 + validation.exact_drift.abs())
-    return (validation.drift_lo - tol <= validation.exact_drift) & (validation.exact_drift <= validation.drift_hi + tol)
+def coverage(validation, what="drift"):
+    """Whether each interval of ``what`` (drift, gap: D at the largest H, h_star) covers the exact value,
+    with a float32 allowance (the teachers' log-probs are float32: SPEC 2's rows give zero-width
+    intervals that miss by ~1e-8). For h_star, NaN where H* is not an estimand: the exact drift is <= 0
+    or the fit is saturating."""
+    v, ex = validation, validation[f"exact_{what}"]
+    tol = 1e-6 * (1 + ex.abs())
+    covered = (v[f"{what}_lo"] - tol <= ex) & (ex <= v[f"{what}_hi"] + tol)
+    if what == "h_star":
+        return covered.where((v.exact_drift > 0) & v.h_star.notna())
+    return covered
+
+
+def validation_table(validation):
+    """Per family (machine, N, correction): machines, the coverage of the drift, gap (D at the largest H)
+    and H* intervals, the drift's z-scores (mean, s.d.), the ESS (median, min), the samples used, how
+    many fits saturate, the exact and the measured first flips, false flips (a significant flip
+    where the exact g never flips up to H = 256)."""
+    rows = []
+    v = validation.assign(zd=(validation.drift - validation.exact_drift) / validation.drift_se)
+    for (machine, n, corr), g in v.groupby(["machine", "samples", "correction"], sort=False):
+        hc = g.h_star_covered.dropna()
+        z = g.zd[np.isfinite(g.zd)]
+        rows.append(dict(machine=machine, samples=n, correction=corr, machines=len(g), h_max=int(g.h_max.max()),
+                         drift_coverage=g.drift_covered.mean(), gap_coverage=g.gap_covered.mean(),
+                         h_star_coverage=hc.mean() if len(hc) else np.nan, h_star_cases=len(hc),
+                         drift_z_mean=z.mean(), drift_z_sd=z.std(ddof=1), ess_min_median=g.ess_min.median(),
+                         ess_min_min=g.ess_min.min(), samples_used_mean=g.samples_used.mean(),
+                         saturating=int(g.saturating.sum()), exact_flips_by_h_max=int(
+                             ((g.exact_first_flip >= 0) & (g.exact_first_flip <= g.h_max)).sum()),
+                         measured_flips=int((g.first_flip >= 0).sum()),
+                         false_flips=int(((g.first_flip >= 0) & ((g.exact_first_flip < 0) |
+                                                                 (g.exact_first_flip > g.first_flip))).sum())))
+    return pd.DataFrame(rows)
 
 
 @lru_cache(maxsize=1)
@@ -168,11 +271,17 @@ def run_smollm2(cell):
     model, tok = _model(cell["model"], cell["device"], cell["dtype"])
     personas = [dict(name=n, system=s, temperature=t) for n, s, t in cell["personas"]]
     pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
+    twin = None
+    if cell.settings.get("after_correct"):
+        changed = personas[:-1] + [dict(personas[-1], temperature=cell["after_correct"])]
+        twin = PersonaTeachers(model, tok, changed, [0.5, 0.5], "chat", device=cell["device"]).teachers
     questions = []
     for qid, text, correct, incorrect in cell["questions"]:
         c_ids, i_ids = pt.option_ids([correct, incorrect])
         questions.append(dict(id=qid, prompt_ids=pt.prompt_ids(text), correct_ids=c_ids, incorrect_ids=i_ids))
-    q, h = flip_horizon_study(pt.teachers, questions, cell["horizons"], cell["samples"], int(cell.seed_array()[0]))
+    q, h = flip_horizon_study(pt.teachers, questions, cell["horizons"], cell["samples"], int(cell.seed_array()[0]),
+                              ess_floor=cell.settings.get("ess_floor"), max_samples=cell.settings.get("max_samples"),
+                              after_correct=twin)
     q.insert(0, "config", cell["config"])
     h.insert(0, "config", cell["config"])
     q = q.rename(columns={f"margin_{p['name']}": f"margin_teacher{j}" for j, p in enumerate(personas)})
@@ -183,33 +292,58 @@ def run_cell(cell):
     return run_tabular(cell) if cell.kind == "tabular" else run_smollm2(cell)
 
 
+LOW_MARGIN = 1.0     # nats: the questions the model is unsure of, where a flip is nearest
+
+
 def summarise(questions, partitions):
-    """Per configuration: questions, those whose teachers all prefer C (eligible), H* quantiles over the
-    eligible ones (inf counted as inf), how many have a finite H* and an H* interval entirely below
-    the largest horizon, the flips measured (significant) and at the point estimate, the nearest case."""
+    """Per configuration: questions, those whose teachers all prefer C (eligible), the flips measured
+    (significant; ``detection_rate`` = flips / eligible, the positive control's power) and at the point
+    estimate, the smallest drift the design detects at 80% power (:func:`llm_bridge.horizon.detectable_drift`;
+    median over the eligible questions, and over those with margin below and above ``LOW_MARGIN``),
+    the samples and ESS, the fits that saturate (an end token: no H* extrapolated), H* quantiles over
+    the others (inf counted as inf), how many have a finite H* and an H* interval entirely below the
+    largest horizon, and the nearest case."""
     rows = []
     h_max = int(partitions["horizon"].max())
     for config, grp in questions.groupby("config", sort=False):
         ok = grp[grp.teachers_prefer_correct]
-        hs = ok["h_star"].to_numpy()
-        near = ok.sort_values(["h_star", "h_star_lo"]).iloc[0] if len(ok) else None
+        lin = ok[ok.h_star.notna()]
+        hs = lin["h_star"].to_numpy()
+        near = lin.sort_values(["h_star", "h_star_lo"]).iloc[0] if len(lin) else None
         part = partitions[(partitions.config == config) & partitions.id.isin(ok.id)]
         q = (lambda p: float(np.quantile(hs, p, method="inverted_cdf")) if len(hs) else np.nan)   # inf-safe
-        rows.append(dict(config=config, questions=len(grp), eligible=len(ok),
+        med = (lambda x: float(x.median()) if len(x) else np.nan)
+        rows.append(dict(config=config, questions=len(grp), eligible=len(ok), flips=int(ok.flip.sum()),
+                         detection_rate=float(ok.flip.mean()) if len(ok) else np.nan,
+                         flips_point=int(part.groupby("id").flip_point.any().sum()),
+                         first_flip_median=med(ok.first_flip[ok.first_flip >= 0]),
+                         detectable_drift_median=med(ok.detectable_drift),
+                         detectable_drift_low_margin=med(ok.detectable_drift[ok.margin < LOW_MARGIN]),
+                         low_margin=int((ok.margin < LOW_MARGIN).sum()),
+                         detectable_drift_high_margin=med(ok.detectable_drift[ok.margin >= LOW_MARGIN]),
+                         detectable_drift_min=float(ok.detectable_drift.min()) if len(ok) else np.nan,
+                         samples_mean=float(np.mean([grp.samples_correct.mean(), grp.samples_incorrect.mean()])),
+                         ess_min_median=med(ok.ess_min), ess_min=float(ok.ess_min.min()) if len(ok) else np.nan,
+                         saturating=int(ok.saturating.sum()),
                          finite_h_star=int(np.isfinite(hs).sum()), positive_drift_significant=int((ok.drift_lo > 0).sum()),
                          negative_drift_significant=int((ok.drift_hi < 0).sum()),
                          h_star_min=float(hs.min()) if len(hs) else np.nan, h_star_q10=q(0.1), h_star_q25=q(0.25),
                          h_star_median=q(0.5), h_star_q75=q(0.75),
-                         h_star_hi_below_h_max=int((ok.h_star_hi <= h_max).sum()),
-                         drift_median=float(ok.drift.median()) if len(ok) else np.nan,
-                         margin_median=float(ok.margin.median()) if len(ok) else np.nan,
-                         flips=int(ok.flip.sum()), flips_point=int(part.groupby("id").flip_point.any().sum()),
+                         h_star_hi_below_h_max=int((lin.h_star_hi <= h_max).sum()),
+                         drift_median=med(ok.drift), margin_median=med(ok.margin),
                          nearest=near.id if near is not None else "", nearest_margin=near.margin if near is not None else np.nan,
                          nearest_drift=near.drift if near is not None else np.nan,
                          nearest_h_star=near.h_star if near is not None else np.nan,
                          nearest_h_star_lo=near.h_star_lo if near is not None else np.nan,
                          nearest_h_star_hi=near.h_star_hi if near is not None else np.nan, h_max=h_max))
     return pd.DataFrame(rows)
+
+
+def long_candidates(questions, h_long):
+    """The questions (config, id) whose drift interval allows a flip beyond the measured horizons and by
+    ``h_long``: eligible, no flip measured, and drift_hi > margin / h_long."""
+    q = questions
+    return q[q.teachers_prefer_correct & ~q.flip & (q.drift_hi > q.margin / h_long)]
 
 
 def main(argv=None):
@@ -223,6 +357,8 @@ def main(argv=None):
                                                                  "quick 6)")
     ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
                     help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
+    ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
+                                                        "drift interval allows a flip beyond the default horizons")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     only = args.only or EXPERIMENTS
     try:
@@ -247,8 +383,15 @@ def main(argv=None):
     tab = [r for c, r in zip(cells, results) if c.kind == "tabular"]
     if tab:
         validation = pd.concat(tab, ignore_index=True)
-        validation["covered"] = coverage(validation)
+        validation["covered"] = validation["drift_covered"] = coverage(validation)
+        validation["gap_covered"] = coverage(validation, "gap")
+        validation["h_star_covered"] = coverage(validation, "h_star")
         write_csv(out / "flip_validation.csv", validation)
+        table = validation_table(validation)
+        write_csv(out / "flip_validation_summary.csv", table)
+        if not args.quiet:
+            print(table[["machine", "samples", "correction", "machines", "drift_coverage", "gap_coverage",
+                         "h_star_coverage", "ess_min_median", "samples_used_mean", "false_flips"]].to_string(index=False))
     real = [r for c, r in zip(cells, results) if c.kind == "smollm2"]
     if real:
         meta = {q["id"]: q for q in load_questions()}
@@ -262,8 +405,18 @@ def main(argv=None):
         write_csv(out / "flip_partitions.csv", partitions)
         write_csv(out / "flip_summary.csv", summary)
         if not args.quiet:
-            print(summary[["config", "eligible", "finite_h_star", "h_star_min", "h_star_median", "flips",
-                           "nearest", "nearest_h_star"]].to_string(index=False))
+            print(summary[["config", "eligible", "flips", "detection_rate", "detectable_drift_median",
+                           "detectable_drift_low_margin", "saturating", "h_star_median"]].to_string(index=False))
+        if args.long:
+            long_cells = long_cells_for(questions, size, args.base_seed)
+            results = run_cells(long_cells, run_cell, args.out, resume=args.resume, progress=not args.quiet,
+                                desc="flip_horizon --long")
+            if results:
+                lq = pd.concat([q for q, _ in results], ignore_index=True)
+                lp = pd.concat([h for _, h in results], ignore_index=True)
+                write_csv(out / "flip_long_questions.csv", lq)
+                write_csv(out / "flip_long_partitions.csv", lp)
+                write_csv(out / "flip_long_summary.csv", summarise(lq, lp))
     if not args.no_figures:
         import figures
         figures.rebuild(str(out), fig_dir=args.figures, quiet=args.quiet)

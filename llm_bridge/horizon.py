@@ -25,6 +25,13 @@ measured horizons (D(0) = 0 exactly), ``drift = sum_j H_j D_j / sum_j H_j^2``, i
 interval is ``[m / drift_hi, m / drift_lo]`` (Fieller's, exact for a known m), infinite above when
 the drift's interval reaches 0. A *flip at H* is measured, not extrapolated: every teacher prefers C
 (m_k > 0) and g's margin ``m - D(H)`` has its 95% upper bound below 0.
+
+What the design can see (issue 30): :func:`first_significant_flip` is the measured first flip;
+:func:`detectable_drift` the smallest drift that flips at 80% power given the measured s.e. of D(H);
+:func:`running_share` and :func:`is_saturating` say where an end token makes D(H) plateau (no H* is
+extrapolated there); :func:`sample_contexts` adds samples where the ESS is below a floor (heavy
+tails) and continues the correct option's contexts with other teachers (``after_correct``: the
+positive control, teachers changed only after C).
 """
 
 from dataclasses import dataclass
@@ -264,9 +271,123 @@ def fit_drift(horizons, gap, gap_cov, margin, z=Z_95):
 
 
 # ------------------------------------------------------------------------------------------------
+# power, measured flips, saturation
+# ------------------------------------------------------------------------------------------------
+Z_80 = 0.8416212335729143   # one-sided 80% normal quantile: the power the detectable drift is stated at
+SATURATION = 0.5            # below this share of continuations still running, D(H) is saturating
+
+
+def detectable_drift(margin, gap_se, horizons, z=Z_95, z_power=Z_80):
+    """The smallest drift the design detects with 80% power, and the horizon where it does.
+
+    A flip is found at H when the upper bound ``m - D(H) + z se_H`` of g's margin is < 0. If D(H) is
+    normal around drift * H with the measured s.e. se_H, that happens with probability 1 - beta when
+    ``drift >= (m + (z + z_beta) se_H) / H``; the design detects the smallest such drift over its
+    horizons H > 0 (z_beta = 0.84 for 80% power; the s.e. is the one measured, not the one at the
+    alternative). Returns (drift, H); (inf, -1) when no horizon > 0 has a finite s.e.
+
+    Parameters
+    ----------
+    margin : the pooled margin m (finite); gap_se : (n_h,) s.e. of D(H) at each horizon;
+    horizons : (n_h,) ints >= 0.
+    """
+    H = np.asarray(horizons, dtype=float)
+    se = np.asarray(gap_se, dtype=float)
+    if H.ndim != 1 or se.shape != H.shape:
+        raise ValueError(f"horizons {H.shape} and gap_se {se.shape} do not match")
+    if np.any(H < 0):
+        raise ValueError("horizons must be >= 0")
+    if np.any(se < 0):
+        raise ValueError("gap_se must be >= 0")
+    if not np.isfinite(margin):
+        raise ValueError(f"margin = {margin} is not finite")
+    ok = (H > 0) & np.isfinite(se)
+    if not ok.any():
+        return np.inf, -1
+    need = (margin + (z + z_power) * se[ok]) / H[ok]
+    j = int(np.argmin(need))
+    return float(need[j]), int(H[ok][j])
+
+
+def first_significant_flip(horizons, margin_g_hi, eligible):
+    """The measured first flip: the smallest H whose upper 95% bound of g's margin is < 0, for an
+    eligible question (every teacher prefers C); -1 when there is none up to the largest horizon."""
+    hi = np.asarray(margin_g_hi, dtype=float)
+    if hi.shape != (len(horizons),):
+        raise ValueError(f"margin_g_hi {hi.shape} does not match {len(horizons)} horizons")
+    if not eligible:
+        return -1
+    return next((int(h) for h, b in zip(horizons, hi) if b < 0), -1)
+
+
+def running_share(tokens, end_token_ids, horizons):
+    """Share of continuations still running at the H-th token (no end token among their first H - 1),
+    per horizon: ``tokens`` (N, >= H_max - 1) as returned by :func:`sample_log_factors_many`. Below
+    1/2 the continuation gap D(H) is saturating (most continuations have ended) and a line through it
+    extrapolates nothing."""
+    tokens = np.asarray(tokens)
+    ended = np.isin(tokens, list(end_token_ids)) if len(end_token_ids) else np.zeros(tokens.shape, bool)
+    before = np.concatenate([np.zeros((tokens.shape[0], 1), bool), np.cumsum(ended, axis=1) > 0], axis=1)
+    return np.array([1.0 - before[:, min(max(h - 1, 0), before.shape[1] - 1)].mean() for h in horizons])
+
+
+def is_saturating(running_correct, running_incorrect, share=SATURATION):
+    """Whether D(H) is saturating at a horizon: fewer than ``share`` of the continuations of C or of I
+    still run there (:func:`running_share`); a linear extrapolation of D beyond it would be wrong."""
+    return bool(min(running_correct, running_incorrect) < share)
+
+
+def _check_twin(teachers, twin, name):
+    if twin.K != teachers.K or not np.array_equal(twin.weights, teachers.weights) \
+            or twin.vocab_size != teachers.vocab_size or twin.end_token_ids != teachers.end_token_ids:
+        raise ValueError(f"{name} must have the teachers' K, weights, vocabulary and end tokens")
+
+
+def sample_contexts(teachers, contexts, horizon, n_samples, rng, max_rows=512, ess_floor=None,
+                    max_samples=None, after_correct=None):
+    """Continuation factors and tokens of every context, with the heavy-tail correction.
+
+    ``ess_floor``: a context whose ESS (at any horizon 1..``horizon``, over its own samples) is below
+    the floor gets as many samples again, repeatedly, until it reaches the floor or ``max_samples``
+    (default 8 n_samples). ``after_correct``: a second llm_bridge.Teachers (same K, weights) that
+    continues the even contexts (uC of the study's interleaved uC, uI); the odd ones use ``teachers``.
+
+    Returns a list of (factors (N_i, horizon), tokens (N_i, horizon - 1)) per context.
+    """
+    n_samples = check_int(n_samples, "n_samples", 1)
+    if ess_floor is not None and not 0 < ess_floor:
+        raise ValueError(f"ess_floor = {ess_floor} must be > 0")
+    max_samples = 8 * n_samples if max_samples is None else check_int(max_samples, "max_samples", n_samples)
+    if after_correct is not None:
+        _check_twin(teachers, after_correct, "after_correct")
+    out = [None] * len(contexts)
+    want = {j: n_samples for j in range(len(contexts))}
+    while want:
+        for src, parity in ((teachers, None), (after_correct, 0)) if after_correct is not None else ((teachers, None),):
+            for n in sorted(set(want.values())):
+                idx = [j for j, k in want.items() if k == n and
+                       (after_correct is None or (j % 2 == 0) == (parity == 0))]
+                if not idx:
+                    continue
+                f, t = sample_log_factors_many(src, [contexts[j] for j in idx], horizon, n, rng, max_rows,
+                                               return_tokens=True)
+                for a, j in enumerate(idx):
+                    out[j] = (f[a], t[a]) if out[j] is None else (np.concatenate([out[j][0], f[a]]),
+                                                                  np.concatenate([out[j][1], t[a]]))
+        want = {}
+        if ess_floor is not None and horizon > 0:
+            for j, (f, _) in enumerate(out):
+                ess = log_mean_exp_stats(np.cumsum(f, axis=1))[2]
+                if ess.min() < ess_floor and 2 * len(f) <= max_samples:
+                    want[j] = len(f)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
 # the study on one teacher set
 # ------------------------------------------------------------------------------------------------
-def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=512, z=Z_95):
+def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=512, z=Z_95, ess_floor=None,
+                       max_samples=None, after_correct=None):
     """Margins, partitions, the gap's drift and H* for each question under one teacher set.
 
     Parameters
@@ -275,17 +396,25 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
     questions : list of dicts with ``id``, ``prompt_ids`` (non-empty), ``correct_ids`` and
         ``incorrect_ids`` (non-empty token-id lists: the two options).
     horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed.
+    ess_floor, max_samples : the heavy-tail correction of :func:`sample_contexts` (None: N fixed).
+    after_correct : optional llm_bridge.Teachers (same K and weights) that continue after C only: the
+        options are scored, and continued after I, by ``teachers`` (the positive control: a teacher
+        changed only after the correct option, so that the teachers disagree more after C).
 
     Returns
     -------
     (per_question, per_horizon) DataFrames. per_question: ``id``, ``margin_<teacher>`` (ln p_k(C|u) -
     ln p_k(I|u)), ``margin_local`` (l's), ``margin_mixture``, ``margin`` (pooled, = g's at H = 0),
     ``teachers_prefer_correct``, ``drift``, ``drift_se``, ``drift_lo``, ``drift_hi``, ``h_star``,
-    ``h_star_lo``, ``h_star_hi``, ``flip`` (at some measured H, significant), ``first_flip``
-    (the smallest such H, or -1), ``tokens_correct``, ``tokens_incorrect``. per_horizon: ``id``,
-    ``horizon``, ``log_z_correct`` / ``log_z_incorrect`` with ``_lo`` / ``_hi`` (95%) and ``ess_*``,
-    ``gap`` (D(H)) with ``gap_lo`` / ``gap_hi``, ``margin_g`` (m - D) with ``margin_g_lo`` / ``_hi``,
-    ``flip`` (teachers prefer C and margin_g_hi < 0), ``flip_point`` (margin_g < 0).
+    ``h_star_lo``, ``h_star_hi`` (the linear extrapolation; NaN where ``saturating``: fewer than half
+    of the continuations of C or I still run at the largest H), ``flip`` (at some measured H,
+    significant), ``first_flip`` (:func:`first_significant_flip`), ``detectable_drift`` and
+    ``detectable_horizon`` (:func:`detectable_drift`), ``samples_correct`` / ``samples_incorrect``,
+    ``ess_min`` (over both options and H), ``running_correct`` / ``running_incorrect`` (at the
+    largest H), ``saturating``, ``tokens_correct``, ``tokens_incorrect``. per_horizon: ``id``,
+    ``horizon``, ``log_z_correct`` / ``log_z_incorrect`` with ``_lo`` / ``_hi`` (95%), ``ess_*`` and
+    ``running_*``, ``gap`` (D(H)) with ``gap_lo`` / ``gap_hi`` / ``gap_se``, ``margin_g`` (m - D) with
+    ``margin_g_lo`` / ``_hi``, ``flip`` (teachers prefer C and margin_g_hi < 0), ``flip_point`` (margin_g < 0).
     """
     hs, _ = check_horizons(horizons)
     if max(hs) < 1:
@@ -301,9 +430,16 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
             if len(q[key]) == 0:
                 raise ValueError(f"questions[{i}].{key} is empty")
     contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
-    factors, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, np.random.default_rng(seed),
-                                              max_rows, score_last=[len(q[key]) for q in questions
-                                                                    for key in ("correct_ids", "incorrect_ids")])
+    score_last = [len(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
+    rng = np.random.default_rng(seed)
+    if after_correct is None and ess_floor is None:
+        factors, tokens, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, rng, max_rows,
+                                                          return_tokens=True, score_last=score_last)
+        sampled = list(zip(factors, tokens))
+    else:
+        _, scores = sample_log_factors_many(teachers, contexts, 0, 1, rng, max_rows, score_last=score_last)
+        sampled = sample_contexts(teachers, contexts, max(hs), n_samples, rng, max_rows, ess_floor, max_samples,
+                                  after_correct)
     log_w = np.log(np.where(teachers.weights > 0, teachers.weights, 1.0))
     pos = teachers.weights > 0
     q_rows, h_rows = [], []
@@ -315,33 +451,42 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         m = float(teachers.weights[pos] @ teacher_margins[pos])
         mixture = [logsumexp(log_w[pos] + seq[pos, j]) for j in range(2)]
         prefer = bool(np.all(teacher_margins > 0))
-        cc, ci = log_partition_curve(factors[2 * i], hs), log_partition_curve(factors[2 * i + 1], hs)
+        (fc, tc), (fi, ti) = sampled[2 * i], sampled[2 * i + 1]
+        cc, ci = log_partition_curve(fc, hs), log_partition_curve(fi, hs)
+        rc, ri = running_share(tc, teachers.end_token_ids, hs), running_share(ti, teachers.end_token_ids, hs)
         gap = ci.log_partition - cc.log_partition
         cov = ci.cov + cc.cov
-        half = z * np.sqrt(np.maximum(np.diag(cov), 0.0))
+        se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        half = z * se
         fit = fit_drift(hs, gap, cov, m, z)
-        flips = []
+        top = int(np.argmax(hs))
+        saturating = is_saturating(rc[top], ri[top])
+        h_star = (np.nan, np.nan, np.nan) if saturating else (fit.h_star, fit.h_star_lo, fit.h_star_hi)
         for j, h in enumerate(hs):
             half_c, half_i = (z * np.sqrt(max(c.cov[j, j], 0.0)) for c in (cc, ci))
             mg = m - gap[j]
-            flip = prefer and mg + half[j] < 0
-            flips.append(flip)
             h_rows.append(dict(id=q["id"], horizon=h,
                                log_z_correct=cc.log_partition[j], log_z_correct_lo=cc.log_partition[j] - half_c,
                                log_z_correct_hi=cc.log_partition[j] + half_c, ess_correct=cc.ess[j],
+                               running_correct=rc[j],
                                log_z_incorrect=ci.log_partition[j], log_z_incorrect_lo=ci.log_partition[j] - half_i,
                                log_z_incorrect_hi=ci.log_partition[j] + half_i, ess_incorrect=ci.ess[j],
-                               gap=gap[j], gap_lo=gap[j] - half[j], gap_hi=gap[j] + half[j],
+                               running_incorrect=ri[j],
+                               gap=gap[j], gap_lo=gap[j] - half[j], gap_hi=gap[j] + half[j], gap_se=se[j],
                                margin_g=mg, margin_g_lo=mg - half[j], margin_g_hi=mg + half[j],
-                               flip=flip, flip_point=prefer and mg < 0))
+                               flip=prefer and mg + half[j] < 0, flip_point=prefer and mg < 0))
+        first = first_significant_flip(hs, m - gap + half, prefer)
+        need, need_h = detectable_drift(m, se, hs, z)
         row = dict(id=q["id"])
         row.update({f"margin_{n}": float(v) for n, v in zip(names, teacher_margins)})
         row.update(margin_local=float(local_c.sum() - local_i.sum()), margin_mixture=float(mixture[0] - mixture[1]),
                    margin=m,
                    teachers_prefer_correct=prefer, drift=fit.drift, drift_se=fit.drift_se, drift_lo=fit.drift_lo,
-                   drift_hi=fit.drift_hi, h_star=fit.h_star, h_star_lo=fit.h_star_lo, h_star_hi=fit.h_star_hi,
-                   flip=any(flips), first_flip=next((h for h, f in zip(hs, flips) if f), -1),
-                   tokens_correct=len(q["correct_ids"]), tokens_incorrect=len(q["incorrect_ids"]))
+                   drift_hi=fit.drift_hi, h_star=h_star[0], h_star_lo=h_star[1],
+                   h_star_hi=h_star[2], flip=first >= 0, first_flip=first,
+                   detectable_drift=need, detectable_horizon=need_h, samples_correct=len(fc), samples_incorrect=len(fi),
+                   ess_min=float(min(cc.ess.min(), ci.ess.min())), running_correct=rc[top], running_incorrect=ri[top],
+                   saturating=saturating, tokens_correct=len(q["correct_ids"]), tokens_incorrect=len(q["incorrect_ids"]))
         q_rows.append(row)
     return pd.DataFrame(q_rows), pd.DataFrame(h_rows)
 

