@@ -38,6 +38,7 @@ Writes to ``--out`` (default results/rollout_spectrum):
   figures/         spectrum.png, spectrum_neural.png
 """
 
+import functools
 import os
 import sys
 
@@ -440,11 +441,13 @@ def verdicts(df, convergence=None, quick=False):
     sep_fp = {est: pick("tabular", 2, est, 0.0).groupby("task_seed").sep_fp_l.first().reindex(draws)
               for est in TASKS["weighted"]}
 
-    def row(claim, condition, statistic, stats, separation, at_most=True, tolerance=TOL, properties=None):
-        """One claim's row over the task draws; the separation is always told apart at TOL (a KL)."""
+    def row(claim, condition, statistic, stats, separation, at_most=True, tolerance=TOL, properties=None, tree=True):
+        """One claim's row over the task draws; the separation is always told apart at TOL (a KL). The
+        tree task's separations are candidate conditions of the tree rows only (``tree``): a loop draw
+        is another task."""
         stats = stats.reindex(draws)
-        props = {"A-mixture separation": draw_sep.sep_A_mixture.to_numpy(),
-                 "l separation": draw_sep.sep_l.to_numpy(), **(properties or {})}
+        props = ({"A-mixture separation": draw_sep.sep_A_mixture.to_numpy(), "l separation": draw_sep.sep_l.to_numpy()}
+                 if tree else {}) | (properties or {})
         r, table = draw_row(claim, condition, statistic, stats.value.to_numpy(), tolerance, at_most,
                             separation=np.asarray(separation, dtype=float), noise=stats.noise.to_numpy(),
                             properties=props, quick=quick, separation_tolerance=TOL)
@@ -494,7 +497,7 @@ def verdicts(df, convergence=None, quick=False):
         by_draw(pick("tabular", 2, "k1", 0.0), lambda g: g.max_logit.max()), np.nan, at_most=False,
         tolerance=0.8 * evaluation.DIVERGED_LOGIT)
     if convergence is not None:
-        convergence_rows(convergence, row, rows, tables, quick)
+        convergence_rows(convergence, functools.partial(row, tree=False), rows, tables, quick)
     return pd.DataFrame(rows, columns=list(DRAW_COLUMNS)), pd.concat(tables, ignore_index=True)
 
 
