@@ -26,7 +26,7 @@ def main():
     by_file = collections.defaultdict(collections.Counter)
     for name, st in status.items():
         by_file[name.split(".x_")[0].split(".xǁ")[0]][st] += 1
-    kinds = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped")
+    kinds = ("killed", "survived", "timeout", "no tests", "suspicious", "skipped", "not checked")
     print("# Mutation testing of the verdict and statistics code\n")
     print("Written by `make mutate` (mutmut 3, `[tool.mutmut]` in pyproject.toml): every mutant of the listed "
           "functions is run against the fast tests that cover it. A surviving mutant is a missing test or "

@@ -337,3 +337,16 @@ def test_t_power_with_one_df_matches_simulated_t_tests_where_scipys_nct_fails(mo
     monkeypatch.setattr(stats.nct, "sf", lambda *a: np.nan)
     for df, p in exact.items():
         assert verdicts.t_power(3 * se, se, df) == pytest.approx(p, abs=1e-7)
+
+
+def test_separating_condition_reads_masks_skips_nan_properties_and_rows_state_their_side():
+    held = [1, 1, 0, 0]                                        # 0 / 1 as ints: a mask, not indices
+    assert verdicts.separating_condition(held, {"sep": [0.5, 0.4, 0.1, 0.2]}) == "sep > 0.3"
+    # a property with a missing value is skipped, the next one still tried
+    assert verdicts.separating_condition(np.array(held, bool), {"a": [np.nan, 1, 0, 0], "b": [3, 3, 1, 1]}) == "b > 2"
+    row, _ = verdicts.draw_row("c", "", "KL", [0.5, 0.5, 0.5], 0.01, at_most=False)
+    assert "3 of 3 decidable task draws > 0.01" in row["statistic"] and "every one > 0.01" in row["rule"]
+    with pytest.raises(ValueError, match="both numbers"):
+        verdicts.effect_verdict(np.nan, 1.0)
+    with pytest.raises(ValueError, match="both numbers"):
+        verdicts.bound_verdict(0.0, np.nan, 0.01)
