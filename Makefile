@@ -82,7 +82,9 @@ MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rollout_spectrum.x_verdicts*' 'sims.rollout_spectrum.x_convergence_rows*' \
           'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
           'sims.rollout_spectrum.x_steps_to*' 'sims.rollout_spectrum.x_cells_for*' \
-          'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*'
+          'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*' \
+          'sims.forgetting.x_verdicts*' 'sims.forgetting.x_precision_rows*' 'sims.rlvr.x_verdicts*' \
+          'llm_bridge.horizon.*'
 mutate: .venv/.installed-test
 	rm -rf mutants
 	.venv/bin/mutmut run $(MUTATE) || true
