@@ -13,6 +13,7 @@ QUICK (a --quick run checks the pipeline, not the claims).
                        farther apart than MULTIPLE x the tolerance, the seed noise below it), and does it hold
     draw_verdict       the verdict over the decidable units only, with a separating condition as data
     draw_row           the verdicts.csv row of draw_verdict, with the tolerance sensitivity (half, twice)
+    count_verdict      a claimed bound checked on each of several units: every unit, none or some
     mde_80, power      the smallest effect a two-sided test detects with 80% power; the power at an effect
     tost               two one-sided tests of equivalence within +-margin
     cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
@@ -78,6 +79,17 @@ def bound_verdict(lo, hi, tolerance, at_most=True):
     if lo > tolerance:
         return "does not reproduce"
     return "inconclusive"
+
+
+def count_verdict(values, tolerance, at_most=True):
+    """The verdict on a claim checked on each of several independent units (task draws, random pairs):
+    each unit's ``values`` must be <= ``tolerance`` (``at_most``) or > it. 'reproduces' when every unit
+    meets it, 'does not reproduce' when none does, else 'reproduces under stated conditions' (it holds
+    on some units only; the row says how many). Returns (verdict, met)."""
+    values = np.asarray(values, dtype=float)
+    met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
+    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
+            else "reproduces under stated conditions"), met
 
 
 def mde_80(se, level=0.95, power_target=0.8):

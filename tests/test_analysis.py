@@ -350,3 +350,12 @@ def test_separating_condition_reads_masks_skips_nan_properties_and_rows_state_th
         verdicts.effect_verdict(np.nan, 1.0)
     with pytest.raises(ValueError, match="both numbers"):
         verdicts.bound_verdict(0.0, np.nan, 0.01)
+
+
+def test_count_verdict_closed_cases():
+    from analysis.verdicts import count_verdict
+    assert count_verdict([0.001, 0.002], 0.01) == ("reproduces", 2)
+    assert count_verdict([0.1, 0.002], 0.01) == ("reproduces under stated conditions", 1)
+    assert count_verdict([0.1, 0.2], 0.01) == ("does not reproduce", 0)
+    assert count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
+    assert count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself

@@ -51,7 +51,8 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tabular")].iloc[0]
     assert row.hi < TOL and row.n_draws == 2
     per_draw = pd.read_csv(out / "verdict_draws.csv")
-    assert set(per_draw.claim) == set(v.claim) and per_draw.task_seed.nunique() == 2
+    paired = {c for c in v.claim if c.startswith("E5 truncating the weights")}   # a t-interval, no per-draw rule
+    assert set(per_draw.claim) == set(v.claim) - paired and per_draw.task_seed.nunique() == 2
 
 
 @pytest.mark.integration
@@ -77,7 +78,7 @@ def test_estimators_quick_end_to_end_and_deterministic(tmp_path):
     seq = v[(v.kind == "sequence") & (v.estimator == "k1")]
     assert (np.abs(seq.mc_mean - seq.kl) < 5 * seq.mc_se).all()        # E[sum of k1] = KL_seq exactly
     h = pd.read_csv(a / "is_horizon.csv")
-    assert (np.diff(h[h.teacher == 0].log_second_moment) > 0).all()
+    assert (np.diff(h[(h.machine == 0) & (h.teacher == 0)].log_second_moment) > 0).all()
     assert pd.read_csv(a / "topk.csv").identity_error.abs().max() < 1e-10
 
 
