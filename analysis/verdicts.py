@@ -16,7 +16,6 @@ QUICK (a --quick run checks the pipeline, not the claims).
     count_verdict      a claimed bound checked on each of several units: every unit, none or some
     mde_80, power      the smallest effect a two-sided test detects with 80% power; the power at an effect
     tost               two one-sided tests of equivalence within +-margin
-    cluster_bootstrap  a percentile interval that resamples whole clusters (tasks), not runs
     verdict_row        one row of a study's verdicts.csv
     t_power, t_mde_80  the power and the 80%-power effect of the two-sided t-test over clusters (noncentral t)
     fieller            Fieller's confidence set for a ratio of two noisy estimates; ratio_resolved says whether
@@ -119,21 +118,6 @@ def tost(estimate, se, margin, df=None, alpha=0.05):
     dist = stats.norm if df is None else stats.t(df)
     p = max(dist.sf((estimate + margin) / se), dist.cdf((estimate - margin) / se))
     return float(p), bool(p < alpha)
-
-
-def cluster_bootstrap(values, clusters, statistic=np.mean, n_boot=2000, level=0.95, seed=0):
-    """A percentile interval of ``statistic`` that resamples whole clusters with replacement (runs that
-    share a task move together). Returns (estimate, lo, hi)."""
-    values, clusters = np.asarray(values, dtype=float), np.asarray(clusters)
-    if values.shape != clusters.shape or values.ndim != 1 or values.size == 0:
-        raise ValueError("values and clusters must be 1-d arrays of the same, non-zero length")
-    ids = np.unique(clusters)
-    groups = [values[clusters == c] for c in ids]
-    rng = np.random.default_rng(seed)
-    boot = np.array([statistic(np.concatenate([groups[i] for i in rng.integers(len(ids), size=len(ids))]))
-                     for _ in range(int(n_boot))])
-    tail = (1 - level) / 2
-    return float(statistic(values)), float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail))
 
 
 def verdict_row(claim, condition, statistic, estimate, lo, hi, rule, verdict):

@@ -115,26 +115,32 @@ def spectrum_figure(tab, theory, draws=None):
 
 @paper
 def neural_figure(neural, tab):
-    """The shared-parameter student against the tabular one: final KL to the named target against alpha."""
+    """The shared-parameter student against the tabular one: final KL to the named target against alpha,
+    on the first task draw (the tabular student's draw: mean over seeds) with the range over the task
+    draws of each draw's seed mean shaded."""
     f, t = _final(neural), _final(tab[(tab.K == 2) & (~tab["clip"].astype(bool)) & ~tab.importance.astype(bool)
                                       & ~tab.switch.astype(bool)])
+    if "task_seed" not in f:
+        f = f.assign(task_seed=0)
+    first = f.task_seed.min()
     fig = figure(TWO_COLUMNS, 2.8)
     ax = fig.subplots()
     for obj in dict.fromkeys(f.objective):
-        g = f[f.objective == obj].groupby("alpha").kl_per_position
-        s, lo, hi = g.mean(), g.min(), g.max()
+        per_draw = f[f.objective == obj].groupby(["task_seed", "alpha"]).kl_per_position.mean()
+        s = per_draw.loc[first]
+        span = per_draw.groupby(level="alpha").agg(["min", "max"])
         ax.plot(s.index, np.maximum(s.to_numpy(), 1e-6), marker="o", color=_colour(obj),
                 label=f"{LABELS[obj]} (tiny Qwen2, {f.seed.nunique()} seeds)")
-        ax.fill_between(s.index, np.maximum(lo.to_numpy(), 1e-6), np.maximum(hi.to_numpy(), 1e-6), color=_colour(obj),
-                        alpha=0.15, lw=0)
+        ax.fill_between(span.index, np.maximum(span["min"].to_numpy(), 1e-6), np.maximum(span["max"].to_numpy(), 1e-6),
+                        color=_colour(obj), alpha=0.15, lw=0)
         s2 = t[t.objective == obj].groupby("alpha").kl_per_position.mean()
         ax.plot(s2.index, np.maximum(s2.to_numpy(), 1e-6), ls=":", color=_colour(obj))
     ax.set_yscale("log")
     ax.set_xlabel("alpha: share of student rollouts")
     ax.set_ylabel("KL to its target (nats / position)")
     ax.axhline(TOL, **TOL_STYLE)
-    ax.set_title("shared parameters and a finite budget (solid: tiny Qwen2, mean and range over seeds; "
-                 "dotted: tabular student)")
+    ax.set_title(f"shared parameters, a finite budget (solid: tiny Qwen2 on task draw {first}, mean over seeds; "
+                 f"shaded: range over {f.task_seed.nunique()} task draws; dotted: tabular student)", fontsize=7)
     ax.grid(True)
     legend_below(fig, *ax.get_legend_handles_labels(), ncol=2)
     return fig

@@ -122,13 +122,15 @@ def cells_for(size, quick, only, base_seed=0):
             settings = dict(c, alphas=list(alphas), seeds=seeds, steps=size["tabular_steps"])
             out.append(Cell("tabular", "tabular", settings,
                             base_seed=base_seed, stream=("tabular", c["K"], c["clip"])))
-    if "neural" in only:
+    if "neural" in only:                    # on the task draws of 'tasks' (the same trees, so the same separations)
         objectives = NEURAL["objectives"][:2] if quick else NEURAL["objectives"]
-        for obj in objectives:
-            for a in (QUICK_ALPHAS[::2] if quick else NEURAL["alphas"]):
-                out.append(Cell("neural", "neural", dict(objective=obj, alpha=a, K=2, steps=size["neural_steps"],
-                                                         seeds=list(range(size["neural_seeds"]))),
-                                base_seed=base_seed, stream=("neural", obj, a)))
+        for t in range(size["task_draws"]):
+            for obj in objectives:
+                for a in (QUICK_ALPHAS[::2] if quick else NEURAL["alphas"]):
+                    out.append(Cell("neural", "neural", dict(objective=obj, alpha=a, K=2, steps=size["neural_steps"],
+                                                             task_seed=base_seed + t,
+                                                             seeds=list(range(size["neural_seeds"]))),
+                                    base_seed=base_seed, stream=("neural", t, obj, a)))
     task_seeds = list(range(size["task_seeds"]))
     if "tasks" in only:
         for t in range(size["task_draws"]):
@@ -228,12 +230,13 @@ def with_separations(df, evaluate, configs):
 
 
 def run_neural(cell):
-    task = tasks.make_task("tree", K=cell["K"], seed=cell.base_seed)
+    """The shared-parameter student (a tiny Qwen2 per seed, trained together) on one task draw's tree."""
+    task = tasks.make_task("tree", K=cell["K"], seed=cell["task_seed"])
     config = SpectrumConfig(cell["objective"], cell["alpha"], clip=True)
     students = TokenStudents(task, cell["seeds"], vocab=task.teachers.n + 1, bos=task.teachers.n, lr=NEURAL_LR)
     df = training.train(task, [config], cell["seeds"], students, steps=cell["steps"], batch=BATCH,
                         eval_every=max(cell["steps"] // 4, 1), gen=torch.Generator().manual_seed(int(cell.seed_array()[0])))
-    return df.assign(K=cell["K"], task=task.name, horizon=task.horizon)
+    return df.assign(K=cell["K"], task=task.name, horizon=task.horizon, task_seed=cell["task_seed"], student="neural")
 
 
 def weight_moments(task):
@@ -416,9 +419,9 @@ def steps_to(curves, tolerance):
     return pd.Series(np.where(hit.any(axis=1), hit.idxmax(axis=1), np.inf), index=curves.index, dtype=float)
 
 
-def verdicts(df, convergence=None, quick=False):
-    """verdicts.csv of E1 and E2 from the 'tasks' experiment (and E5 from the 'convergence' one, when
-    given), and the per-draw table behind it: one row per claim and condition
+def verdicts(df, convergence=None, quick=False, neural=None):
+    """verdicts.csv of E1 and E2 from the 'tasks' experiment (E5 from the 'convergence' one and E1 for the
+    shared-parameter student from the 'neural' one, when given), and the per-draw table behind it: one row per claim and condition
     (``analysis.verdicts.draw_row``). On each task draw the statistic is computed per seed (its mean is the
     draw's value, its s.d. the draw's noise), and the draw counts only where the design can decide the
     claim there: the candidate targets the claim tells apart are >= MULTIPLE x TOL apart (the
@@ -427,7 +430,7 @@ def verdicts(df, convergence=None, quick=False):
     it does not is its stated condition. ``quick``: the rows say a quick run decides nothing.
     (SFT's exact fixed points have the same first-token accuracy at every alpha by construction — at the
     root its labels are A for every alpha — so no row checks it.) Returns (verdicts, draws)."""
-    t = per_seed(df)
+    t = per_seed(df if neural is None else pd.concat([df, neural], ignore_index=True))
     rows, tables = [], []
 
     def pick(student, K, objective, alpha=None, importance=False):
@@ -462,6 +465,11 @@ def verdicts(df, convergence=None, quick=False):
         "max over alpha of KL(q || A) per position", by_draw(pick("tabular", 2, "fkl"), lambda g: g.kl_arithmetic.max()), ab)
     row("E1 FKL is flat across the rollout spectrum", "capacity-limited log-linear student (4 shared features)",
         "max - min over alpha of KL(q || A) per position", by_draw(pick("capacity", 2, "fkl"), spread("kl_arithmetic")), ab)
+    if (t.student == "neural").any():     # the same trees: the tasks' separations hold for the neural draws
+        row("E1 FKL is flat across the rollout spectrum", "tiny Qwen2 (shared parameters), K = 2, full conditionals",
+            "max over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "fkl"), lambda g: g.kl_arithmetic.max()), ab)
+        row("E1 SFT is flat across the rollout spectrum", "tiny Qwen2 (shared parameters), K = 2, against A",
+            "max - min over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "sft"), spread("kl_arithmetic")), ab)
     row("E1 SFT is flat across the rollout spectrum", "control: one teacher (K = 1), separation of the K = 2 draw",
         "max - min over alpha of KL(q || A) per position", by_draw(pick("tabular", 1, "sft"), spread("kl_arithmetic")), ab)
     row("E1 SFT is flat across the rollout spectrum", "K = 2, against A",
@@ -608,7 +616,8 @@ def main(argv=None):
     if summaries:
         write_csv(os.path.join(args.out, "summary.csv"), pd.concat(summaries, ignore_index=True))
     if "tasks" in frames:
-        table, per_draw = verdicts(frames["tasks"], frames.get("convergence"), quick=args.quick)
+        table, per_draw = verdicts(frames["tasks"], frames.get("convergence"), quick=args.quick,
+                                   neural=frames.get("neural"))
         write_csv(os.path.join(args.out, "verdicts.csv"), table)
         write_csv(os.path.join(args.out, "verdict_draws.csv"), per_draw)
         if args.quick and not args.quiet:

@@ -41,7 +41,7 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     flat = c[c.conclusion.str.startswith("E1: FKL") & c.condition.str.startswith("tree")]
     assert flat.holds.all()
     neural = pd.read_csv(out / "neural.csv")
-    assert np.isfinite(neural.kl_named).all() and neural.seed.nunique() == 2
+    assert np.isfinite(neural.kl_named).all() and neural.seed.nunique() == 2 and neural.task_seed.nunique() == 2
     draws = pd.read_csv(out / "tasks.csv")
     assert draws.task_seed.nunique() == 2 and set(draws.student) == {"tabular", "capacity", "exact"}
     conv = pd.read_csv(out / "convergence.csv")
@@ -50,6 +50,7 @@ def test_rollout_spectrum_quick_end_to_end(quick_spectrum):
     assert list(v.columns) == list(DRAW_COLUMNS) and set(v.verdict) == {QUICK}        # a quick run decides nothing
     row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tabular")].iloc[0]
     assert row.hi < TOL and row.n_draws == 2
+    assert v.condition.str.startswith("tiny Qwen2").sum() == 2              # the neural student's rows
     per_draw = pd.read_csv(out / "verdict_draws.csv")
     paired = {c for c in v.claim if c.startswith("E5 truncating the weights")}   # a t-interval, no per-draw rule
     assert set(per_draw.claim) == set(v.claim) - paired and per_draw.task_seed.nunique() == 2
@@ -61,7 +62,8 @@ def test_rollout_spectrum_is_deterministic_and_resumes(quick_spectrum, tmp_path)
                "--no-figures")
     assert (tmp_path / "spectrum.csv").read_bytes() == (quick_spectrum / "spectrum.csv").read_bytes()
     proc = run_script("sims/rollout_spectrum.py", "--quick", "--out", quick_spectrum, "--resume", "--no-figures")
-    assert "(12 resumed)" in proc.stderr
+    n = len(rollout_spectrum.cells_for(sizes(rollout_spectrum.SIZES, True), True, rollout_spectrum.EXPERIMENTS))
+    assert n == 16 and f"({n} resumed)" in proc.stderr
 
 
 @pytest.mark.integration
@@ -180,6 +182,25 @@ def test_verdicts_follow_their_rules_on_synthetic_task_draws():
     assert _verdict(cap, "E1 FKL", "tabular").verdict == "reproduces"
 
 
+def test_neural_rows_read_the_neural_student_on_the_tasks_draws():
+    frame = _draws({})
+    plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
+                  & ~frame.importance].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
+    far = (plain.objective == "fkl") & (plain.alpha == 1.0) & (plain.step == 300) & (plain.task_seed < 3)
+    neural = plain.assign(student="neural", kl_arithmetic=np.where(far, 0.05 * 3, plain.kl_arithmetic))
+    v, table = rollout_spectrum.verdicts(frame, neural=neural)
+    row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tiny Qwen2")].iloc[0]
+    assert (row.verdict, row.n_decidable, row.n_hold) == ("mixed", 4, 1) and row.hi == pytest.approx(0.05)
+    assert _verdict(frame, "E1 FKL", "tabular").verdict == "reproduces"          # the tabular rows are untouched
+    sft = v[v.claim.str.startswith("E1 SFT") & v.condition.str.startswith("tiny Qwen2")].iloc[0]
+    assert sft.verdict == "reproduces" and sft.estimate == pytest.approx(0.0)
+    # the separation of each draw comes from the tasks' runs of the same tree
+    close = _draws({}, sep={"sep_A_mixture": [0.1, 0.02, 0.1, 0.02]})
+    v, _ = rollout_spectrum.verdicts(close, neural=neural)
+    assert v[v.condition.str.startswith("tiny Qwen2")].n_decidable.tolist() == [2, 2]
+    assert not rollout_spectrum.verdicts(frame)[0].condition.str.startswith("tiny Qwen2").any()
+
+
 def test_quick_verdicts_decide_nothing_and_the_per_draw_table_matches():
     v, table = rollout_spectrum.verdicts(_draws({}), quick=True)
     assert set(v.verdict) == {QUICK} and set(v.verdict_twice_tolerance) == {QUICK}
@@ -192,9 +213,9 @@ def test_default_studies_keep_their_draws_and_seeds():
     """A collapsed default (one draw, one seed) is a break: the verdicts rest on these counts."""
     size = sizes(rollout_spectrum.SIZES, False)
     cells = rollout_spectrum.cells_for(size, False, rollout_spectrum.EXPERIMENTS)
-    for kind in ("tasks", "convergence"):
+    for kind, seeds in (("tasks", 3), ("convergence", 3), ("neural", 5)):
         mine = [c for c in cells if c.kind == kind]
-        assert len({c["task_seed"] for c in mine}) >= 8 and all(len(c["seeds"]) >= 3 for c in mine), kind
+        assert len({c["task_seed"] for c in mine}) >= 8 and all(len(c["seeds"]) >= seeds for c in mine), kind
     robust = [c for c in cells if c.kind == "robustness"]
     assert len({c["task_seed"] for c in robust}) >= 4 and all(len(c["seeds"]) >= 3 for c in robust)
     assert {c["H"] for c in robust} == set(rollout_spectrum.ROBUST["horizons"])
