@@ -83,12 +83,20 @@ MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
           'sims.rollout_spectrum.x_steps_to*' 'sims.rollout_spectrum.x_cells_for*' \
           'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*' \
-          'sims.forgetting.x_verdicts*' 'sims.forgetting.x_precision_rows*' 'sims.rlvr.x_verdicts*' \
+          'sims.forgetting.x_verdicts*' 'sims.forgetting.x_shares*' 'sims.forgetting.x_learning_rates_that_learn*' \
+          'sims.forgetting.x_frontier*' 'sims.forgetting.x_ratio_row*' 'sims.forgetting.x_alpha_rows*' \
+          'sims.forgetting.x_precision_rows*' \
+          'sims.rlvr.x_verdicts*' 'sims.rlvr.x_stage_ends*' 'sims.rlvr.x_e4_table*' 'sims.rlvr.x_task_clustered*' \
+          'sims.rlvr.x__edge_margin*' 'sims.rlvr.x__t_tests*' 'sims.rlvr.x__share_row*' 'sims.rlvr.x__e6_rows*' \
+          'sims.rlvr.x__reverse_rows*' 'sims.rlvr.x_crossing_cost*' 'sims.rlvr.x__last_at_most*' \
+          'sims.rlvr.x_e6_runs*' 'sims.rlvr.x_e6_table*' \
+          'distillation.continual.x_outcome_row*' 'distillation.continual.x_update_sparsity*' \
+          'distillation.verifiable.x_checkpoints*' 'distillation.verifiable.x__record*' \
           'llm_bridge.horizon.*'
 mutate: .venv/.installed-test
 	rm -rf mutants
 	.venv/bin/mutmut run $(MUTATE) || true
-	$(PY) tests/mutation_report.py > docs/mutation.md
+	$(PY) tests/mutation_report.py $(MUTATE) > docs/mutation.md
 	@tail -n +1 docs/mutation.md | grep -E "mutants;|unexplained" | head -3
 
 bench: .venv/.installed-test

@@ -2,10 +2,14 @@
 mutants were killed, survived, timed out or had no covering test, and each survivor with the reason it
 is equivalent (EQUIVALENT below) or marked 'unexplained' (a missing test or dead code to remove).
 
-    python tests/mutation_report.py > docs/mutation.md
+    python tests/mutation_report.py PATTERN ... > docs/mutation.md
+
+PATTERNs are the Makefile's MUTATE globs (mutmut's mutant names, e.g. 'sims.rlvr.x_verdicts*'): only the
+mutants they select are counted (mutmut mutates whole files; the rest of a file is not under test here).
 """
 
 import collections
+import fnmatch
 import re
 import subprocess
 import sys
@@ -21,8 +25,9 @@ def statuses():
     return dict(re.findall(r"^\s+(\S+): (.+)$", out, flags=re.M))
 
 
-def main():
-    status = statuses()
+def main(patterns=()):
+    status = {n: st for n, st in statuses().items()
+              if not patterns or any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     by_file = collections.defaultdict(collections.Counter)
     for name, st in status.items():
         by_file[name.split(".x_")[0].split(".xǁ")[0]][st] += 1
@@ -44,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
