@@ -12,6 +12,7 @@
 """
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ class Evaluator:
         self.tables = {} if self.goal else {name: target_table(task, name) for name in TARGETS}
         self.fixed_points = fixed_points
         self._cache = {}
+        self._unsolved = set()
 
     def _table(self, kind, config):
         key = (kind, config.objective, float(config.alpha), config.switch, config.importance)
@@ -47,6 +49,20 @@ class Evaluator:
         """The configuration's derived fixed point (H, S, n) log-probs (``fixed_points.fixed_point``), cached;
         None where none is derived."""
         return self._table("fixed_point", config)
+
+    def _solved_fixed_point(self, config):
+        """The derived fixed point for an evaluation; where the solver does not converge (e.g. a zero at
+        the boundary of the simplex, approached but never reached) None, with a warning that names the
+        configuration: kl_fixed_point is then NaN, never a value against an unconverged table."""
+        key = (config.objective, float(config.alpha), config.switch, config.importance)
+        if key in self._unsolved:
+            return None
+        try:
+            return self._table("fixed_point", config)
+        except RuntimeError as err:
+            self._unsolved.add(key)
+            warnings.warn(f"{err}; kl_fixed_point is NaN for this configuration", RuntimeWarning, stacklevel=3)
+            return None
 
     def separation(self, table_a, table_b):
         """How far apart two candidate targets (H, S, n) log-probs are, in the evaluation's own units: the
@@ -72,7 +88,7 @@ class Evaluator:
         if config is not None:
             tables["sft"] = self._table("sft", config) if config.objective == "sft" else None
             derived = self.fixed_points and config.truncate == math.inf     # truncated weights: none derived
-            tables["fixed_point"] = self._table("fixed_point", config) if derived else None
+            tables["fixed_point"] = self._solved_fixed_point(config) if derived else None
         occ = ag.policy_occupancy(t, H, log_q)[:H, :, None]                # q's occupancy, once for every target
         q = np.exp(log_q)
         out = {f"kl_{name}": math.nan if table is None else   # KL_seq = sum_h,s occ(h, s) KL(q(.|h, s) || P(.|h, s))

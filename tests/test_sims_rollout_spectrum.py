@@ -418,3 +418,18 @@ def test_conclusions_follow_the_numbers_they_quote():
     assert not c[(tree, k2)] and not c[(tree, "importance weights restore k2 on teacher samples")]
     assert c[(tree, "E2: k3 needs student rollouts (reaches l at alpha = 1, not on teacher samples without "
                     "importance weights)")]
+
+
+def test_an_unsolved_fixed_point_is_nan_with_a_warning_and_still_raises_when_asked_for():
+    """Tree draw 1, k3 at alpha 0.5: the solver does not converge (a zero approached at the boundary);
+    the evaluation reports kl_fixed_point NaN with a warning, every other distance as usual."""
+    task = tasks.make_task("tree", K=2, seed=1)
+    config = SpectrumConfig("k3", 0.5)
+    evaluate = evaluation.Evaluator(task)
+    local = fixed_points.target_table(task, "local")
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        out = evaluate(local, config)
+    assert math.isnan(out["kl_fixed_point"]) and out["kl_local"] == pytest.approx(0.0, abs=1e-12)
+    assert evaluate(local, SpectrumConfig("k3", 1.0))["kl_fixed_point"] == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        evaluate.fixed_point(config)
