@@ -81,7 +81,7 @@ gallery: .venv/.installed-test
 MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rollout_spectrum.x_verdicts*' 'sims.rollout_spectrum.x_convergence_rows*' \
           'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
-          'sims.rollout_spectrum.x_steps_to*' 'sims.rollout_spectrum.x_cells_for*' \
+          'sims.rollout_spectrum.x_steps_to*' \
           'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*' \
           'sims.forgetting.x_verdicts*' 'sims.forgetting.x_shares*' 'sims.forgetting.x_learning_rates_that_learn*' \
           'sims.forgetting.x_frontier*' 'sims.forgetting.x_ratio_row*' 'sims.forgetting.x_alpha_rows*' \
