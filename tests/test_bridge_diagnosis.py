@@ -221,9 +221,10 @@ def test_a_student_reference_replaces_a_and_thresholds_are_validated():
 
 @pytest.mark.parametrize("row", range(4))
 def test_planted_flips_equal_the_exact_horizon(row):
-    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin, the drift and
-    H* equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip;
-    a control whose teachers agree after C has drift 0, H* = inf and no flip (precision)."""
+    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
+    equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip, said
+    as such; no H* is extrapolated. A control whose teachers agree after C has drift 0 and no flip
+    (precision): its bound is the powered one, m / 18 (D(H) is exact here: s.e. 0)."""
     from aggregation import examples
     from llm_bridge.diagnosis import first_token_options, flip_risk
     from llm_bridge.flip_horizon import SPEC_ROWS
@@ -239,11 +240,67 @@ def test_planted_flips_equal_the_exact_horizon(row):
         r = q.iloc[0]
         assert abs(r.margin - exact["margin"]) < 1e-5
         assert abs(r.drift - exact["drift"]) < 1e-5
+        assert "h_star" not in q and "h_star_lo" not in q
         if control:
             assert not r.flip and r.first_flip == -1 and abs(r.drift) < 1e-6
+            assert abs(r.detectable_drift - exact["margin"] / 18) < 1e-6 and r.detectable_horizon == 18
+            assert r.flip_bound.startswith(f"no flip detectable below drift {exact['margin'] / 18:.3g} nats/token "
+                                           "(80% power, by H = 18)")
         else:
-            assert abs(r.h_star - exact["h_star"]) < 1e-3 * exact["h_star"]
             assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
+            assert r.flip_bound == f"first significant flip at H = {exact['first_flip']}"
+
+
+@pytest.mark.parametrize("row", range(4))
+def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
+    """The same planted flips measured only up to H = 4, before each exact first flip (5, 10, 14, 16): no
+    flip is reported, and the bound is detectable_drift's closed form: D(H) is exact on SPEC 2's machine
+    (s.e. 0), so d = min_H m / H = m / 4, at H = 4; the exact drift lies below it (no flip by H = 4 is what
+    a drift below m / 4 implies), and the sentence names it."""
+    from aggregation import examples
+    from llm_bridge.diagnosis import flip_risk
+    from llm_bridge.flip_horizon import SPEC_ROWS
+    from llm_bridge.horizon import exact_flip_horizon
+    p, cont, w = SPEC_ROWS[row]
+    machine = examples.prefix_bias_teachers(p, cont)
+    q, per_h = flip_risk(bridge_of(machine, w), [dict(id="q", prompt_ids=[machine.n], correct_ids=[0],
+                                                      incorrect_ids=[1])], [0, 1, 2, 4], 4, 0)
+    exact = exact_flip_horizon(machine, w, [0, 1, 2, 4], h_max=40)
+    r = q.iloc[0]
+    assert exact["first_flip"] > 4 and np.all(per_h.gap_se == 0)
+    assert not r.flip and r.first_flip == -1 and r.detectable_horizon == 4
+    assert abs(r.detectable_drift - exact["margin"] / 4) < 1e-6 and exact["drift"] < r.detectable_drift
+    assert r.flip_bound == (f"no flip detectable below drift {exact['margin'] / 4:.3g} nats/token (80% power, by "
+                            f"H = 4); measured drift {exact['drift']:.3g}")
+
+
+def test_the_bound_uses_the_measured_standard_errors():
+    """On a random prefix tree the continuation gap is random beyond H = 1 (s.e. > 0): the bound is detectable_drift's
+    ``min_H (m + (z_95 + z_80) se_H) / H`` over the per-horizon table's s.e., and flip_bound says each case."""
+    from types import SimpleNamespace
+    from aggregation import examples
+    from llm_bridge.diagnosis import flip_bound, flip_risk
+    from llm_bridge.partition import Z_95
+    from llm_bridge.horizon import Z_80
+    tree = examples.prefix_tree(2, 5, 3, seed=3)
+    w = [0.3, 0.7]
+    q, per_h = flip_risk(bridge_of(tree, w), [dict(id="q", prompt_ids=[3], correct_ids=[0], incorrect_ids=[1])],
+                         [0, 1, 2, 4], 16, 0)
+    r = q.iloc[0]
+    se, hs = per_h.gap_se.to_numpy()[1:], np.array([1, 2, 4])
+    assert se[0] == 0 and np.all(se[1:] > 0)              # D(1) = ln z(uI) - ln z(uC) is exact
+    need = (r.margin + (Z_95 + Z_80) * se) / hs
+    assert abs(r.detectable_drift - need.min()) < 1e-12 and r.detectable_horizon == hs[np.argmin(need)]
+    row = dict(margin=1.0, teachers_prefer_correct=True, first_flip=-1, detectable_drift=0.25, detectable_horizon=8,
+               drift=0.1)
+    for change, said in ((dict(first_flip=6), "first significant flip at H = 6"),
+                         (dict(), "no flip detectable below drift 0.25 nats/token (80% power, by H = 8); measured "
+                                  "drift 0.1"),
+                         (dict(detectable_drift=np.inf), "no flip detectable: no horizon has a finite standard error"),
+                         (dict(teachers_prefer_correct=False), "not every teacher prefers C: no flip to measure"),
+                         (dict(teachers_prefer_correct=False, margin=-0.2), "the pool prefers I at H = 0: no flip to "
+                                                                            "measure")):
+        assert flip_bound(SimpleNamespace(**dict(row, **change))) == said
 
 
 # ------------------------------------------------------------------------------------------------
@@ -349,9 +406,12 @@ def planted_tables():
             df.insert(0, "id", f"m{seed}")
             tables[name].append(df)
     tables = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
-    tables["flip"] = pd.DataFrame(dict(id=["m0", "m1"], margin=[2.2, 1.0], drift=[0.51, -0.1], drift_lo=[0.5, -0.2],
-                                       drift_hi=[0.52, 0.0], h_star=[4.3, np.inf], h_star_lo=[4.2, 5.0],
-                                       flip=[True, False], first_flip=[5, -1], horizons=["0,1,2,4,8"] * 2))
+    tables["flip"] = pd.DataFrame(dict(id=["m0", "m1"], margin=[2.2, 1.0], teachers_prefer_correct=[True, True],
+                                       drift=[0.51, -0.1], drift_lo=[0.5, -0.2], drift_hi=[0.52, 0.0],
+                                       flip=[True, False], first_flip=[5, -1], detectable_drift=[0.3, 0.125],
+                                       detectable_horizon=[8, 8], horizons=["0,1,2,4,8"] * 2,
+                                       flip_bound=["first significant flip at H = 5", "no flip detectable below drift "
+                                                   "0.125 nats/token (80% power, by H = 8); measured drift -0.1"]))
     return tables
 
 
@@ -371,7 +431,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
     bars = veto_figure(tables["vetoes"]).axes[0]
     widths = sorted(p.get_width() for p in bars.patches if p.get_width() > 0)
     assert widths == [2, 2, 2]                           # each planted veto once per machine
-    assert len(flip_figure(tables["flip"]).axes) == 1
+    flip_ax = flip_figure(tables["flip"]).axes[0]
+    bars = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in flip_ax.lines}
+    assert bars["no flip detectable below (80% power)"] == ([1.0], [0.125])      # the prompt without a flip only
+    assert bars["flip measured"] == ([2.2], [0.51])
     pngs = [save(f, tmp_path / f"{name}.png") for name, f in (("diagnosis_strips", fig),
                                                                  ("diagnosis_flip", flip_figure(tables["flip"])))]
     summary = summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"])
@@ -380,6 +443,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
     summary.update(reference="A", thresholds=THRESHOLDS)
     prompts = per_prompt(tables)
     assert list(prompts.end_vetoes) == [1, 1] and list(prompts.expert_positions) == [1, 1]
+    assert list(prompts.first_flip) == [5, -1] and "h_star" not in prompts
+    assert prompts.flip_bound[1].startswith("no flip detectable below drift 0.125")
+    assert summary["flips_measured"] == 1 and summary["first_flip_min"] == 5 and summary["no_flip_bounded"] == 1
+    assert summary["detectable_drift_min"] == summary["detectable_drift_max"] == 0.125
     page = html_report(summary, tables, prompts, pngs)
     assert page.count("data:image/png;base64,") == 2
     assert "http://" not in page and "https://" not in page and "src='data:" in page
