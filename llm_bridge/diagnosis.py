@@ -409,11 +409,11 @@ def _vetoed(vetoes, kind):
 def _veto_list(vetoes):
     """'the 12 vetoed end tokens (<|im_end|>), 2 vetoed template tokens (...) and 3 other vetoed tokens (...)'."""
     parts = []
-    for kind, word in (("end", "end"), ("template", "template"), ("text", "other")):
+    for kind, words in (("end", "vetoed end token"), ("template", "vetoed template token"), ("text", "other vetoed token")):
         n, texts = _vetoed(vetoes, kind)
         if n:
             shown = ", ".join(texts[:5]) + (", ..." if len(texts) > 5 else "")
-            parts.append(f"{n} vetoed {word} token{'s' * (n != 1)} ({shown})")
+            parts.append(f"{n} {words}{'s' * (n != 1)} ({shown})")
     return "the " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
 
 
@@ -447,7 +447,8 @@ def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=No
         out["vetoes"] = f"the vetoes do not bind: A keeps the mass the other teachers give {_veto_list(vetoes)}"
     elif t in ("l", "g"):
         low = float(vetoes.l_prob.max())
-        out["vetoes"] = (f"{_veto_list(vetoes)} will be driven to zero (l gives them at most {low:.2g}"
+        them = "it" if len(vetoes.drop_duplicates(["id", "response", "position", "token"])) == 1 else "them"
+        out["vetoes"] = (f"{_veto_list(vetoes)} will be driven to zero (l gives {them} at most {low:.2g}"
                          + (", and g re-weights l by continuation partitions)" if t == "g" else ")"))
     elif t == "J":
         out["vetoes"] = (f"the vetoes bind partly: J lies between l (at most {float(vetoes.l_prob.max()):.2g}) and A "
@@ -474,9 +475,9 @@ def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=No
                            f"horizon" + (f" (first at H = {int(measured.first_flip.min())})" if len(measured) else ""))
             bounded = flips[flips.teachers_prefer_correct & ~flips.flip]
             if len(bounded):
-                out["flip"] += (f"; {len(bounded)} show no flip detectable below drift "
-                                f"{float(bounded.detectable_drift.min()):.3g} to {float(bounded.detectable_drift.max()):.3g}"
-                                " nats/token")
+                lo, hi = (f"{x:.3g}" for x in (bounded.detectable_drift.min(), bounded.detectable_drift.max()))
+                out["flip"] += (f"; {len(bounded)} show{'s' * (len(bounded) == 1)} no flip detectable below drift "
+                                f"{lo if lo == hi else lo + ' to ' + hi} nats/token")
     else:
         out["flip"] = "a token-level target: the prefix flip (g's, T8) does not apply"
     notes = []

