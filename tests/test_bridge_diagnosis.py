@@ -459,6 +459,24 @@ def test_a_sequence_level_run_is_exposed_to_the_measured_flips(tmp_path):
     assert "<h2>Training run</h2>" in page and "exposed to the prefix bias (T8): 1 of 2 prompts" in page
 
 
+def test_exposure_counts_a_token_two_teachers_veto_once():
+    """Three teachers, the student as reference: two of them veto the end token at the same position (two
+    rows of the veto table), which the reverse-KL sentence counts as one vetoed end token."""
+    from llm_bridge.diagnosis import diagnose_path, exposure
+    from llm_bridge.runs import OwnRun, predict_target
+    lp = np.log(np.array([[[0.6, 0.4 - 1e-6, 1e-6]], [[0.7, 0.3 - 1e-6, 1e-6]], [[0.5, 0.25, 0.25]]]))
+    student = np.log(np.array([[0.5, 0.3, 0.2]]))
+    tables = diagnose_path(lp, [0.3, 0.3, 0.4], [0], end_token_ids=[2], reference=student, decode=str)
+    for df in tables.values():
+        df.insert(0, "response", "student")
+        df.insert(0, "id", "q")
+    assert len(tables["vetoes"]) == 2
+    run = OwnRun(loss="reverse_kl", weights=(0.3, 0.3, 0.4))
+    said = exposure(predict_target(run), run.samples, tables["positions"], tables["vetoes"], tables["experts"], run=run)
+    assert said["vetoes"].startswith("the 1 vetoed end token (2) will be driven to zero (l gives it at most")
+    assert said["notes"] == ""                   # the student's rollout was followed
+
+
 def test_diagnose_reads_prompts_and_responses(tmp_path):
     from llm_bridge.diagnose import read_prompts, read_responses
     path = tmp_path / "p.jsonl"
