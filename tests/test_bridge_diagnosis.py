@@ -385,6 +385,27 @@ def test_run_files_read_as_the_library_names_its_flags(tmp_path):
             read_run(tmp_path / name, [0.5, 0.5])
 
 
+def test_shipped_run_files_read_and_reach_their_targets():
+    """The example run files: run_fkl.json reaches A, run_rkl.yaml l (the docs' two examples)."""
+    from llm_bridge.diagnose import read_run
+    from llm_bridge.runs import predict_target
+    examples = __import__("pathlib").Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "diagnose"
+    got = {f.name: predict_target(read_run(f, [0.5, 0.5])).label for f in sorted(examples.glob("run_*"))}
+    assert got == {"run_fkl.json": "A", "run_rkl.yaml": "l"}
+
+
+def test_the_docs_list_each_librarys_run_keys():
+    """docs/diagnose.md's --run table names every library and exactly its run description's fields."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+    from llm_bridge.diagnose import RUN_LIBRARIES
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "diagnose.md").read_text()
+    rows = {m[0]: (m[1], set(re.findall(r"`(\w+)`", m[2]))) for m in
+            re.findall(r"^\| `([\w-]+)` \| `(\w+)`[^|]*\| (.*) \|$", doc, flags=re.M)}
+    assert rows == {lib: (cls.__name__, {f.name for f in fields(cls)}) for lib, cls in RUN_LIBRARIES.items()}
+
+
 def planted_exposure(tmp_path, run_text, name):
     """summary.json's ``run`` for a run file over the planted machines' tables, with the exact pools there."""
     from llm_bridge.diagnose import read_run, run_summary
