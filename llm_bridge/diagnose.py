@@ -170,7 +170,7 @@ def read_run(path, weights):
     if "library" not in spec:
         raise ValueError(f"{where}: no 'library' (one of {', '.join(RUN_LIBRARIES)})")
     library = spec["library"]
-    if library not in RUN_LIBRARIES:
+    if not isinstance(library, str) or library not in RUN_LIBRARIES:
         import difflib
         near = difflib.get_close_matches(str(library), list(RUN_LIBRARIES), n=1, cutoff=0.5)
         hint = f"did you mean {near[0]!r}?" if near else f"one of {', '.join(RUN_LIBRARIES)}"
