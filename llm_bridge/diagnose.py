@@ -50,7 +50,8 @@ from harness import Cell, Parser, atomic_write, run_cells, write_csv
 from harness.cli import UsageError, int_at_least, usable_folder
 
 from . import runs
-from .diagnosis import Thresholds, diagnose_path, exposure, exposure_text, first_token_options, flip_risk, follow, summarise
+from .diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options, flip_risk, follow,
+                        summarise)
 from .models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
 from .probes import parse_horizons
 from .teachers import Teacher, check_tokenizers, resolve_device
@@ -183,7 +184,8 @@ def read_run(path, weights):
     flags = {k: v for k, v in spec.items() if k not in ("library", "weights")}
     given = spec.get("weights")
     if given is not None and (not isinstance(given, list) or len(given) != len(weights) or any(
-            isinstance(x, bool) or not isinstance(x, (int, float)) or abs(x - w) > 1e-9 for x, w in zip(given, weights))):
+            isinstance(x, bool) or not isinstance(x, (int, float)) or abs(x - w) > 1e-9
+            for x, w in zip(given, weights))):
         raise ValueError(f"{where}: weights = {given!r} must equal the teachers file's {list(weights)}")
     try:
         return cls(**flags, weights=tuple(float(w) for w in weights))

@@ -389,12 +389,14 @@ def summarise(positions, vetoes, experts, flips=None):
 # ------------------------------------------------------------------------------------------------
 # what a training run is exposed to
 # ------------------------------------------------------------------------------------------------
-TARGET_WORDS = {"A": "the token-level mixture: forward KL, T1", "l": "the local geometric pool: per-token reverse KL, T2",
+TARGET_WORDS = {"A": "the token-level mixture: forward KL, T1",
+                "l": "the local geometric pool: per-token reverse KL, T2",
                 "J": "the generalised-JSD barycentre, between A and l",
                 "g": "the sequence-level geometric pool's conditionals: reverse KL over whole responses, T8",
                 "select": "one teacher's own conditionals", "none": "no divergence's minimiser",
                 "diverges": "away from the teachers"}
-SAMPLE_WORDS = {"student": "the student's rollouts", "teacher": "the teachers' samples", "dataset": "a data set's responses",
+SAMPLE_WORDS = {"student": "the student's rollouts", "teacher": "the teachers' samples",
+                "dataset": "a data set's responses",
                 "mixed:teacher": "the student's rollouts mixed with the teachers' samples",
                 "mixed:dataset": "the student's rollouts mixed with a data set's responses"}
 
@@ -409,7 +411,8 @@ def _vetoed(vetoes, kind):
 def _veto_list(vetoes):
     """'the 12 vetoed end tokens (<|im_end|>), 2 vetoed template tokens (...) and 3 other vetoed tokens (...)'."""
     parts = []
-    for kind, words in (("end", "vetoed end token"), ("template", "vetoed template token"), ("text", "other vetoed token")):
+    for kind, words in (("end", "vetoed end token"), ("template", "vetoed template token"),
+                        ("text", "other vetoed token")):
         n, texts = _vetoed(vetoes, kind)
         if n:
             shown = ", ".join(texts[:5]) + (", ..." if len(texts) > 5 else "")
@@ -471,8 +474,8 @@ def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=No
             out["flip"] = "exposed to the prefix bias (T8), which was not estimated (--no-flip)"
         else:
             measured = flips[flips.flip]
-            out["flip"] = (f"exposed to the prefix bias (T8): {len(measured)} of {len(flips)} prompts flip at a measured "
-                           f"horizon" + (f" (first at H = {int(measured.first_flip.min())})" if len(measured) else ""))
+            out["flip"] = (f"exposed to the prefix bias (T8): {len(measured)} of {len(flips)} prompts flip at a "
+                           f"measured horizon" + (f" (first at H = {int(measured.first_flip.min())})" if len(measured) else ""))
             bounded = flips[flips.teachers_prefer_correct & ~flips.flip]
             if len(bounded):
                 lo, hi = (f"{x:.3g}" for x in (bounded.detectable_drift.min(), bounded.detectable_drift.max()))
