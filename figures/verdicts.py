@@ -26,13 +26,19 @@ def _number(x):
     return f"{x:.2g}" if abs(x) < 1e4 else f"{x:.3g}"
 
 
+def _text(cell):
+    """A text cell as markdown shows it literally: ``|`` would end the cell and ``[x](y)`` would become a
+    link (the statistics write ``E[w^2](H)``), so both are escaped."""
+    return cell.replace("|", "\\|").replace("[", "\\[")
+
+
 def markdown_table(frames):
     """One markdown row per claim and condition of every study (``frames`` {study: verdicts DataFrame},
     in the order given): study, claim, condition, statistic, estimate [lo, hi], verdict (bold)."""
     lines = ["| study | claim | condition | statistic | estimate [range] | verdict |", "|---|---|---|---|---|---|"]
     for study, frame in frames.items():
         for r in frame.itertuples(index=False):
-            cells = (f"`{study}`", r.claim, r.condition, r.statistic.replace("|", "\\|"),
+            cells = (f"`{study}`", _text(r.claim), _text(r.condition), _text(r.statistic),
                      f"{_number(r.estimate)} [{_number(r.lo)}, {_number(r.hi)}]", verdict_text(r))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
