@@ -1,13 +1,13 @@
-"""The verdict tables of paper_repro.md and the README's gallery captions, generated from the studies'
-verdicts.csv files so that no sentence there can disagree with its data.
+"""The verdict tables of the study pages (docs/studies/) and the gallery's captions (docs/gallery.md),
+generated from the studies' verdicts.csv files so that no sentence there can disagree with its data.
 
     markdown_table(frames)     {study: verdicts DataFrame} -> a markdown table, one row per claim and condition
-    gallery_table(cells, frames)  the README's gallery: each headline figure with its caption, the verdict
+    gallery_table(cells, frames)  the gallery: each headline figure with its caption, the verdict
                                rows it shows appended to a fixed description
     replace_block(text, table) the text with the block between BEGIN and END replaced by ``table``
 
 ``python -m figures --gallery`` copies each study's ``verdicts.csv`` to ``docs/verdicts/<study>.csv`` and
-rewrites the blocks of ``paper_repro.md`` and ``README.md`` from those copies; ``tests/test_figures.py``
+rewrites the block of each study's page and of the gallery page from those copies; ``tests/test_figures.py``
 checks that the committed blocks equal the ones generated from the committed copies.
 """
 
