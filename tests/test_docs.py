@@ -95,8 +95,8 @@ def theory_anchors():
 
 
 def test_theory_citations_resolve():
-    """Every anchor of docs/theory.md cited (``theory.md#...``) anywhere in the code or the documents names a heading of docs/theory.md,
-    and the sections 1-7 the docstrings cite have their anchors."""
+    """Every anchor of docs/theory.md cited (``theory.md#...``) anywhere in the code or the documents names
+    one of its headings, and the sections 1-7 the docstrings cite have their anchors."""
     anchors = theory_anchors()
     assert {"1-token-level-pools", "2-sequence-level", "3-learning-protocols-and-regret", "4-monte-carlo-kl-estimators",
             "5-rollout-spectrum-learning-rate-forgetting", "6-llm-bridge", "7-bad-input", "8-the-claims"} <= anchors

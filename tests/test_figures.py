@@ -123,7 +123,7 @@ def test_study_pages_verdict_blocks_are_the_tables_of_the_committed_verdicts():
     assert set(frames) == set(figures.VERDICT_STUDIES) == set(figures.VERDICT_PAGES)
     for study, page in figures.VERDICT_PAGES.items():
         text = (ROOT / page).read_text()
-        assert replace_block(text, markdown_table({study: frames[study]})) == text, f"{page}: run python -m figures --gallery"
+        assert replace_block(text, markdown_table({study: frames[study]})) == text, page
         block = text[text.index(BEGIN):text.index(END)]
         assert block.count("\n| `") == len(frames[study]) > 0
 
