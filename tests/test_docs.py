@@ -106,3 +106,15 @@ def test_theory_citations_resolve():
         files += [pathlib.Path(folder) / n for n in names if n.endswith((".py", ".md"))]
     cited = {(str(p.relative_to(ROOT)), a) for p in files for a in re.findall(r"theory\.md#([\w-]+)", p.read_text())}
     assert cited and {(f, a) for f, a in cited if a not in anchors} == set()
+
+
+def test_every_documented_command_names_a_script_and_its_flags():
+    """Each command in the README, paper_repro.md and docs/ names a script that exists and flags that it (or
+    the shared parser it builds on) defines (tests/test_readme.py's parser)."""
+    from test_readme import commands, undefined_flags
+    documents = [ROOT / "README.md", ROOT / "paper_repro.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = [(d.name, path, flags) for d in documents for path, flags in commands(d.read_text())]
+    assert len(found) >= 60
+    wrong = [(name, str(path.relative_to(ROOT)), flags) for name, path, flags in found
+             if not path.exists() or undefined_flags(path, flags)]
+    assert wrong == []

@@ -37,28 +37,40 @@ def test_readme_make_targets_exist():
 
 
 def commands(text):
-    """Every ``python sims/X.py ...`` and ``python -m pkg.mod ...`` in backticks: (source file, flags)."""
+    """Every ``python sims/X.py ...``, ``python llm_bridge/....py ...`` and ``python -m pkg.mod ...`` in inline
+    code or at the start of a line of a code block (backslash continuations joined; a ``#`` comment ends it):
+    [(source file, flags)]."""
     found = []
-    for cmd in re.findall(r"`(python (?:sims/\w+\.py|-m [\w.]+)[^`]*)`", text):
+    pattern = r"(?:`|^\s*)(python (?:sims/\w+\.py|llm_bridge/[\w/]+\.py|-m [\w.]+)[^`\n#]*)"
+    for cmd in re.findall(pattern, text.replace("\\\n", " "), re.M):
         words = cmd.split()
-        path = ROOT / words[1] if words[1] != "-m" else ROOT / (words[2].replace(".", "/") + ".py")
+        if words[1] != "-m":
+            path = ROOT / words[1]
+        else:
+            path = ROOT / (words[2].replace(".", "/") + ".py")
+            path = path if path.exists() else path.with_suffix("") / "__main__.py"
         found.append((path, [w.split("=")[0] for w in words if w.startswith("--")]))
     return found
+
+
+def undefined_flags(path, flags):
+    """The flags of a command that neither its script nor the shared parsers define."""
+    source = path.read_text() + "".join(p.read_text() for p in SHARED_PARSERS)
+    return [flag for flag in flags if f'"{flag}"' not in source]
 
 
 def test_readme_commands_name_existing_scripts_and_flags():
     found = commands(README.read_text())
     assert len(found) >= 8
-    shared = "".join(p.read_text() for p in SHARED_PARSERS)
     for path, flags in found:
-        assert path.exists(), path
-        source = path.read_text() + shared
-        assert all(f'"{flag}"' in source for flag in flags), (path, flags)
+        assert path.exists() and undefined_flags(path, flags) == [], (path, flags)
 
 
 def test_commands_parser_catches_a_wrong_command():
     """The check above can fail: a script that does not exist, a flag nobody defines."""
     (path, _), = commands("`python sims/no_such_study.py --quick`")
     assert not path.exists()
-    (path, flags), = commands("`python -m llm_bridge.topk_bias --teacher x.json`")
-    assert path.exists() and f'"{flags[0]}"' not in path.read_text() + "".join(p.read_text() for p in SHARED_PARSERS)
+    (path, flags), = commands("```\npython -m llm_bridge.topk_bias \\\n    --teacher x.json  # a typo\n```")
+    assert path.exists() and undefined_flags(path, flags) == ["--teacher"]
+    (path, flags), = commands("`python -m figures --results DIR`")
+    assert path.name == "__main__.py" and undefined_flags(path, flags) == []
