@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean oracle mutate
+.PHONY: regret test install install-test bench figures gallery clean oracle mutate docs
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -49,6 +49,15 @@ oracle: .venv/.installed-test
 	     [n for n in zipfile.ZipFile(w).namelist() if n.startswith(want[p])]) \
 	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
 	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference is an error.
+.venv/.installed-docs: .venv/bin/python pyproject.toml
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[docs]'
+	touch $@ .venv/.installed
+
+docs: .venv/.installed-docs
+	$(PY) -m mkdocs build --strict -d site
 
 # Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).
 figures: .venv/.installed
@@ -106,4 +115,4 @@ bench: .venv/.installed-test
 	$(PY) benchmarks/bench_spectrum.py
 
 clean:
-	rm -rf .venv results .hypothesis .pytest_cache mutants
+	rm -rf .venv results .hypothesis .pytest_cache mutants site

@@ -87,6 +87,7 @@ class Thresholds:
             raise ValueError(f"expert_gap = {self.expert_gap} must be in [0, 1]")
 
     def as_dict(self):
+        """The thresholds as {field name: value}."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
