@@ -1,5 +1,7 @@
 """The house style of every figure: sized for a paper (one column 3.5 in, two columns 7 in) at 8-9 pt,
-bands that are 95% intervals of the mean over seeds, legends outside the data.
+bands that are 95% intervals of the mean over seeds, legends outside the data, colours from the
+colour-blind-safe Okabe-Ito palette (Okabe & Ito 2008; ordered quantities use viridis-like sequential maps),
+and a suptitle that states what the figure shows.
 
 Builders are decorated with :func:`paper`, which applies the style while the Figure is made (text
 sizes are fixed when an artist is created) without touching matplotlib's global settings.
@@ -9,7 +11,14 @@ import functools
 
 import matplotlib
 import numpy as np
+from cycler import cycler
 from matplotlib.figure import Figure
+
+# The Okabe-Ito palette: eight colours told apart under the common colour-vision deficiencies.
+BLACK, ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
+    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+GREY = "#999999"
+PALETTE = (BLUE, ORANGE, GREEN, VERMILLION, PURPLE, SKY, YELLOW, BLACK)   # categorical order (yellow late: pale)
 
 ONE_COLUMN, TWO_COLUMNS = 3.5, 7.0           # inches
 RC = {
@@ -17,7 +26,7 @@ RC = {
     "legend.fontsize": 7, "legend.title_fontsize": 7, "figure.titlesize": 9, "axes.linewidth": 0.6,
     "lines.linewidth": 1.3, "lines.markersize": 4, "grid.linewidth": 0.4, "grid.alpha": 0.35,
     "xtick.major.width": 0.6, "ytick.major.width": 0.6, "legend.frameon": False, "legend.handlelength": 1.8,
-    "axes.titlepad": 3.0, "figure.constrained_layout.h_pad": 0.03, "figure.constrained_layout.w_pad": 0.03,
+    "axes.titlepad": 3.0, "axes.prop_cycle": cycler(color=PALETTE), "figure.constrained_layout.h_pad": 0.03, "figure.constrained_layout.w_pad": 0.03,
 }
 BAND = "band: 95% interval of the mean over seeds"
 
@@ -36,10 +45,9 @@ def figure(width=TWO_COLUMNS, height=2.4, **kwargs):
     return Figure(figsize=(width, height), layout="constrained", **kwargs)
 
 
-def colours(names, cmap="tab10"):
-    """A stable colour per name, in order of first appearance."""
-    cm = matplotlib.colormaps[cmap]
-    return {name: cm(i % cm.N) for i, name in enumerate(dict.fromkeys(names))}
+def colours(names):
+    """A stable colour per name from :data:`PALETTE`, in order of first appearance."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(names))}
 
 
 def mean_band(ax, x, values, colour, label=None, lw=1.4, **kwargs):
