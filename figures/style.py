@@ -13,6 +13,7 @@ import matplotlib
 import numpy as np
 from cycler import cycler
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation
 
 # The Okabe-Ito palette: eight colours told apart under the common colour-vision deficiencies.
 BLACK, ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
@@ -66,8 +67,28 @@ def legend_below(fig, handles, labels, ncol=3, title=None):
 
 
 def log_axes(ax, x=True, y=False):
-    if x:
-        ax.set_xscale("log")
-    if y:
-        ax.set_yscale("log")
+    log_scale(ax, x, y)
     ax.grid(True, which="major")
+
+
+class SparseMinorLabels(LogFormatterSciNotation):
+    """Minor-tick labels of a log axis only where it spans under a decade, and then only at 2 and 5 times a
+    power of ten (matplotlib's default labels up to eight per decade, which collide on a narrow panel)."""
+
+    def __init__(self):
+        super().__init__(labelOnlyBase=False, minor_thresholds=(np.inf, np.inf))
+
+    def __call__(self, x, pos=None):
+        lo, hi = sorted(self.axis.get_view_interval())
+        if x <= 0 or lo <= 0 or np.log10(hi / lo) > 1.0:
+            return ""
+        mantissa = x / 10 ** np.floor(np.log10(x) + 1e-9)
+        return super().__call__(x, pos) if np.isclose(mantissa, (2, 5)).any() else ""
+
+
+def log_scale(ax, x=True, y=False):
+    """Log x and/or y axes with :class:`SparseMinorLabels`."""
+    for on, axis in ((x, ax.xaxis), (y, ax.yaxis)):
+        if on:
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log")
+            axis.set_minor_formatter(SparseMinorLabels())
