@@ -209,9 +209,10 @@ def drawn_texts(fig):
     spare, drawn = set(), []
     for ax in fig.axes:
         for axis in ax._axis_map.values():
+            in_view = axis._update_ticks()          # may create Tick objects: before listing them all
             spare.update(t for tick in axis.get_major_ticks() + axis.get_minor_ticks() for t in (tick.label1, tick.label2))
-            if ax.get_visible() and ax.axison:
-                drawn += [t for tick in axis._update_ticks() for t in (tick.label1, tick.label2)]
+            if ax.get_visible() and ax.axison and axis.get_visible():
+                drawn += [t for tick in in_view for t in (tick.label1, tick.label2)]
     texts = [t for t in fig.findobj(Text) if t not in spare] + drawn
     return [(t.get_text(), t.get_window_extent(renderer)) for t in texts
             if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())]
