@@ -2,7 +2,6 @@
 
 import os
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
