@@ -70,7 +70,7 @@ def estimators_figure(values, gradients, is_horizon, topk):
         c.plot(mc.H, mc.mc_log_second_moment / mc.H, "x", ms=4, color="black")
     c.set_xscale("log", base=2)
     c.set_xlabel("response length H")
-    c.set_ylabel("ln E_p[w^2] / H (nats/token)")
+    c.set_ylabel("ln E_p[w^2] / H (nats per token)")
     c.set_title("sequence IS weight w = prod q/p (x: Monte Carlo)")
     c.legend()
     c.grid(True)
