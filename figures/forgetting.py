@@ -32,7 +32,7 @@ def shares_figure(shares):
             part = s[s.student == student].set_index("term").reindex(order)
             ax.barh(y + (i - 0.5) * 0.38, part.share.fillna(0), height=0.38, color=colour, label=name,
                     xerr=np.vstack([(part.share - part.lo).fillna(0), (part.hi - part.share).fillna(0)]),
-                    error_kw=dict(lw=0.6, capsize=1.5))
+                    error_kw=dict(lw=0.6, capsize=1.5, ecolor=BLACK))
         ax.set_yticks(y, order, fontsize=6)
         ax.set_xlim(0, 1)
         ax.set_xlabel("share of the variance over the sweep")

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
+from matplotlib.markers import MarkerStyle
 from matplotlib.text import Text
 
 import figures
@@ -254,10 +255,24 @@ def test_every_figure_states_its_claim(quick_figures):
 TAB10 = {matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab10"].colors} - {"#7f7f7f"}   # grey is fine
 
 
+def ink(line):
+    """The colours a line puts on the canvas: its stroke when it has a line style, its marker's edge and
+    face when it has a marker (errorbar keeps an invisible data line, and caps whose stroke colour is unused)."""
+    out = []
+    if line.get_visible() and line.get_linestyle() not in ("None", "", " "):
+        out.append(line.get_color())
+    if line.get_visible() and line.get_marker() not in ("None", "", " ", None):
+        out.append(line.get_markeredgecolor())
+        if MarkerStyle(line.get_marker()).is_filled():       # '|', 'x': no face
+            out.append(line.get_markerfacecolor())
+    return {matplotlib.colors.to_hex(c) for c in out if not (isinstance(c, str) and c.lower() == "none")}
+
+
 def test_every_figure_uses_the_colour_blind_safe_palette(quick_figures):
     for stem, fig in quick_figures.items():
-        used = {matplotlib.colors.to_hex(ln.get_color()) for ax in fig.axes for ln in ax.lines}
-        used |= {matplotlib.colors.to_hex(c) for ax in fig.axes for p in ax.patches for c in [p.get_facecolor()]}
+        used = set().union(*(ink(ln) for ax in fig.axes for ln in ax.lines))
+        used |= {matplotlib.colors.to_hex(p.get_facecolor()) for ax in fig.axes for p in ax.patches}
+        used |= {matplotlib.colors.to_hex(c) for ax in fig.axes for coll in ax.collections for c in coll.get_facecolor()}
         assert not used & TAB10, (stem, used & TAB10)
 
 
