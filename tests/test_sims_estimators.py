@@ -137,3 +137,19 @@ def test_growth_is_a_slope_over_the_long_horizons_and_fails_without_growth():
     bounded = frame.assign(log_second_moment=5 * (1 - 1 / frame.H))
     assert (estimators.growth_slopes(bounded) < 1e-3).all()
     assert bounded[bounded.H == 1].log_second_moment.eq(0).all()
+
+
+@pytest.mark.integration
+def test_estimator_figure_has_meaningful_axes_and_no_empty_rows(quick_run):
+    """Issue 34: the values panel on log axes (bias and s.d. are never negative: no negative ticks), and
+    the gradient panel a full grid: every (estimator, mode) x sample source cell says what it estimates."""
+    from figures import estimators as fe
+    out = quick_run("estimators")
+    fig = fe.figures_from(str(out))["estimators"]
+    values, grid = fig.axes[:2]
+    assert values.get_yscale() == "log" and values.get_xscale() == "log"
+    g = pd.read_csv(out / "gradients.csv")
+    cells = g.groupby(["estimator", "mode", "source", "importance"]).ngroups
+    assert len(grid.texts) == cells
+    assert len(grid.get_yticks()) * len(grid.get_xticks()) == cells
+    assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "ZERO gradient", "biased"}
