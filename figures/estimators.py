@@ -16,7 +16,8 @@ SOURCES = {(False, "student"): "student samples", (False, "teacher"): "teacher s
 
 def gradient_grid(ax, gradients):
     """(b) a cell per (estimator used as loss or reward, sample source): the gradient it estimates in
-    expectation and the median samples for a 10% error, or 'biased' (then the nearest reference)."""
+    expectation and the median samples for a 10% error, 'zero gradient', or 'biased' (then the nearest
+    reference)."""
     g = (gradients.groupby(["estimator", "mode", "source", "importance"])
          .agg(samples=("samples_for_10pct", "median"), nearest=("nearest", lambda v: v.mode().iloc[0])).reset_index())
     rows = list(dict.fromkeys(zip(g.estimator, g["mode"])))
@@ -26,6 +27,8 @@ def gradient_grid(ax, gradients):
         if np.isfinite(r.samples):
             ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=COLOURS[r.estimator], alpha=0.35, lw=0))
             text, colour = f"{r.nearest.upper()} gradient\n{r.samples:,.0f} samples", "black"
+        elif r.nearest == "zero":
+            text, colour = "zero gradient\nin expectation", GREY
         else:
             text, colour = f"biased\n(nearest: {r.nearest.upper()})", GREY
         ax.text(x, y, text, ha="center", va="center", fontsize=5.5, color=colour)

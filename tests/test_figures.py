@@ -243,8 +243,9 @@ def quick_figures(request, quick_run):
 
 
 def test_every_figure_keeps_its_text_inside_the_canvas_and_apart(quick_figures):
-    problems = {stem: text_problems(fig) for stem, fig in quick_figures.items()}
-    assert not any(problems.values()), {stem: p[:8] for stem, p in problems.items() if p}
+    problems = [f"{stem}: {p}" for stem, fig in quick_figures.items() for p in text_problems(fig)]
+    if problems:
+        pytest.fail("\n".join(problems[:20]), pytrace=False)
 
 
 def test_every_figure_states_its_claim(quick_figures):

@@ -152,4 +152,4 @@ def test_estimator_figure_has_meaningful_axes_and_no_empty_rows(quick_run):
     cells = g.groupby(["estimator", "mode", "source", "importance"]).ngroups
     assert len(grid.texts) == cells
     assert len(grid.get_yticks()) * len(grid.get_xticks()) == cells
-    assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "ZERO gradient", "biased"}
+    assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "zero gradient", "biased"}
