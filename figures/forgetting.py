@@ -137,8 +137,8 @@ def forgetting_figure(loglinear, neural, precision=None):
     e.set_title("forgetting by schedule")
     e.legend(fontsize=5.5, loc="lower right")
     e.grid(True)
-    fig.suptitle("E3: forgetting grows with the learning rate while the alpha lines coincide; at equal quality on B,\n"
-                 "each objective's frontier at alpha = 1 (dashed) against alpha = 0 (solid), for both students")
+    fig.suptitle("E3, the learning rate and not the rollout mix alpha governs forgetting: forgetting by alpha against the\n"
+                 "learning rate, and each objective's frontier at alpha = 1 (dashed) and 0 (solid) at equal quality on B")
     return fig
 
 

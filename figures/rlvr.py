@@ -75,8 +75,8 @@ def rlvr_figure(curves, e4):
                      f"{int(diffs.tasks.max()) if len(diffs) else 0} tasks", fontsize=7)
         ax.grid(True, axis="x")
     legend_below(fig, list(handles.values()), list(handles), ncol=4, title=BAND)
-    fig.suptitle("E4: OOD accuracy through distillation and then RL; right: the on-policy minus offline edge after each "
-                 "stage\n(a 95% t-interval over the task means)", fontsize=8)
+    fig.suptitle("E4, an on-policy OOD edge that does not survive RL: OOD accuracy through distillation and then RL;\n"
+                 "right, the on-policy minus offline edge after each stage (a 95% t-interval over the task means)", fontsize=8)
     return fig
 
 
@@ -113,8 +113,8 @@ def cost_figure(curves):
     axes[2].set_title("ID accuracy (star: end)")
     legend_below(fig, list(handles.values()), list(handles), ncol=4,
                  title=f"{STUDENT_NAMES[student]} student, {CONDITION_TITLES[condition]}; mean over (task, seed) at each step")
-    fig.suptitle("E6: distillation quality against the tokens it costs (teacher + student): offline traces pay up front,\n"
-                 "on-policy rollouts as they go", fontsize=8)
+    fig.suptitle("E6, offline traces reach on-policy quality at a lower cost: quality against the tokens spent (teacher +\n"
+                 "student); offline traces pay for their pool up front, on-policy rollouts as they go", fontsize=8)
     return fig
 
 
