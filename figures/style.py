@@ -72,7 +72,7 @@ def log_axes(ax, x=True, y=False):
 
 
 class SparseMinorLabels(LogFormatterSciNotation):
-    """Minor-tick labels of a log axis only where it spans under a decade, and then only at 2 and 5 times a
+    """Minor-tick labels of a log axis only where it spans under 1.5 decades, and then only at 2 and 5 times a
     power of ten (matplotlib's default labels up to eight per decade, which collide on a narrow panel)."""
 
     def __init__(self):
@@ -80,7 +80,7 @@ class SparseMinorLabels(LogFormatterSciNotation):
 
     def __call__(self, x, pos=None):
         lo, hi = sorted(self.axis.get_view_interval())
-        if x <= 0 or lo <= 0 or np.log10(hi / lo) > 1.0:
+        if x <= 0 or lo <= 0 or np.log10(hi / lo) > 1.5:
             return ""
         mantissa = x / 10 ** np.floor(np.log10(x) + 1e-9)
         return super().__call__(x, pos) if np.isclose(mantissa, (2, 5)).any() else ""
