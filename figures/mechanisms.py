@@ -159,8 +159,8 @@ def low_prob_figure(df):
     (a, b), (c, d) = fig.subplots(2, 2)
     _pool_lines(a, df, "e", "2 agreeing, equal w")
     e_star = float(_sel(df, learner="e*", setting="2 agreeing, equal w").value.iloc[0])
-    a.axvline(e_star, color="red", lw=0.9)
-    a.text(e_star, 0.05, f" e* = 1/{1 / e_star:.0f}", color="red", fontsize=7)
+    a.axvline(e_star, color=VERMILLION, lw=0.9)
+    a.text(e_star, 0.05, f" e* = 1/{1 / e_star:.0f}", color=VERMILLION, fontsize=7)
     a.set_xlabel("vetoing teacher's probability e of the correct token")
     a.set_title("teachers (0.9, 0.1) x 2 and (e, 1-e), w = 1/3 each")
     plasma = matplotlib.colormaps["plasma"]
@@ -186,7 +186,7 @@ def low_prob_figure(df):
     c.set_title("G(correct) against the weights")
     s = _sel(df, part="exact", x_name="veto weight", learner="e*")
     s = s[s.x >= 0.1]
-    d.plot(s.x, s.value, color="red")
+    d.plot(s.x, s.value, color=VERMILLION)
     d.axvline(1 / 3, color="grey", lw=0.8, ls=":")
     d.set_yscale("log")
     d.set_xlabel("vetoing teacher's weight")
