@@ -39,8 +39,8 @@ def shares_figure(shares):
         ax.set_title(label)
         ax.grid(True, axis="x")
     legend_below(fig, *axes[0].get_legend_handles_labels(), ncol=2)
-    fig.suptitle("Which knob governs forgetting, learning and update sparsity (ANOVA over the factorial sweep)",
-                 fontsize=8)
+    fig.suptitle("E3, the learning rate and not the rollout mix alpha governs forgetting: the share of each outcome's\n"
+                 "variance over the factorial sweep explained by each factor and pair of factors (ANOVA)", fontsize=8)
     return fig
 
 
