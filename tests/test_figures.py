@@ -233,21 +233,31 @@ def text_problems(fig, tolerance=TOLERANCE):
     return problems
 
 
-@pytest.fixture(scope="module", params=list(SIM_FIGURES))
-def quick_figures(request, quick_run):
-    """{stem: Figure} built from one sim's quick-run CSVs by its figure module's figures_from."""
-    module = importlib.import_module(f"figures.{SIM_FIGURES[request.param]}")
-    built = module.figures_from(str(quick_run(request.param)))
-    assert built, request.param
-    return built
+_BUILT = {}
 
 
+@pytest.fixture
+def quick_figures(experiment, quick_run):
+    """{stem: Figure} built once from one sim's quick-run CSVs by its figure module's figures_from (the
+    tests take ``experiment`` as their parameter, so conftest puts them in that sim's xdist group)."""
+    if experiment not in _BUILT:
+        module = importlib.import_module(f"figures.{SIM_FIGURES[experiment]}")
+        _BUILT[experiment] = module.figures_from(str(quick_run(experiment)))
+    assert _BUILT[experiment], experiment
+    return _BUILT[experiment]
+
+
+each_sim = pytest.mark.parametrize("experiment", list(SIM_FIGURES))
+
+
+@each_sim
 def test_every_figure_keeps_its_text_inside_the_canvas_and_apart(quick_figures):
     problems = [f"{stem}: {p}" for stem, fig in quick_figures.items() for p in text_problems(fig)]
     if problems:
         pytest.fail("\n".join(problems[:20]), pytrace=False)
 
 
+@each_sim
 def test_every_figure_states_its_claim(quick_figures):
     for stem, fig in quick_figures.items():
         assert fig._suptitle is not None and len(fig._suptitle.get_text()) > 20, stem
@@ -269,6 +279,7 @@ def ink(line):
     return {matplotlib.colors.to_hex(c) for c in out if not (isinstance(c, str) and c.lower() == "none")}
 
 
+@each_sim
 def test_every_figure_uses_the_colour_blind_safe_palette(quick_figures):
     for stem, fig in quick_figures.items():
         used = set().union(*(ink(ln) for ax in fig.axes for ln in ax.lines))
