@@ -207,3 +207,18 @@ def test_estimator_verdicts_follow_their_rules_on_synthetic_pairs():
     assert _estimator_row((values, grads, topk, bent), "the sequence importance weight").verdict == "does not reproduce"
     slopes = estimators.growth_slopes(horizon)
     assert len(slopes) == 8 and np.allclose(slopes, 0.5)
+
+@pytest.mark.integration
+def test_estimator_figure_has_meaningful_axes_and_no_empty_rows(quick_run):
+    """Issue 34: the values panel on log axes (bias and s.d. are never negative: no negative ticks), and
+    the gradient panel a full grid: every (estimator, mode) x sample source cell says what it estimates."""
+    from figures import estimators as fe
+    out = quick_run("estimators")
+    fig = fe.figures_from(str(out))["estimators"]
+    values, grid = fig.axes[:2]
+    assert values.get_yscale() == "log" and values.get_xscale() == "log"
+    g = pd.read_csv(out / "gradients.csv")
+    cells = g.groupby(["estimator", "mode", "source", "importance"]).ngroups
+    assert len(grid.texts) == cells
+    assert len(grid.get_yticks()) * len(grid.get_xticks()) == cells
+    assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "zero gradient", "biased"}
