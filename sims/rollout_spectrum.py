@@ -397,7 +397,9 @@ def per_seed(df):
     """The final evaluation of every run of the 'tasks' experiment, per position: one row per (student, K,
     task draw, objective, alpha, weighting, seed); SFT's exact fixed points have seed -1."""
     exact = df.student == "exact"                       # SFT's exact fixed points: one row each, no training
-    f = pd.concat([final(df[~exact]), df[exact]])
+    runs = df[~exact]                                   # each student's own last step (budgets differ by student)
+    keys = ["student", "K", "task_seed", "objective", "alpha", "switch", "importance", "seed"]
+    f = pd.concat([runs[runs.step == runs.groupby(keys, dropna=False).step.transform("max")], df[exact]])
     return f.assign(**{c: f[c] / f.horizon for c in ("kl_arithmetic", "kl_local", "kl_mixture", "kl_fixed_point")})
 
 

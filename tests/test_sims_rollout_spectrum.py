@@ -187,7 +187,8 @@ def test_neural_rows_read_the_neural_student_on_the_tasks_draws():
     plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
                   & ~frame.importance].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
     far = (plain.objective == "fkl") & (plain.alpha == 1.0) & (plain.step == 300) & (plain.task_seed < 3)
-    neural = plain.assign(student="neural", kl_arithmetic=np.where(far, 0.05 * 3, plain.kl_arithmetic))
+    neural = plain.assign(student="neural", kl_arithmetic=np.where(far, 0.05 * 3, plain.kl_arithmetic),
+                          step=plain.step.replace(300, 200))      # its own, smaller budget: its last step counts
     v, table = rollout_spectrum.verdicts(frame, neural=neural)
     row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tiny Qwen2")].iloc[0]
     assert (row.verdict, row.n_decidable, row.n_hold) == ("mixed", 4, 1) and row.hi == pytest.approx(0.05)
