@@ -35,7 +35,9 @@ import run_targets_harness
 H = 3
 WEIGHTS = (0.4, 0.6)
 SEEDS = (0, 1, 2)
-STEPS = 150
+# Adam steps by where the run's target is measured: a routed run's target depends on the prefix through the
+# posterior, which the student learns after the position-wise mixture (150 steps left seed 0 nearer A)
+STEPS = {"tree": 150, "student": 150, "teacher": 400}
 LR = 1e-2
 # predict_target's label -> the column of target_distances that holds it
 PERSONAS = Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "teachers.json"
@@ -120,11 +122,13 @@ def verl_loss(mode, policy_gradient=False):
     return loss
 
 
-CASES = [
+OWN_CASES = [
     (OwnRun(loss="forward_kl", weights=WEIGHTS), own_pooled(forward_kl)),
     (OwnRun(loss="reverse_kl", weights=WEIGHTS), own_pooled(reverse_kl)),
     (OwnRun(loss="rkl_policy_gradient", gamma=1, weights=WEIGHTS), own_policy_gradient),
     (OwnRun(loss="forward_kl", teachers="routed", samples="teacher", weights=WEIGHTS), own_routed_forward),
+]
+LIBRARY_CASES = [
     (TRLRun(beta=0.0, lmbda=1.0, weights=WEIGHTS), trl_loss(0.0)),
     (TRLRun(beta=1.0, lmbda=1.0, weights=WEIGHTS), trl_loss(1.0)),
     (TRLRun(beta=0.0, lmbda=0.0, seq_kd=True, weights=WEIGHTS), trl_loss(0.0, routed_traces=True)),
@@ -139,7 +143,7 @@ def tree():
     return Tree()
 
 
-def distil(tree, loss, seed, steps=STEPS, lr=LR):
+def distil(tree, loss, seed, steps, lr=LR):
     """Adam on the run's expected loss, the step size decayed to 0 (cosine) so the student settles."""
     _, _, student = toy_problem(seed, horizon=H)
     opt = torch.optim.Adam(student.parameters(), lr=lr)
@@ -195,14 +199,28 @@ def visits(run):
     return "student" if runs.predict_target(run).level == "sequence" else "tree"
 
 
-@pytest.mark.parametrize("run, loss", CASES, ids=[runs.describe(run) for run, _ in CASES])
-def test_a_distilled_student_is_closest_to_the_predicted_target(tree, run, loss):
+def check_closest(tree, run, loss):
+    """On every seed the student ends closest to the predicted target, the paired 95% t interval of the
+    margin to the runner-up above 0; returns the summaries (seed -> mean KL per candidate)."""
     target = COLUMN[runs.predict_target(run).label]
-    for seed in SEEDS:
-        out = audit(tree, distil(tree, loss, seed), visits(run), seed)
-        print(runs.describe(run), seed, out["summary"]["mean KL"].round(4).to_dict())
-        assert out["closest"] == target, (seed, out["summary"])
-        assert out["margin_interval"][0] > 0, (seed, out["verdict"])
+    where = visits(run)
+    results = {seed: audit(tree, distil(tree, loss, seed, STEPS[where]), where, seed) for seed in SEEDS}
+    summaries = {seed: out["summary"]["mean KL"].round(4).to_dict() for seed, out in results.items()}
+    for seed, out in results.items():
+        assert out["closest"] == target, (seed, summaries)
+        assert out["margin_interval"][0] > 0, (seed, out["verdict"], summaries)
+    return summaries
+
+
+@pytest.mark.parametrize("run, loss", OWN_CASES, ids=[runs.describe(run) for run, _ in OWN_CASES])
+def test_own_loss_ends_closest_to_the_predicted_target(tree, run, loss):
+    check_closest(tree, run, loss)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("run, loss", LIBRARY_CASES, ids=[runs.describe(run) for run, _ in LIBRARY_CASES])
+def test_library_loss_ends_closest_to_the_predicted_target(tree, run, loss):
+    check_closest(tree, run, loss)
 
 
 # ------------------------------------------------------------------------------------------------
