@@ -12,6 +12,10 @@ loss — an unrestricted student's minimiser does not depend on which contexts a
 they are; w_k p_k(y) for teacher k's own traces; the student's q(y), detached, for the sequence-level
 policy gradient, whose target depends on it), and a loss on sampled tokens is averaged over the token
 under the student's detached conditional, as a sampler draws it.
+
+Last, a smoke test on real weights (slow tier): SmolLM2-135M under the two personas of
+llm_bridge/examples/teachers.json as the teachers, a tiny student, and TargetAuditCallback inside a
+transformers Trainer run on the CPU.
 """
 
 import functools
@@ -42,8 +46,8 @@ LR = 1e-2
 # the least margin to the runner-up asked for, nats per token: half the smallest measured (0.10, the
 # gamma = 1 policy gradient's g over A and the routed run's mixture over A; forward KL 0.27, reverse 0.21)
 MARGIN = 0.05
-# predict_target's label -> the column of target_distances that holds it
 PERSONAS = Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "teachers.json"
+# predict_target's label -> the column of target_distances that holds it
 COLUMN = {"A": "A", "l": "l", "g": "g", "A (posterior weights)": "routed"}
 
 
@@ -60,7 +64,7 @@ class Tree:
     def __init__(self):
         self.machine, teachers, _ = toy_problem(0, horizon=H)
         self.n = self.machine.n
-        self.inputs, self.tokens, self.states = tree_responses(self.machine, H)
+        self.inputs, self.tokens, _ = tree_responses(self.machine, H)
         with torch.no_grad():
             logits = torch.stack([t(self.inputs).logits[..., :self.n] for t in teachers])     # (K, B, H, n)
         self.teacher_lp = torch.log_softmax(logits.double(), -1)
@@ -70,7 +74,7 @@ class Tree:
         self.w = torch.tensor(WEIGHTS, dtype=torch.float64)
 
 
-# each loss: (student log-probs or logits (B, H, n), tree) -> a scalar whose gradient is the run's
+# each loss: (student logits (B, H, n), tree) -> a scalar whose gradient is the run's
 # expected gradient; the student's logits are float32, the teachers' float64
 def own_pooled(fn):
     return lambda logits, tree: fn(logits.double(), tree.teacher_lp, WEIGHTS, reduction="sum", metrics=False)[0]
