@@ -48,7 +48,7 @@ oracle: .venv/.installed-test
 	  [zipfile.ZipFile(w).extractall('$(ORACLE)/' + ('liger' if p == 'liger_kernel' else p), \
 	     [n for n in zipfile.ZipFile(w).namelist() if n.startswith(want[p])]) \
 	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
-	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py
+	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py tests/test_checkpoint_audit_targets.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference is an error.
 .venv/.installed-docs: .venv/bin/python pyproject.toml

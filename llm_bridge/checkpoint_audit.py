@@ -2,7 +2,8 @@
 
 :func:`target_distances` measures, at every position of some responses, the KL from a causal-LM
 student's conditional q to each token-level target the runs of :mod:`llm_bridge.runs` reach — the
-arithmetic pool A, the local geometric pool l, and each teacher alone — and names the closest, with
+arithmetic pool A, the local geometric pool l, the routed mixture's conditionals (A with posterior
+weights), each teacher alone, and any exact table the caller holds — and names the closest, with
 the margin to the runner-up and its t interval over prompts. :class:`TargetAuditCallback` logs the
 same every N steps of a ``transformers.Trainer`` run, so a run's drift toward a target is visible.
 """
@@ -45,20 +46,26 @@ def _sample(student, prompt, horizon, n, generator):
     return ids[len(prompt):]
 
 
-def target_distances(student, teachers, prompts, responses=None, *, horizon=16, seed=0, g_samples=0):
-    """Per-position KL(q || target) from the student's conditionals q to A, l, each teacher and (with
-    ``g_samples`` > 0) g, the conditionals of the sequence-level geometric pool over the rest of the
-    response.
+def target_distances(student, teachers, prompts, responses=None, *, horizon=16, seed=0, g_samples=0, targets=None):
+    """Per-position KL(q || target) from the student's conditionals q to A, l, the routed mixture, each
+    teacher and (with ``g_samples`` > 0) g, the conditionals of the sequence-level geometric pool over the
+    rest of the response.
 
     student: a causal LM (``model(input_ids=...).logits``) over the teachers' vocabulary;
     teachers: :class:`llm_bridge.teachers.Teachers` (their weights w define A and l); prompts: lists of
     token ids; responses: one list of token ids per prompt, or None for the student's own rollouts
-    (``horizon`` tokens sampled with ``seed``). Returns a dict: ``responses`` (those used),
+    (``horizon`` tokens sampled with ``seed``); targets: optional extra targets, ``{name: f}`` with
+    ``f(prompt, response)`` -> (T, n) log-probs at the response's positions (exact tables a caller holds,
+    e.g. g on a finite-state machine). Returns a dict: ``responses`` (those used),
     ``positions`` (a DataFrame, one row per
     position: prompt, t, and the KL to each target, nats), ``summary`` (the mean KL per target, its
     mean over prompts and a 95% t interval over prompts), ``closest``, ``runner_up``, ``margin`` (the
     runner-up's mean KL minus the closest's) with ``margin_interval`` (a paired t interval over
     prompts; NaN with one prompt), and ``verdict`` (one line).
+
+    The routed mixture ("routed": each response drawn from one teacher k ~ w, a run trained on the routed
+    teacher's own traces reaches it, SPEC 2): routed(a | u_t) = sum_k c_k(t) p_k(a | u_t) with the
+    posterior c_k(t) ∝ w_k p_k(response[:t] | prompt) — A at t = 0, then the teacher the prefix reveals.
 
     g (SPEC 2) at position t of a response of length T: g(a | u) ∝ prod_k p_k(a|u)^{w_k} Z(ua), Z(ua)
     over the T - t - 1 tokens that follow, each estimated by :func:`llm_bridge.partition.
@@ -84,13 +91,16 @@ def target_distances(student, teachers, prompts, responses=None, *, horizon=16, 
             response = _sample(student, prompt, horizon, n, generator) if responses is None else \
                 teachers.check_ids(list(responses[i]), f"responses[{i}]", allow_empty=False)
             used.append(response)
-            _, full = teachers.teacher_log_probs(prompt, response, full=True)       # (K, T, n)
+            path, full = teachers.teacher_log_probs(prompt, response, full=True)    # (K, T), (K, T, n)
             log_q = _student_log_probs(student, prompt + response, n, len(prompt))  # (T, n)
-            targets = {"A": ag.log_arithmetic_pool(full, w), "l": ag.log_geometric_pool(full, w)}
-            targets.update({name: full[k] for k, name in enumerate(teachers.names)})
+            tables = {"A": ag.log_arithmetic_pool(full, w), "l": ag.log_geometric_pool(full, w),
+                      "routed": _log_routed(path, full, w)}
+            tables.update({name: full[k] for k, name in enumerate(teachers.names)})
             if g_samples:
-                targets["g"] = _log_g(teachers, prompt, response, g_samples, seed + i)
-            kl = {name: _kl_rows(log_q, lp) for name, lp in targets.items()}
+                tables["g"] = _log_g(teachers, prompt, response, g_samples, seed + i)
+            for name, table_of in (targets or {}).items():
+                tables[name] = np.asarray(table_of(prompt, response), dtype=float)[:, :n]
+            kl = {name: _kl_rows(log_q, lp) for name, lp in tables.items()}
             for t in range(len(response)):
                 rows.append({"prompt": i, "t": t, **{name: float(v[t]) for name, v in kl.items()}})
     finally:
@@ -109,6 +119,14 @@ def target_distances(student, teachers, prompts, responses=None, *, horizon=16, 
                f"({int(Z_LEVEL * 100)}% t interval over {len(prompts)} prompts: [{interval[0]:.3g}, {interval[1]:.3g}])")
     return {"positions": positions, "responses": used, "summary": summary, "closest": closest, "runner_up": runner_up,
             "margin": margin, "margin_interval": interval, "verdict": verdict}
+
+
+def _log_routed(path, full, w):
+    """(T, n) ln of the routed mixture's conditionals: A with the posterior weights ∝ w_k p_k(prefix)."""
+    with np.errstate(divide="ignore"):
+        log_post = np.log(w)[:, None] + np.concatenate([np.zeros((len(w), 1)), np.cumsum(path, 1)[:, :-1]], 1)
+    log_post -= np.logaddexp.reduce(log_post, axis=0)                                    # (K, T)
+    return np.logaddexp.reduce(log_post[:, :, None] + full, axis=0)
 
 
 def _log_g(teachers, prompt, response, n_samples, seed):
@@ -137,15 +155,15 @@ class TargetAuditCallback(TrainerCallback):
     each audit is appended to ``self.history`` (step, mean KL per target, closest, margin) and to the
     trainer's ``state.log_history`` under ``audit/...`` keys."""
 
-    def __init__(self, teachers, prompts, responses=None, every=50, horizon=16, seed=0, g_samples=0):
-        self.teachers, self.prompts, self.responses = teachers, prompts, responses
+    def __init__(self, teachers, prompts, responses=None, every=50, horizon=16, seed=0, g_samples=0, targets=None):
+        self.teachers, self.prompts, self.responses, self.targets = teachers, prompts, responses, targets
         self.every = check_int(every, "every", 1)
         self.horizon, self.seed, self.g_samples = horizon, seed, g_samples
         self.history = []
 
     def _audit(self, model, state):
         out = target_distances(model, self.teachers, self.prompts, self.responses, horizon=self.horizon,
-                               seed=self.seed, g_samples=self.g_samples)
+                               seed=self.seed, g_samples=self.g_samples, targets=self.targets)
         record = {"step": state.global_step, **{f"audit/KL to {name}": float(v)
                                                  for name, v in out["summary"]["mean over prompts"].items()},
                   "audit/closest": out["closest"], "audit/margin": out["margin"]}

@@ -274,7 +274,16 @@ LIBRARY_OF = {"TRLRun": "trl", "LigerRun": "liger", "VerlRun": "verl", "TorchRLR
 
 
 def verified_cell(run):
-    """How a row is verified: by minimising the library's own loss (tests/test_run_targets.py)."""
+    """How a row is verified: by minimising the library's own loss (tests/test_run_targets.py), and for
+    the runs of tests/test_checkpoint_audit_targets.py by the checkpoint audit of tiny Qwen2 students."""
+    cell = _verified_cell(run)
+    from test_checkpoint_audit_targets import LIBRARY_CASES, OWN_CASES, SEEDS
+    if runs.describe(run) in {runs.describe(case) for case, _ in OWN_CASES + LIBRARY_CASES}:
+        cell += f"; a tiny Qwen2 student ends closest to it ({len(SEEDS)} seeds, checkpoint audit)"
+    return cell
+
+
+def _verified_cell(run):
     kind = type(run).__name__
     if kind in ("NeMoRLRun", "TinkerRun"):
         repository, _, commit = runs.predict_target(run).source
@@ -351,6 +360,11 @@ power, renormalised. Notes: verl's policy-gradient rows use PPO's surrogate at r
 negative loss as the per-token advantage, as `distillation_loss` passes it; TRL's DistillationTrainer
 row runs GKD's `generalized_jsd_loss`, the same divergence its chunked kernel computes (read, not run:
 the kernel module imports the trainer's utilities).
+"a tiny Qwen2 student ends closest to it": `tests/test_checkpoint_audit_targets.py` distils a tiny Qwen2
+(built from a config) from two `TabularLM` teachers with that run's loss — this project's, or the
+library's own function from its wheel — from each seed, and `target_distances`, exact on the machine,
+names the row's target the closest of A, l, the routed mixture, g and each teacher, the 95% t interval
+of its margin over the audited responses above 0.
 """
 
 

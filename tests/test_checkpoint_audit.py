@@ -113,3 +113,21 @@ def test_the_monte_carlo_kl_to_g_matches_the_exact_tables(students):
             assert row.g == pytest.approx(float(np.sum(np.exp(log_q[t]) * (log_q[t] - lt))), abs=0.01)
             state = machine.next_state[state, response[t]]
     assert out["summary"].loc["g", "mean KL"] > 0.05 + out["summary"].loc["l", "mean KL"]
+
+
+def test_the_routed_column_is_the_sequence_level_mixture_of_runs(students):
+    """KL(q || routed) at every position equals KL(q || A with posterior weights) from llm_bridge.runs'
+    table of the machine (the target of routed teachers on their own traces, SPEC 2), and differs from A
+    after the first token."""
+    from llm_bridge import runs
+    machine, student = students["forward"]
+    out = audit(machine, student)
+    inputs, _, states = responses(machine)
+    with torch.no_grad():
+        log_q = torch.log_softmax(student(input_ids=inputs).logits[..., :machine.n].double(), -1).numpy()
+    routed = runs.target_log_probs(runs.Prediction("A", weights="posterior"), machine, WEIGHTS)
+    for row in out["positions"].itertuples():
+        lq, lt = log_q[row.prompt, row.t], routed[states[row.prompt, row.t]]
+        assert row.routed == pytest.approx(float(np.sum(np.exp(lq) * (lq - lt))), abs=2e-6)
+    later = out["positions"][out["positions"].t > 0]
+    assert (later.routed - later.A).abs().max() > 0.05
