@@ -21,7 +21,7 @@ from pathlib import Path
 
 from harness.cli import Parser
 
-from .cli.arguments import add_figures_argument, add_model_arguments
+from .arguments import add_figures_argument, add_model_arguments
 
 
 def parse_args(argv):

@@ -101,7 +101,7 @@ class ProbeSettings:
 
     @classmethod
     def from_args(cls, args):
-        """The settings of a parsed command line (llm_bridge.cli.arguments); a study that samples no
+        """The settings of a parsed command line (llm_bridge.arguments); a study that samples no
         continuations has no --horizons, --n-samples, --batch-size or --seed and gets the defaults."""
         return cls(str(args.model), args.teachers, getattr(args, "horizons", "0"), getattr(args, "n_samples", 64),
                    getattr(args, "seed", 0), getattr(args, "batch_size", None), args.device, args.dtype)

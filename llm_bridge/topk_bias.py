@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.cli import Parser
 
-from .cli.arguments import EXAMPLE_TEACHERS, add_figures_argument, add_model_arguments
+from .arguments import EXAMPLE_TEACHERS, add_figures_argument, add_model_arguments
 
 TEXT = ("The river that runs through the old town was once the main road for traders, who carried salt, "
         "wool and timber down to the sea. Today it is quiet, and the bridges are mostly for walkers.")

@@ -4,7 +4,7 @@ torch and transformers load."""
 import argparse
 from pathlib import Path
 
-EXAMPLE_TEACHERS = Path(__file__).resolve().parent.parent / "examples" / "teachers.json"
+EXAMPLE_TEACHERS = Path(__file__).resolve().parent / "examples" / "teachers.json"
 
 
 def add_model_arguments(parser, sampling=True, teachers=None):
