@@ -15,14 +15,14 @@ Distillation losses for torch training loops (``llm_bridge.losses``; targets in 
     rkl_policy_gradient, kl_estimator_loss, token_log_probs   sampled tokens (policy gradient, k1/k2/k3)
     audit_estimators                                 the exact expected gradient of each estimator
 
-Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe), ``python -m llm_bridge.probe_batch`` and
-``python -m llm_bridge.diagnose`` (a diagnosis of teachers before training; library ``llm_bridge.diagnosis``).
+Scripts: ``python sims/probe_prefix_bias.py`` (one probe), ``python sims/probe_batch.py`` and
+``python sims/diagnose.py`` (a diagnosis of teachers before training; library ``llm_bridge.diagnosis``).
 """
 
 import importlib
 from typing import TYPE_CHECKING
 
-# Loaded on first use (PEP 562), so that `python -m llm_bridge.<command> --help` and a bad argument answer
+# Loaded on first use (PEP 562), so that a command line's `--help` and a bad argument (sims/*.py) answer
 # before torch and transformers load; `from llm_bridge import Teachers` works as before.
 _HOME = {"PersonaTeachers": "models", "load_model": "models", "read_teachers_file": "models",
          "PartitionEstimate": "partition", "estimate_log_partition": "partition",

