@@ -119,6 +119,7 @@ def test_probe_cli_and_batch(tmp_path, smollm2):
     rates = json.loads((tmp_path / "batch" / "summary.json").read_text())
     assert rates["n_questions"] == 2 and 0.0 <= (rates["flip_rate"] or 0.0) <= 1.0
     assert (tmp_path / "batch" / "questions" / "capital_france" / "margins.csv").exists()
+    assert (tmp_path / "batch" / "questions" / "capital_france" / "figures" / "probe.png").exists()   # by default
     cells = sorted((tmp_path / "batch" / "cells").iterdir())
     before = [c.stat().st_mtime_ns for c in cells]
     assert len(cells) == 2 and probe_batch.main(args) == 0      # rerun: nothing recomputed
