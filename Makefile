@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean oracle mutate
+.PHONY: regret test install install-test bench figures gallery clean oracle mutate docs
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -50,6 +50,15 @@ oracle: .venv/.installed-test
 	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
 	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference is an error.
+.venv/.installed-docs: .venv/bin/python pyproject.toml
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[docs]'
+	touch $@ .venv/.installed
+
+docs: .venv/.installed-docs
+	$(PY) -m mkdocs build --strict -d site
+
 # Rebuild every figure from the CSVs under results/ (each run also rebuilds its own at the end).
 figures: .venv/.installed
 	$(PY) -m figures
@@ -81,7 +90,7 @@ gallery: .venv/.installed-test
 MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rollout_spectrum.x_verdicts*' 'sims.rollout_spectrum.x_convergence_rows*' \
           'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
-          'sims.rollout_spectrum.x_steps_to*' 'sims.rollout_spectrum.x_cells_for*' \
+          'sims.rollout_spectrum.x_steps_to*' \
           'sims.estimators.x_verdicts*' 'sims.estimators.x_growth_slopes*' \
           'sims.forgetting.x_verdicts*' 'sims.forgetting.x_shares*' 'sims.forgetting.x_learning_rates_that_learn*' \
           'sims.forgetting.x_frontier*' 'sims.forgetting.x_ratio_row*' 'sims.forgetting.x_alpha_rows*' \
@@ -106,4 +115,4 @@ bench: .venv/.installed-test
 	$(PY) benchmarks/bench_spectrum.py
 
 clean:
-	rm -rf .venv results .hypothesis .pytest_cache mutants
+	rm -rf .venv results .hypothesis .pytest_cache mutants site

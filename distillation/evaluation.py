@@ -68,12 +68,15 @@ class Evaluator:
         """How far apart two candidate targets (H, S, n) log-probs are, in the evaluation's own units: the
         smaller of KL_seq(a || b) and KL_seq(b || a), per response (each on its own rollouts): the value
         kl_<b> would take for a student that had reached a, or the reverse."""
+        return min(self._kl_seq(table_a, table_b), self._kl_seq(table_b, table_a))
+
+    def _kl_seq(self, log_q, table, occ=None):
+        """KL_seq(q || table) per response on q's own rollouts: sum_h,s occ(h, s) KL(q(.|h, s) || table(.|h, s)),
+        over the tokens q gives mass (``occ``: q's occupancy, when already computed)."""
         t, H = self.task.teachers, self.task.horizon
-        out = []
-        for p, q in ((table_a, table_b), (table_b, table_a)):
-            occ = ag.policy_occupancy(t, H, p)[:H, :, None]
-            out.append(float(np.sum(np.where(np.isfinite(p), occ * np.exp(p) * (p - q), 0.0))))
-        return min(out)
+        occ = ag.policy_occupancy(t, H, log_q)[:H, :, None] if occ is None else occ
+        q = np.exp(log_q)
+        return float(np.sum(np.where(q > 0, occ * q * (log_q - table), 0.0)))
 
     def __call__(self, log_q, config=None):
         """log_q (H, S, n): KL_seq(q || P) per response on q's own rollouts for every target P, and with a
@@ -90,9 +93,8 @@ class Evaluator:
             derived = self.fixed_points and config.truncate == math.inf     # truncated weights: none derived
             tables["fixed_point"] = self._solved_fixed_point(config) if derived else None
         occ = ag.policy_occupancy(t, H, log_q)[:H, :, None]                # q's occupancy, once for every target
-        q = np.exp(log_q)
-        out = {f"kl_{name}": math.nan if table is None else   # KL_seq = sum_h,s occ(h, s) KL(q(.|h, s) || P(.|h, s))
-               float(np.sum(np.where(q > 0, occ * q * (log_q - table), 0.0))) for name, table in tables.items()}
+        out = {f"kl_{name}": math.nan if table is None else self._kl_seq(log_q, table, occ)
+               for name, table in tables.items()}
         out["accuracy"] = float(np.exp(log_q[0, t.start, 0]))
         return out
 

@@ -125,7 +125,14 @@ class Students:
             return params
         return {k: torch.where(_per_run(self.cast, p), p + (round_bf16(p) - p).detach(), p) for k, p in params.items()}
 
+    def forward(self, params):
+        """The runs' log-probability tables from ``params`` {name: (R, ...) tensor}: (R, H, S, n), or
+        (R, S, n) for a stationary student. Each subclass defines it."""
+        raise NotImplementedError
+
     def tables(self):
+        """The runs' log-probability tables, with gradients enabled for the trained parameters: build a
+        loss from them, then call :meth:`step`."""
         self._leaves = {k: v.detach().requires_grad_(k in self.trained) for k, v in self.params.items()}
         return self.forward(self._read(self._leaves))
 
@@ -141,6 +148,7 @@ class Students:
             self.params[k] = self._round(adam_step(self.params[k], g, self.m[k], self.v[k], self.t, rate))
 
     def log_probs(self):
+        """The tables as float64 NumPy, without gradients."""
         with torch.no_grad():
             return self.forward(self._read({k: v.double() for k, v in self.params.items()})).numpy()
 

@@ -82,6 +82,9 @@ class Pair:
 
 
 def make_pair(seed=0, K=2, d_shared=8):
+    """Task A (one teacher) and task B (``K`` teachers) on prefix trees of one shape (draw ``seed``), with the
+    features (2, S, d_shared + 2 S) of each task's states: ``d_shared`` Gaussian features shared by both
+    tasks, then a one-hot of (task, state)."""
     A = make_task("tree", K=1, seed=2000 + seed)
     B = make_task("tree", K=K, seed=3000 + seed)
     if not np.array_equal(A.teachers.next_state, B.teachers.next_state):
@@ -123,6 +126,7 @@ class GoalTask:
         return self.teacher_logp.shape[0]
 
     def horizons(self, starts):
+        """The horizon of each context that starts at ``starts``: its level plus the slack."""
         return self.level[starts] + self.slack
 
     def target(self, name):

@@ -3,8 +3,8 @@
     python -m figures [--results DIR]     # rebuild every figure of every results folder under DIR
     python -m figures --gallery           # ... then copy the headline figures to docs/figures/, the
                                           # studies' verdicts.csv to docs/verdicts/ and regenerate the
-                                          # verdict block of paper_repro.md and the README's gallery
-                                          # (GALLERY_CAPTIONS) from them
+                                          # verdict block of each study's page (VERDICT_PAGES) and the
+                                          # gallery page (GALLERY_PAGE, GALLERY_CAPTIONS) from them
     figures.rebuild(folder)               # what the experiment scripts call at the end of a run
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
@@ -110,9 +110,12 @@ def rebuild_all(root="results", quiet=True):
 
 VERDICT_STUDIES = ("rollout_spectrum", "estimators", "forgetting", "rlvr")   # the studies that write a verdicts.csv
 VERDICTS_DIR = os.path.join("docs", "verdicts")
-REPRO = "paper_repro.md"
-README = "README.md"
-# The README's gallery: (figure, what it shows, the verdict rows (study, claim, condition) it states).
+# Where the generated blocks live: each study's verdict table on its page of the documentation site, the
+# gallery on its own page; the pages sit under docs/, so they show the figures as figures/<stem>.png.
+VERDICT_PAGES = {study: os.path.join("docs", "studies", f"{study}.md") for study in VERDICT_STUDIES}
+GALLERY_PAGE = os.path.join("docs", "gallery.md")
+GALLERY_LINKS = "figures"    # docs/figures/ as the gallery page links it
+# The gallery: (figure, what it shows, the verdict rows (study, claim, condition) it states).
 GALLERY_CAPTIONS = (
     ("regret_offpolicy-tabular", "off-policy learners: logarithmic regret at the theory's constants (T3)", ()),
     ("mechanism_low-prob", "one teacher's tiny probability vetoes the geometric pool (T7)", ()),
@@ -137,7 +140,7 @@ GALLERY_CAPTIONS = (
        "neural, shared, on-policy FKL against its offline arm (1,024"),
       ("rlvr", "E6 offline traces reach parity with on-policy distillation at a lower cost (final ID",
        "loglinear, shared, on-policy FKL against its offline arm (4,096"))),
-    ("estimators", "k1/k2/k3: bias, variance and gradient targets (SPEC 4)",
+    ("estimators", "k1/k2/k3: bias, variance and gradient targets (theory section 4)",
      (("estimators", "the k2 loss gives the RKL gradient", ""), ("estimators", "the k3 loss gives the FKL gradient", ""),
       ("estimators", "the k2 loss on teacher samples is biased", ""),
       ("estimators", "k3 has a smaller variance than k1", "x ~ q, one sample, exact, spread 0.5"),
@@ -164,11 +167,10 @@ def _rewrite(path, edit):
     atomic_write(path, write)
 
 
-def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO, readme=README):
+def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, pages=VERDICT_PAGES, gallery=GALLERY_PAGE):
     """Copy each study's ``root/<study>/verdicts.csv`` to ``verdicts_dir/<study>.csv`` and regenerate the
-    verdict block of ``repro`` and the gallery block of ``readme`` from the copies; returns the copies.
-    ValueError naming a missing file."""
-    from .verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, markdown_table, replace_block
+    verdict block of each study's page (``pages`` {study: path}) and the gallery block of ``gallery`` from
+    the copies; returns the copies. ValueError naming a missing file."""
     copies = []
     for study in VERDICT_STUDIES:
         src = os.path.join(root, study, "verdicts.csv")
@@ -176,11 +178,19 @@ def refresh_verdicts(root="results", verdicts_dir=VERDICTS_DIR, repro=REPRO, rea
             raise ValueError(f"{src} is missing: run the {study} script (default settings) first")
         os.makedirs(verdicts_dir, exist_ok=True)
         copies.append(shutil.copyfile(src, os.path.join(verdicts_dir, f"{study}.csv")))
-    frames = verdict_frames(verdicts_dir)
-    _rewrite(repro, lambda text: replace_block(text, markdown_table(frames)))
-    _rewrite(readme, lambda text: replace_block(text, gallery_table(GALLERY_CAPTIONS, frames, GALLERY_DIR),
-                                                GALLERY_BEGIN, GALLERY_END))
+    write_verdict_pages(verdicts_dir, pages, gallery)
     return copies
+
+
+def write_verdict_pages(verdicts_dir=VERDICTS_DIR, pages=VERDICT_PAGES, gallery=GALLERY_PAGE):
+    """Regenerate the verdict block of each study's page and the gallery block from the copies in
+    ``verdicts_dir`` (what ``refresh_verdicts`` does after copying)."""
+    from .verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, markdown_table, replace_block
+    frames = verdict_frames(verdicts_dir)
+    for study, page in pages.items():
+        _rewrite(page, lambda text, study=study: replace_block(text, markdown_table({study: frames[study]})))
+    _rewrite(gallery, lambda text: replace_block(text, gallery_table(GALLERY_CAPTIONS, frames, GALLERY_LINKS),
+                                                 GALLERY_BEGIN, GALLERY_END))
 
 
 def refresh_gallery(root="results", gallery_dir=GALLERY_DIR):

@@ -5,7 +5,7 @@ import sys
 
 from harness import Parser
 
-from . import GALLERY_DIR, REPRO, VERDICTS_DIR, rebuild_all, refresh_gallery, refresh_verdicts, results_folders
+from . import GALLERY_DIR, GALLERY_PAGE, VERDICT_PAGES, VERDICTS_DIR, rebuild_all, refresh_gallery, refresh_verdicts, results_folders
 
 
 def main(argv=None):
@@ -32,8 +32,8 @@ def main(argv=None):
             copies = refresh_verdicts(args.results)
         except ValueError as exc:
             ap.error(str(exc))
-        print(f"figures: {len(copies)} verdict tables copied to {VERDICTS_DIR}; {REPRO}'s verdict block regenerated",
-              file=sys.stderr)
+        print(f"figures: {len(copies)} verdict tables copied to {VERDICTS_DIR}; the verdict blocks of "
+              f"{', '.join(VERDICT_PAGES.values())} and {GALLERY_PAGE}'s gallery regenerated", file=sys.stderr)
     return 0
 
 

@@ -81,8 +81,9 @@ def veto_figure(vetoes, n=15):
 @paper
 def flip_figure(flips):
     """Each prompt's pooled margin m (x) against the drift of D(H) per token (y, 95% interval), with the
-    flip boundary drift = m / H for each measured H > 0 (a prompt above the line of H is predicted to flip
-    by H); red rings: a flip measured."""
+    flip boundary drift = m / H for each measured H > 0 (a prompt above the line of H would flip by H);
+    red rings: a flip measured; red bars: where none was, the smallest drift the design detects at 80%
+    power (no flip is detectable below it)."""
     fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
     ax = fig.subplots()
     if flips.empty:
@@ -101,7 +102,12 @@ def flip_figure(flips):
     f = flips[flips.flip]
     if len(f):
         ax.plot(f.margin, f.drift, "o", ms=6, mfc="none", mec="C3", label="flip measured")
-    lo, hi = min(float(flips.drift_lo.min()), -0.05), max(float(flips.drift_hi.max()), 0.05)
+    bound = flips[~flips.flip & np.isfinite(flips.detectable_drift)]
+    if len(bound):
+        ax.plot(bound.margin, bound.detectable_drift, "_", ms=8, mew=1.2, color="C3",
+                label="no flip detectable below (80% power)")
+    lo = min(float(flips.drift_lo.min()), -0.05)
+    hi = max(float(flips.drift_hi.max()), float(bound.detectable_drift.max()) if len(bound) else 0.0, 0.05)
     ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
     ax.set_xlim(min(float(flips.margin.min()), 0) - 0.1, x_max)
     ax.set_xlabel("pooled margin m (nats)")

@@ -1,13 +1,13 @@
-"""The verdict tables of paper_repro.md and the README's gallery captions, generated from the studies'
-verdicts.csv files so that no sentence there can disagree with its data.
+"""The verdict tables of the study pages (docs/studies/) and the gallery's captions (docs/gallery.md),
+generated from the studies' verdicts.csv files so that no sentence there can disagree with its data.
 
     markdown_table(frames)     {study: verdicts DataFrame} -> a markdown table, one row per claim and condition
-    gallery_table(cells, frames)  the README's gallery: each headline figure with its caption, the verdict
+    gallery_table(cells, frames)  the gallery: each headline figure with its caption, the verdict
                                rows it shows appended to a fixed description
     replace_block(text, table) the text with the block between BEGIN and END replaced by ``table``
 
 ``python -m figures --gallery`` copies each study's ``verdicts.csv`` to ``docs/verdicts/<study>.csv`` and
-rewrites the blocks of ``paper_repro.md`` and ``README.md`` from those copies; ``tests/test_figures.py``
+rewrites the block of each study's page and of the gallery page from those copies; ``tests/test_figures.py``
 checks that the committed blocks equal the ones generated from the committed copies.
 """
 
@@ -26,13 +26,19 @@ def _number(x):
     return f"{x:.2g}" if abs(x) < 1e4 else f"{x:.3g}"
 
 
+def _text(cell):
+    """A text cell as markdown shows it literally: ``|`` would end the cell and ``[x](y)`` would become a
+    link (the statistics write ``E[w^2](H)``), so both are escaped."""
+    return cell.replace("|", "\\|").replace("[", "\\[")
+
+
 def markdown_table(frames):
     """One markdown row per claim and condition of every study (``frames`` {study: verdicts DataFrame},
     in the order given): study, claim, condition, statistic, estimate [lo, hi], verdict (bold)."""
     lines = ["| study | claim | condition | statistic | estimate [range] | verdict |", "|---|---|---|---|---|---|"]
     for study, frame in frames.items():
         for r in frame.itertuples(index=False):
-            cells = (f"`{study}`", r.claim, r.condition, r.statistic.replace("|", "\\|"),
+            cells = (f"`{study}`", _text(r.claim), _text(r.condition), _text(r.statistic),
                      f"{_number(r.estimate)} [{_number(r.lo)}, {_number(r.hi)}]", verdict_text(r))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -10,7 +10,7 @@
                         ``from_dict`` refuses unknown fields (a ValueError naming the field)
 
 A script is its settings as data, one ``run_cell`` per kind in a dict, and a short ``main`` (the
-README's "Adding an experiment"). The harness imports nothing else of the project.
+"Adding an experiment" in docs/development.md). The harness imports nothing else of the project.
 """
 
 from .cells import Cell, cell_seeds, sizes

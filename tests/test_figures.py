@@ -112,33 +112,53 @@ def test_rebuild_writes_every_figure_from_the_csvs(quick_regret, quick_mechanism
 
 
 # ------------------------------------------------------------------------------------------------
-# the verdict tables of paper_repro.md
+# the verdict tables of the study pages and the gallery (docs/)
 # ------------------------------------------------------------------------------------------------
-def test_paper_repro_verdict_block_is_the_table_of_the_committed_verdicts():
-    """The block between the markers is exactly what ``python -m figures --gallery`` generates from
-    docs/verdicts/*.csv, and every verdict there comes from a committed CSV."""
+def test_study_pages_verdict_blocks_are_the_tables_of_the_committed_verdicts():
+    """Each study page's block between the markers is exactly what ``python -m figures --gallery``
+    generates from its docs/verdicts/<study>.csv, and every verdict there comes from a committed CSV."""
     import figures
     from figures.verdicts import BEGIN, END, markdown_table, replace_block
     frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
-    assert set(frames) == set(figures.VERDICT_STUDIES)
-    text = (ROOT / figures.REPRO).read_text()
-    assert replace_block(text, markdown_table(frames)) == text
-    block = text[text.index(BEGIN):text.index(END)]
-    assert block.count("\n| `") == sum(len(f) for f in frames.values())
+    assert set(frames) == set(figures.VERDICT_STUDIES) == set(figures.VERDICT_PAGES)
+    for study, page in figures.VERDICT_PAGES.items():
+        text = (ROOT / page).read_text()
+        assert replace_block(text, markdown_table({study: frames[study]})) == text, page
+        block = text[text.index(BEGIN):text.index(END)]
+        assert block.count("\n| `") == len(frames[study]) > 0
 
 
-def test_readme_gallery_is_generated_from_the_committed_verdicts():
-    """The README's gallery block is what ``python -m figures --gallery`` generates: every caption that
+def test_gallery_page_is_generated_from_the_committed_verdicts():
+    """The gallery page's block is what ``python -m figures --gallery`` generates: every caption that
     states a verdict reads it from docs/verdicts/*.csv, and every figure it shows is committed."""
     import figures
     from figures.verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, replace_block
     frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
-    text = (ROOT / figures.README).read_text()
-    assert replace_block(text, gallery_table(figures.GALLERY_CAPTIONS, frames, figures.GALLERY_DIR),
+    text = (ROOT / figures.GALLERY_PAGE).read_text()
+    assert replace_block(text, gallery_table(figures.GALLERY_CAPTIONS, frames, figures.GALLERY_LINKS),
                          GALLERY_BEGIN, GALLERY_END) == text
+    page_dir = (ROOT / figures.GALLERY_PAGE).parent
     for stem, _, picks in figures.GALLERY_CAPTIONS:
+        assert (page_dir / figures.GALLERY_LINKS / f"{stem}.png").exists()
         assert (ROOT / figures.GALLERY_DIR / f"{stem}.png").exists()
         assert all(study in frames for study, _, _ in picks)
+
+
+def test_write_verdict_pages_regenerates_every_block(tmp_path):
+    """What --gallery writes: stale blocks on the study pages and the gallery page are replaced by the
+    tables generated from the verdict copies."""
+    import figures
+    from figures.verdicts import BEGIN, END, GALLERY_BEGIN, GALLERY_END
+    pages = {study: tmp_path / f"{study}.md" for study in figures.VERDICT_STUDIES}
+    for page in pages.values():
+        page.write_text(f"head\n{BEGIN}\nstale\n{END}\ntail\n")
+    gallery = tmp_path / "gallery.md"
+    gallery.write_text(f"{GALLERY_BEGIN}\nstale\n{GALLERY_END}\n")
+    figures.write_verdict_pages(ROOT / figures.VERDICTS_DIR, pages, gallery)
+    for study, page in pages.items():
+        assert "stale" not in page.read_text()
+        assert page.read_text().count("\n| `" + study + "` |") == len(pd.read_csv(ROOT / figures.VERDICTS_DIR / f"{study}.csv"))
+    assert "stale" not in gallery.read_text() and "](figures/spectrum.png)" in gallery.read_text()
 
 
 def test_gallery_captions_follow_the_verdict_rows():
@@ -163,10 +183,10 @@ def test_gallery_captions_follow_the_verdict_rows():
 
 def test_markdown_table_and_replace_block():
     from figures.verdicts import BEGIN, END, markdown_table, replace_block
-    frame = pd.DataFrame([dict(claim="c", condition="k", statistic="a | b", estimate=0.00123, lo=1e-5, hi=float("nan"),
-                               rule="r", verdict="inconclusive")])
+    frame = pd.DataFrame([dict(claim="c", condition="k", statistic="a | E[w](H)", estimate=0.00123, lo=1e-5,
+                               hi=float("nan"), rule="r", verdict="inconclusive")])
     table = markdown_table({"study": frame})
-    assert table.splitlines()[2] == "| `study` | c | k | a \\| b | 0.0012 [1e-05, ] | **inconclusive** |"
+    assert table.splitlines()[2] == "| `study` | c | k | a \\| E\\[w](H) | 0.0012 [1e-05, ] | **inconclusive** |"
     text = f"head\n{BEGIN}\nold\n{END}\ntail"
     assert replace_block(text, "new") == f"head\n{BEGIN}\nnew\n{END}\ntail"
     with pytest.raises(ValueError, match="markers"):

@@ -520,13 +520,13 @@ def test_backward_hands_over_the_gradient_without_a_second_full_size_buffer():
         assert torch.equal(torch.autograd.grad(loss, s)[0], once)
 
 
-def test_the_readme_snippet_uses_trl_s_shifted_convention():
-    """The README's first losses snippet runs, drops the logits' last position and shifts the labels'
+def test_the_losses_page_snippet_uses_trl_s_shifted_convention():
+    """The losses page's first snippet (docs/losses.md) runs, drops the logits' last position and shifts the labels'
     mask: its loss equals the mean over the positions t whose label at t + 1 is kept, written out."""
     import re
     from conftest import ROOT
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Distillation losses for training loops"):]
+    page = (ROOT / "docs" / "losses.md").read_text()
+    section = page[page.index("## Usage"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     g = torch.Generator().manual_seed(37)
     B, T, V = 2, 6, 7

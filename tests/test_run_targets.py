@@ -136,7 +136,7 @@ def check_diverges(run, K):
 
 LIBRARY_CASES = [
     TRLRun(beta=0.0, lmbda=1.0), TRLRun(beta=1.0, lmbda=1.0), TRLRun(beta=0.5, lmbda=1.0),
-    TRLRun(beta=0.5, lmbda=0.5),                                          # the README's example
+    TRLRun(beta=0.5, lmbda=0.5),                                          # docs/losses.md's example
     TRLRun(beta=0.0, lmbda=0.0, seq_kd=True), TRLRun(beta=1.0, lmbda=0.0, seq_kd=True),
     TRLRun(beta=0.0, lmbda=0.5, seq_kd=True), TRLRun(beta=0.0, lmbda=0.0, seq_kd=True, teachers="pooled"),
     TRLRun(trainer="DistillationTrainer", beta=1.0, lmbda=1.0),
@@ -180,10 +180,10 @@ def test_the_committed_table_is_what_the_code_writes():
     assert TABLE.read_text() == render_table(table_cases()), "run `python tests/run_targets_harness.py`"
 
 
-def test_the_readme_example_prints_what_it_says(capsys):
+def test_the_losses_page_example_prints_what_it_says(capsys):
     import re
     from run_targets_harness import TABLE
-    text = (TABLE.parents[1] / "README.md").read_text()
+    text = (TABLE.parent / "losses.md").read_text()
     code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "predict_target" in block)
     exec(code, {})
     label, reason = capsys.readouterr().out.splitlines()[:2]

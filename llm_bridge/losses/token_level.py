@@ -228,7 +228,8 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
 
     q = softmax(student_logits / student_temperature), p_k = softmax(teacher_logits_k / teacher_temperature)
     over the first ``vocab_size`` columns (default: all; teachers must then have the student's width).
-    ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and the README).
+    ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and docs/losses.md,
+    "Top-k teachers").
     ``chunk_size``: positions per chunk (default about 2M logits per buffer); ``metrics=False`` skips
     the per-position metrics (a sixth to two fifths of the time: benchmarks/README.md).
 
