@@ -82,10 +82,12 @@ def _convention(table, caller, expected):
     if x.ndim < 1 or x.size == 0 or np.isnan(x).any():
         return
     with np.errstate(over="ignore", under="ignore"):
-        if expected == "probabilities" and np.all(x <= 0) and np.any(x < 0) and np.allclose(logsumexp(x, axis=-1), 0, atol=1e-6):
+        rows_of_logs = np.all(x <= 0) and np.any(x < 0) and np.allclose(logsumexp(x, axis=-1), 0, atol=1e-6)
+        rows_of_probs = np.all(x >= 0) and np.any(x > 0) and np.allclose(x.sum(axis=-1), 1, atol=1e-6)
+        if expected == "probabilities" and rows_of_logs:
             raise ValueError(f"{caller} expects probabilities; got rows whose exp sums to 1 (log-probabilities? "
                              f"pass np.exp of them)")
-        if expected == "log-probabilities" and np.all(x >= 0) and np.any(x > 0) and np.allclose(x.sum(axis=-1), 1, atol=1e-6):
+        if expected == "log-probabilities" and rows_of_probs:
             raise ValueError(f"{caller} expects log-probabilities; got rows that sum to 1 (probabilities? "
                              f"pass np.log of them)")
 

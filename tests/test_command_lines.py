@@ -17,10 +17,8 @@ pytestmark = pytest.mark.integration
 
 HEAVY = ("numba", "torch", "transformers", "pandas")
 SIMS = ("regret", "mechanisms", "rollout_spectrum", "estimators", "forgetting", "rlvr")
-BRIDGE = ("flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias")      # the bridge's command lines
-DIAGNOSE = pytest.param("sims/diagnose.py", marks=pytest.mark.xfail(
-    strict=True, reason="diagnose parses after its imports; issue 33 rewrites its command line"))
-COMMANDS = [f"sims/{name}.py" for name in SIMS + BRIDGE] + [DIAGNOSE]
+BRIDGE = ("flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias", "diagnose")   # the bridge's
+COMMANDS = [f"sims/{name}.py" for name in SIMS + BRIDGE]
 
 
 def argv(command):
@@ -35,7 +33,8 @@ def run(args, **kw):
 
 def imported(stderr):
     """The top-level packages a ``python -X importtime`` run imported."""
-    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines() if line.startswith("import time:")}
+    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines()
+            if line.startswith("import time:")}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -98,24 +97,42 @@ def test_one_spelling_of_the_figures_flag():
     _, args = probe_batch.parse_args(["--teachers", "t.json", "--questions", "q.jsonl"])
     assert not args.no_figures                                # figures by default, as in every sim
     assert probe_batch.parse_args(["--teachers", "t.json", "--questions", "q.jsonl", "--no-figures"])[1].no_figures
-    for command in COMMANDS[:-1]:
+    for command in COMMANDS:
         helped = run([*argv(command), "--help"]).stdout
         assert "--no-figures" in helped and "--no-figure " not in helped, command
+
+
+def test_diagnose_help_states_the_thresholds_defaults(tmp_path):
+    """diagnose states its thresholds' defaults without importing llm_bridge.diagnosis (torch): they are
+    Thresholds' own, and a flag left out keeps its default."""
+    import math
+    from llm_bridge.diagnosis import Thresholds
+    from sims import diagnose
+    stated = {flag[2:].replace("-", "_"): text.split(" = ")[-1] for flag, text, _ in diagnose.THRESHOLD_FLAGS}
+    for name, value in Thresholds().as_dict().items():
+        assert math.isclose(float(stated[name]), value, rel_tol=5e-3), name
+    teachers = ROOT / "llm_bridge" / "examples" / "diagnose" / "teachers_end_veto.json"
+    prompts = ROOT / "llm_bridge" / "examples" / "diagnose" / "prompts.jsonl"
+    args = diagnose.parse(["--teachers", str(teachers), "--prompts", str(prompts), "--expert-gap", "0.2",
+                           "--out", str(tmp_path)])
+    assert args.thresholds == Thresholds(expert_gap=0.2)
 
 
 # ------------------------------------------------------------------------------------------------
 # every documented command parses against its command line (issue 34 item 4)
 # ------------------------------------------------------------------------------------------------
-DOCUMENTS = ["README.md", "paper_repro.md", "Makefile", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
-             *[f"sims/{name}.py" for name in SIMS + BRIDGE + ("diagnose",)]]
+DOCUMENTS = ["README.md", "paper_repro.md", "Makefile",
+             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
+             *[f"sims/{name}.py" for name in SIMS + BRIDGE]]
 COMMAND = re.compile(r"(?:python|\$\(PY\)) +(sims/\w+\.py|-m +llm_bridge\.\w+)((?:\\\n|[^`\n#|;&])*)")
 NEEDS_INPUT = ("sims.probe_prefix_bias", "sims.probe_batch", "sims.diagnose")   # the user's files
 
 
 def documented_commands():
-    """(document, command line) for every ``python sims/X.py ...`` (and any ``python -m llm_bridge.X ...``
-    left from before the bridge's command lines moved: it fails) in the documents, continuation lines joined; optional parts in [brackets] dropped; a command with an
-    ellipsis or a placeholder in capitals is left out (it is not meant to run as written)."""
+    """(document, command line) for every ``python sims/X.py ...`` in the documents (and any ``python -m
+    llm_bridge.X ...`` left from before the bridge's command lines moved: it fails), continuation lines
+    joined, optional parts in [brackets] dropped; a command with an ellipsis or a placeholder in capitals
+    is left out (it is not meant to run as written)."""
     found = []
     for doc in DOCUMENTS:
         text = (ROOT / doc).read_text()
@@ -148,6 +165,6 @@ def test_every_documented_command_parses(doc, command, tmp_path, monkeypatch):
     (tmp_path / "llm_bridge").symlink_to(ROOT / "llm_bridge")      # the example files, at the paths shown
     monkeypatch.chdir(tmp_path)
     try:
-        (getattr(module, "parse_args", None) or module.parse)(args)
+        (getattr(module, "parse", None) or module.parse_args)(args)       # diagnose's parse reads the files
     except SystemExit as exc:
         pytest.fail(f"{doc}: `{command}` is refused (exit {exc.code})")
