@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from .style import TWO_COLUMNS, figure, paper
+from .style import BLUE, GREEN, ORANGE, TWO_COLUMNS, VERMILLION, figure, paper
 
-KIND_COLOURS = {"end": "C3", "template": "C1", "text": "k"}
+KIND_COLOURS = {"end": VERMILLION, "template": ORANGE, "text": "k"}
 KIND_LABELS = {"end": "end token vetoed", "template": "template token vetoed", "text": "other token vetoed"}
 
 
@@ -33,10 +33,10 @@ def strip_figure(positions, rows=None):
     for ax, (pid, resp) in zip(axes, rows):
         p = positions[(positions.id == pid) & (positions.response == resp)].sort_values("position")
         x = p.position.to_numpy()
-        ax.bar(x, p.kl_a_l, color="C0", width=0.8, label="KL(A || l)")
+        ax.bar(x, p.kl_a_l, color=BLUE, width=0.8, label="KL(A || l)")
         top = max(float(p.kl_a_l.max()), 1e-3)
         d = p[p.argmax_differs]
-        ax.plot(d.position, np.full(len(d), -0.08 * top), "x", color="C2", ms=3, label="argmax A ≠ argmax l")
+        ax.plot(d.position, np.full(len(d), -0.08 * top), "x", color=GREEN, ms=3, label="argmax A ≠ argmax l")
         for kind, colour in KIND_COLOURS.items():
             col = {"end": "end_vetoes", "template": "template_vetoes"}.get(kind)
             n = p[col] if col else p.vetoes - p.end_vetoes - p.template_vetoes
@@ -98,13 +98,13 @@ def flip_figure(flips):
         ax.plot(xs, xs / h, color=cmap(j / max(len(horizons) - 1, 1)), lw=0.8, ls="--", label=f"boundary H = {h}")
     ax.axhline(0, color="k", lw=0.6)
     ax.errorbar(flips.margin, flips.drift, yerr=[flips.drift - flips.drift_lo, flips.drift_hi - flips.drift], fmt="o",
-                ms=3, color="C0", elinewidth=0.6, lw=0, label="prompt")
+                ms=3, color=BLUE, elinewidth=0.6, lw=0, label="prompt")
     f = flips[flips.flip]
     if len(f):
-        ax.plot(f.margin, f.drift, "o", ms=6, mfc="none", mec="C3", label="flip measured")
+        ax.plot(f.margin, f.drift, "o", ms=6, mfc="none", mec=VERMILLION, label="flip measured")
     bound = flips[~flips.flip & np.isfinite(flips.detectable_drift)]
     if len(bound):
-        ax.plot(bound.margin, bound.detectable_drift, "_", ms=8, mew=1.2, color="C3",
+        ax.plot(bound.margin, bound.detectable_drift, "_", ms=8, mew=1.2, color=VERMILLION,
                 label="no flip detectable below (80% power)")
     lo = min(float(flips.drift_lo.min()), -0.05)
     hi = max(float(flips.drift_hi.max()), float(bound.detectable_drift.max()) if len(bound) else 0.0, 0.05)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from .style import TWO_COLUMNS, figure, paper
+from .style import BLUE, PALETTE, TWO_COLUMNS, VERMILLION, figure, paper
 
 
 @paper
@@ -28,14 +28,14 @@ def flip_figure(questions, partitions):
         for j, h in enumerate(horizons):
             ax.plot(xs, xs / h, color=cmap(j / max(len(horizons) - 1, 1)), lw=0.8, ls="--", label=f"boundary H = {h}")
         ax.axhline(0, color="k", lw=0.6)
-        for eligible, face in ((True, "C0"), (False, "none")):
+        for eligible, face in ((True, BLUE), (False, "none")):
             sub = grp[grp.teachers_prefer_correct == eligible]
             ax.errorbar(sub.margin, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift],
-                        fmt="o", ms=3, mfc=face, mec="C0", ecolor="C0", elinewidth=0.6, lw=0,
+                        fmt="o", ms=3, mfc=face, mec=BLUE, ecolor=BLUE, elinewidth=0.6, lw=0,
                         label="every teacher prefers C" if eligible else "not every teacher prefers C")
         flipped = grp[grp.flip]
         if len(flipped):
-            ax.plot(flipped.margin, flipped.drift, "o", ms=5, mfc="none", mec="C3", label="flip measured")
+            ax.plot(flipped.margin, flipped.drift, "o", ms=5, mfc="none", mec=VERMILLION, label="flip measured")
         ax.set_title(f"{config}: {int(grp.flip.sum())} flips, {int(grp.teachers_prefer_correct.sum())} eligible")
         ax.set_xlabel("pooled margin m = Σ w_k ln p_k(C)/p_k(I)  (nats)")
         ax.set_ylabel("drift of D(H) per token (nats)")
@@ -65,7 +65,7 @@ def validation_figure(validation):
         sub = v[(v.machine == machine) & ((v.samples == n) if n is not None else True) & (v.correction == corr)]
         name = machine + ("" if n is None else f", N = {n}") + ("" if corr == "none" else f", {corr}")
         ax.errorbar(sub.exact_drift, sub.drift, yerr=[sub.drift - sub.drift_lo, sub.drift_hi - sub.drift], fmt="o",
-                    ms=3, color=f"C{(3, 0, 2, 4, 1, 5)[j % 6]}", elinewidth=0.6, lw=0, alpha=0.8,
+                    ms=3, color=PALETTE[j % 6], elinewidth=0.6, lw=0, alpha=0.8,
                     label=f"{name}: {int(sub.covered.sum())}/{len(sub)} cover")
     lims = [min(validation.exact_drift.min(), validation.drift_lo.min()), max(validation.exact_drift.max(),
                                                                             validation.drift_hi.max())]
@@ -92,8 +92,8 @@ def curves_figure(questions, partitions, y_max=3.0):
         for _, q in grp.iterrows():
             c = part[part.id == q.id].sort_values("horizon")
             if q.flip:
-                ax.fill_between(c.horizon, c.margin_g_lo, c.margin_g_hi, color="C3", alpha=0.15, lw=0)
-            ax.plot(c.horizon, c.margin_g, color="C3" if q.flip else "0.6", lw=1.0 if q.flip else 0.6)
+                ax.fill_between(c.horizon, c.margin_g_lo, c.margin_g_hi, color=VERMILLION, alpha=0.15, lw=0)
+            ax.plot(c.horizon, c.margin_g, color=VERMILLION if q.flip else "0.6", lw=1.0 if q.flip else 0.6)
         ax.axhline(0, color="k", lw=0.6)
         ax.set_ylim(min(-1.0, float(part.margin_g.min()) if len(part) else -1.0) - 0.2, y_max)
         ax.set_xscale("symlog", linthresh=1)

@@ -20,7 +20,7 @@ from learners.names import G_SEQ, L_LOCAL, MIXTURE, A, G
 
 from .labels import LEARNER_COLOURS, POOL_COLOURS, TARGET_STYLES
 
-from .style import BAND, TWO_COLUMNS, figure, legend_below, log_axes, mean_band, paper
+from .style import BAND, ORANGE, SKY, TWO_COLUMNS, VERMILLION, figure, legend_below, log_axes, mean_band, paper
 
 POOL_LABEL = {A: "A, arithmetic pool (FKL target)", G: "G, geometric pool (RKL target)",
               G_SEQ: "g, sequence-level geometric", L_LOCAL: "l, local geometric", MIXTURE: "mixture marginal"}
@@ -143,8 +143,8 @@ def confident_expert_learned_figure(df):
     for row in axes:
         row[0].set_ylabel("learned top-token probability")
     _learned_legend(fig, handles, (A, G))
-    fig.suptitle("Confident expert (d = 1e-4; bottom: expert's top token 1 - 1e-8, a uniform teacher over n), "
-                 "learned from sampled teachers:\nFKL learners reach A, RKL learners G "
+    fig.suptitle("Confident expert learned from sampled teachers: FKL learners reach A, RKL learners G\n"
+                 "(d = 1e-4; bottom: expert's top token 1 - 1e-8, a uniform teacher over n)\n"
                  f"({BAND}; each learner's feedback per round in the legend)", fontsize=8)
     return fig
 
@@ -159,8 +159,8 @@ def low_prob_figure(df):
     (a, b), (c, d) = fig.subplots(2, 2)
     _pool_lines(a, df, "e", "2 agreeing, equal w")
     e_star = float(_sel(df, learner="e*", setting="2 agreeing, equal w").value.iloc[0])
-    a.axvline(e_star, color="red", lw=0.9)
-    a.text(e_star, 0.05, f" e* = 1/{1 / e_star:.0f}", color="red", fontsize=7)
+    a.axvline(e_star, color=VERMILLION, lw=0.9)
+    a.text(e_star, 0.05, f" e* = 1/{1 / e_star:.0f}", color=VERMILLION, fontsize=7)
     a.set_xlabel("vetoing teacher's probability e of the correct token")
     a.set_title("teachers (0.9, 0.1) x 2 and (e, 1-e), w = 1/3 each")
     plasma = matplotlib.colormaps["plasma"]
@@ -174,7 +174,7 @@ def low_prob_figure(df):
         b.axvline(es, color=plasma(i / 4), lw=0.7, ls=":")
     b.legend(loc="upper left", title="agreeing teachers")
     b.set_xlabel("e (dotted: e* = 1/(1 + 9^m))")
-    b.set_title("G(correct) against the number m of agreeing teachers")
+    b.set_title("G(correct) against m agreeing teachers")
     viridis = matplotlib.colormaps["viridis"]
     for i, setting in enumerate(dict.fromkeys(_sel(df, part="exact", x_name="veto weight", learner=G).setting)):
         for lab in (G, A):
@@ -186,7 +186,7 @@ def low_prob_figure(df):
     c.set_title("G(correct) against the weights")
     s = _sel(df, part="exact", x_name="veto weight", learner="e*")
     s = s[s.x >= 0.1]
-    d.plot(s.x, s.value, color="red")
+    d.plot(s.x, s.value, color=VERMILLION)
     d.axvline(1 / 3, color="grey", lw=0.8, ls=":")
     d.set_yscale("log")
     d.set_xlabel("vetoing teacher's weight")
@@ -231,8 +231,8 @@ def low_prob_learned_figure(df):
     a.set_title("rounds until q_t(correct) < 1/2 for good", fontsize=7)
     rc = _sel(df, part="regret-constant")
     # the pair's two orders have the same constant: their markers sit side by side (x shifted by 1.3x)
-    families = {"alternating": ("tab:red", "s", 1 / 1.3), "pair i.i.d.": ("tab:orange", "o", 1.3),
-                "triple i.i.d.": ("tab:cyan", "D", 1.0)}
+    families = {"alternating": (VERMILLION, "s", 1 / 1.3), "pair i.i.d.": (ORANGE, "o", 1.3),
+                "triple i.i.d.": (SKY, "D", 1.0)}
     fam_handles = []
     for setting, (colour, marker, shift) in families.items():
         s = _sel(rc, setting=setting)
@@ -257,8 +257,8 @@ def low_prob_learned_figure(df):
     items += fam_handles
     legend_below(fig, [h for h, _ in items], [lab for _, lab in items], ncol=2)
     fig.suptitle("Low-probability veto, learned from the three teachers: RKL learners fall below 1/2 once e < e* = 1/82\n"
-                 f"({BAND}; rounds to the veto: median and quartiles over seeds; FTL's regret constant comes from "
-                 "the teachers' disagreement under G, not from their order)", fontsize=8)
+                 f"({BAND}; rounds to the veto: median and quartiles over seeds;\n"
+                 "FTL's regret constant comes from the teachers' disagreement under G, not from their order)", fontsize=8)
     return fig
 
 
@@ -306,10 +306,12 @@ def prefix_bias_figure(df):
     a.set_xscale("symlog", linthresh=1)
     a.set_xticks([0, 1, 10, 100, 1000, x_inf], labels=["0", "1", "10", "100", "1000", "∞"])
     a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    a.set_xlabel("H (symlog; ◆ at ∞: growth-rate limit)")
+    a.set_xlabel("H (◆ at ∞: the growth-rate limit)")
     a.set_ylabel("fraction with g(C) < 1/2")
-    a.set_title(f"random teachers, {int(count.iloc[0])} instances per sigma", fontsize=7)
-    a.legend(title="sigma (-ln z, nats)", loc="upper left", fontsize=6)
+    a.set_title(f"random teachers, {int(count.iloc[0])} per sigma", fontsize=7)
+    top = min(1.02, max(fam.value.max(), lim.max()) + 0.3)          # headroom for the legend above the curves
+    a.set_ylim(-0.02, top)
+    a.legend(title="sigma (-ln z, nats)", loc="upper left", fontsize=6, ncol=2)
     a.grid(True)
     x = gap[sigmas].to_numpy()
     magma = matplotlib.colormaps["magma"]
@@ -318,10 +320,11 @@ def prefix_bias_figure(df):
         b.plot(x, y, "o-", ms=2.5, color=magma(j / 5.5), label=f"H = {H}")
     b.plot(x, lim[sigmas].to_numpy(), "k--", lw=0.9, label="H -> ∞")
     b.set_xscale("log")
-    b.set_xlabel("disagreement: mean -ln z per token (nats)")
+    b.set_xlabel("disagreement: -ln z per token (nats)")
     b.set_ylabel("fraction with g(C) < 1/2")
     b.set_title("against disagreement", fontsize=7)
-    b.legend(loc="upper left", fontsize=6)
+    b.set_ylim(-0.02, top)
+    b.legend(loc="upper left", fontsize=6, ncol=3)
     b.grid(True)
     items = [(Line2D([], [], color=POOL_COLOURS[lab], ls={G_SEQ: "-", L_LOCAL: "-.", MIXTURE: "--"}[lab]),
               POOL_LABEL[lab]) for lab in (G_SEQ, L_LOCAL, MIXTURE)]
@@ -340,7 +343,7 @@ def prefix_bias_learned_figure(df):
     axes = fig.subplots(1, len(learned))
     handles = {}
     for ax, setting in zip(np.atleast_1d(axes), learned):
-        handles.update(_learned_panel(ax, df, setting, f"SPEC {setting}"))
+        handles.update(_learned_panel(ax, df, setting, "SPEC " + setting.replace(", ", "\n", 1)))
         ax.axhline(0.5, color="grey", lw=0.7, ls=(0, (1, 3)))
     np.atleast_1d(axes)[0].set_ylabel("learned q_t(C first)")
     _learned_legend(fig, handles, (G_SEQ, L_LOCAL, MIXTURE))

@@ -7,9 +7,11 @@ import os
 import pandas as pd
 from matplotlib.figure import Figure
 
-POOLS = {"geometric": dict(color="C3", lw=2.2, marker="o", label="sequence-level geometric g (95% CI)"),
-         "local_geometric": dict(color="C0", lw=1.5, marker="s", label="local geometric l"),
-         "mixture": dict(color="C2", lw=1.5, marker="^", label="sequence-level mixture")}
+from .style import BLUE, GREEN, VERMILLION
+
+POOLS = {"geometric": dict(color=VERMILLION, lw=2.2, marker="o", label="sequence-level geometric g (95% CI)"),
+         "local_geometric": dict(color=BLUE, lw=1.5, marker="s", label="local geometric l"),
+         "mixture": dict(color=GREEN, lw=1.5, marker="^", label="sequence-level mixture")}
 TEACHER_MARKERS = ("v", "D", "P", "X", "*", "h")
 
 
@@ -29,7 +31,7 @@ def probe_figure(margins, title=""):
             continue
         ax.plot(grp["horizon"], grp["margin"], **style)
         if scorer == "geometric":
-            ax.fill_between(grp["horizon"], grp["margin_low"], grp["margin_high"], color="C3", alpha=0.2, lw=0)
+            ax.fill_between(grp["horizon"], grp["margin_low"], grp["margin_high"], color=VERMILLION, alpha=0.2, lw=0)
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set_xlabel("horizon H (tokens sampled after the option)")
     ax.set_ylabel("margin: ln s(correct) − max ln s(incorrect)  (nats)", fontsize=8)

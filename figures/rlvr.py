@@ -5,12 +5,18 @@ import os
 import numpy as np
 import pandas as pd
 
-from .style import BAND, TWO_COLUMNS, figure, legend_below, mean_band, paper
+from .style import (BAND, BLACK, BLUE, GREEN, GREY, PURPLE, SKY, TWO_COLUMNS, VERMILLION, figure, legend_below,
+                    log_scale, mean_band, paper)
 
-METHOD_COLOURS = {"offline FKL": "tab:blue", "offline RKL": "tab:red", "on-policy FKL": "tab:cyan",
-                  "on-policy RKL": "tab:orange", "no distillation": "tab:grey",
-                  "offline FKL, 256 traces": "tab:purple", "offline FKL, 4096 traces": "tab:green",
-                  "fresh-teacher FKL": "tab:olive", "fresh-teacher RKL": "tab:brown"}
+# colour: where the training samples come from; line style: the objective (FKL solid, RKL dashed)
+METHOD_COLOURS = {"offline FKL": BLUE, "offline RKL": BLUE, "on-policy FKL": VERMILLION,
+                  "on-policy RKL": VERMILLION, "no distillation": GREY,
+                  "offline FKL, 256 traces": SKY, "offline FKL, 4096 traces": PURPLE,
+                  "fresh-teacher FKL": GREEN, "fresh-teacher RKL": GREEN}
+
+
+def _style(method):
+    return "--" if "RKL" in method else "-"
 MAIN = ("offline FKL", "on-policy FKL", "fresh-teacher FKL", "offline RKL", "on-policy RKL", "fresh-teacher RKL",
         "no distillation")
 CONDITION_TITLES = {"shared": "shared skill feature", "unshared": "no shared skill feature"}
@@ -44,31 +50,33 @@ def rlvr_figure(curves, e4):
                 m = c[(c.method == method) & ~((c.stage == "rl") & (c.step == 0))]
                 if len(m):
                     x, v = _runs(m, "t", "ood_accuracy")
-                    handles[method] = mean_band(ax, x, v, METHOD_COLOURS[method], label=method)
+                    handles[method] = mean_band(ax, x, v, METHOD_COLOURS[method], label=method, ls=_style(method))
             ax.axvline(offset, color="k", lw=0.6, ls=":")
             ax.text(offset, 1.0, " RL starts", fontsize=6, va="top")
             ax.set_ylim(0, 1.02)
             ax.set_xlabel("step: distillation, then RL")
             ax.set_ylabel(f"OOD accuracy, {STUDENT_NAMES[student]}")
-            ax.set_title(f"{STUDENT_NAMES[student]}, {CONDITION_TITLES[condition]}")
+            ax.set_title(f"{STUDENT_NAMES[student]}, {CONDITION_TITLES[condition]}", fontsize=7)
             ax.grid(True)
         ax = row[-1]
         diffs = e4[e4.comparison.str.contains(" - ") & (e4.student == student)].reset_index(drop=True)
         labels = []
         for i, d in diffs.iterrows():
-            colour = METHOD_COLOURS["on-policy FKL" if "FKL" in d.comparison else "on-policy RKL"]
             ax.errorbar(d.ood_accuracy, i, xerr=[[d.ood_accuracy - d.lo], [d.hi - d.ood_accuracy]],
-                        fmt="o" if d.stage == "distil" else "s", color=colour, ms=3.5, capsize=2, lw=0.8)
+                        fmt="o" if d.stage == "distil" else "s", color=BLACK,
+                        ms=3.5, capsize=2, lw=0.8)
             labels.append(f"{'FKL' if 'FKL' in d.comparison else 'RKL'}, {d.condition}, "
                           f"{'after distil.' if d.stage == 'distil' else 'after RL'}")
         ax.axvline(0, color="k", lw=0.6)
         ax.set_yticks(range(len(labels)), labels, fontsize=6)
         ax.invert_yaxis()
         ax.set_xlabel("on-policy - offline")
-        ax.set_title(f"OOD edge ({int(diffs.runs.max()) if len(diffs) else 0} paired runs, "
-                     f"{int(diffs.tasks.max()) if len(diffs) else 0} tasks)", fontsize=7)
+        ax.set_title(f"OOD edge: {int(diffs.runs.max()) if len(diffs) else 0} runs, "
+                     f"{int(diffs.tasks.max()) if len(diffs) else 0} tasks", fontsize=7)
         ax.grid(True, axis="x")
-    legend_below(fig, list(handles.values()), list(handles), ncol=5, title=BAND)
+    legend_below(fig, list(handles.values()), list(handles), ncol=4, title=BAND)
+    fig.suptitle("E4, an on-policy OOD edge that does not survive RL: OOD accuracy through distillation and then RL;\n"
+                 "right, the on-policy minus offline edge after each stage (a 95% t-interval over the task means)", fontsize=8)
     return fig
 
 
@@ -94,11 +102,9 @@ def cost_figure(curves):
                 continue
             means = m[m.step > 0].groupby("step")[["cost", y]].mean()
             handles[method], = ax.plot(means.cost, means[y], marker=".", ms=3, lw=1.0, color=METHOD_COLOURS[method],
-                                       label=method)
+                                       ls=_style(method), label=method)
             ax.plot(means.cost.iloc[-1], means[y].iloc[-1], marker="*", ms=7, color=METHOD_COLOURS[method])
-        ax.set_xscale("log")
-        if objective:
-            ax.set_yscale("log")
+        log_scale(ax, x=True, y=bool(objective))
         ax.set_xlabel("teacher + student tokens")
         ax.set_ylabel(ylabel)
         ax.grid(True)
@@ -107,6 +113,8 @@ def cost_figure(curves):
     axes[2].set_title("ID accuracy (star: end)")
     legend_below(fig, list(handles.values()), list(handles), ncol=4,
                  title=f"{STUDENT_NAMES[student]} student, {CONDITION_TITLES[condition]}; mean over (task, seed) at each step")
+    fig.suptitle("E6, offline traces reach on-policy quality at a lower cost: quality against the tokens spent (teacher +\n"
+                 "student); offline traces pay for their pool up front, on-policy rollouts as they go", fontsize=8)
     return fig
 
 

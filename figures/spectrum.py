@@ -2,16 +2,16 @@
 
 import os
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from .style import TWO_COLUMNS, figure, legend_below, paper
+from .style import (BLACK, BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, TWO_COLUMNS, VERMILLION, YELLOW, figure,
+                    legend_below, log_scale, paper)
 
 LABELS = {"fkl": "FKL, full conditionals -> A", "sft": "SFT, sampled token -> SFT(alpha)",
           "rkl": "RKL, full conditionals -> l", "k1": "k1 loss (largest logit)", "k2": "k2 loss -> l",
-          "k3": "k3 loss, pooled -> l", "k3-teacher": "k3 loss, one teacher -> A (weighted: its derived point)",
+          "k3": "k3 loss, pooled -> l", "k3-teacher": "k3 loss, one teacher -> A (IS: derived point)",
           "pg0": "policy gradient g=0 -> l", "pg1": "policy gradient g=1 -> g"}
 PANELS = (("exact conditionals", ("fkl", "rkl", "sft")), ("sampled-token estimators", ("k2", "k3", "k3-teacher")),
           ("policy gradients and k1", ("pg0", "pg1", "k1")))
@@ -24,8 +24,11 @@ def _final(df):
     return last.assign(kl_per_position=last.kl_named / last.horizon)
 
 
+OBJECTIVE_COLOURS = dict(zip(LABELS, (BLUE, GREEN, VERMILLION, GREY, ORANGE, SKY, PURPLE, YELLOW, BLACK)))
+
+
 def _colour(obj):
-    return matplotlib.colormaps["tab10"](list(LABELS).index(obj) % 10)
+    return OBJECTIVE_COLOURS[obj]
 
 
 def draw_ranges(draws):
@@ -81,7 +84,7 @@ def spectrum_figure(tab, theory, draws=None):
                     ax.plot([1.12], [max(sw.kl_per_position.mean(), 1e-6)], marker="s", ms=4, mfc="white",
                             color=_colour(obj))
         ax.axhline(TOL, **TOL_STYLE)
-        ax.set_yscale("log")
+        log_scale(ax, x=False, y=True)
         ax.set_xlabel("alpha (share of student rollouts)")
         ax.set_ylabel("KL to target (nats/position)")
         ax.set_title(title)
@@ -89,7 +92,7 @@ def spectrum_figure(tab, theory, draws=None):
     logit_ax.set_ylabel("k1: largest centred logit", color=_colour("k1"))
     logit_ax.set_ylim(0, None)
     ax = axes[3]
-    for ref, colour in (("arithmetic", "tab:blue"), ("mixture", "tab:green")):
+    for ref, colour in (("arithmetic", BLUE), ("mixture", GREEN)):
         s = theory[theory.reference == ref].sort_values("alpha")
         ax.plot(s.alpha, s.kl, color=colour, label=f"KL_seq(SFT fixed point || {ref})")
     ax.set_xlabel("alpha")
@@ -106,10 +109,10 @@ def spectrum_figure(tab, theory, draws=None):
                                       f"{TOL} nats/position: 'reached'"]
     if ranges:
         handles.append(Line2D([], [], color="grey", lw=3, alpha=0.35))
-        labels.append(f"range over {n_draws} task draws (tasks.csv)")
+        labels.append(f"range over {n_draws} task draws")
     legend_below(fig, handles, labels, ncol=3)
-    fig.suptitle("Tabular students, K = 2 exact finite-state teachers: distance to each objective's own target "
-                 "(lines: task draw 0)", fontsize=8)
+    fig.suptitle("E1, E2: FKL reaches A at every alpha, SFT's fixed point moves with alpha; each objective's distance\n"
+                 "to its own target (tabular students, K = 2 finite-state teachers; lines: task draw 0)", fontsize=8)
     return fig
 
 
@@ -139,8 +142,9 @@ def neural_figure(neural, tab):
     ax.set_xlabel("alpha: share of student rollouts")
     ax.set_ylabel("KL to its target (nats / position)")
     ax.axhline(TOL, **TOL_STYLE)
-    ax.set_title(f"shared parameters, a finite budget (solid: tiny Qwen2 on task draw {first}, mean over seeds; "
-                 f"shaded: range over {f.task_seed.nunique()} task draws; dotted: tabular student)", fontsize=7)
+    fig.suptitle(f"E1 with shared parameters and a finite budget: the tiny Qwen2's distance to each objective's target\n"
+                 f"(solid: task draw {first}, mean over seeds; shaded: range over {f.task_seed.nunique()} task draws; "
+                 f"dotted: the tabular student)", fontsize=8)
     ax.grid(True)
     legend_below(fig, *ax.get_legend_handles_labels(), ncol=2)
     return fig
@@ -154,8 +158,8 @@ def verdicts_figure(verdicts, draws=None):
     claim (candidate targets too close, or seeds too noisy) as hollow grey rings, drawn apart."""
     rows = verdicts[verdicts.statistic.str.contains("per position") & ~verdicts.statistic.str.contains("over KL")
                     & ~verdicts.statistic.str.startswith("steps")]
-    colours = {"reproduces": "tab:green", "reproduces under stated conditions": "tab:orange",
-               "does not reproduce": "tab:red", "mixed": "tab:purple", "inconclusive": "tab:grey",
+    colours = {"reproduces": GREEN, "reproduces under stated conditions": ORANGE,
+               "does not reproduce": VERMILLION, "mixed": PURPLE, "inconclusive": GREY,
                "not decided (quick run)": "black"}
     fig = figure(TWO_COLUMNS, 0.9 + 0.24 * len(rows))
     text_ax, ax = fig.subplots(1, 2, width_ratios=[1.3, 1], sharey=True)
@@ -174,7 +178,7 @@ def verdicts_figure(verdicts, draws=None):
     text_ax.axis("off")
     ax.axvline(TOL, **TOL_STYLE)
     ax.set_xscale("log")
-    ax.set_xlabel("nats / position: median, range over the decidable draws; dots: each draw")
+    ax.set_xlabel("nats / position")
     ax.tick_params(axis="y", left=False)
     ax.grid(True, axis="x")
     shown = [v for v in colours if v in set(rows.verdict)]
@@ -184,7 +188,8 @@ def verdicts_figure(verdicts, draws=None):
         handles.append(Line2D([], [], marker="o", ms=3, lw=0, mfc="none", color="0.55"))
         labels.append("a draw that cannot decide")
     legend_below(fig, handles, labels, ncol=4)
-    fig.suptitle("E1, E2, E5 over task draws (verdicts.csv, verdict_draws.csv)", fontsize=8)
+    fig.suptitle("E1, E2, E5 over task draws: each distance claim's median (dot) and range over the decidable draws (bar)\n"
+                 "against the tolerance, coloured by its verdict (small dots: each draw)", fontsize=8)
     return fig
 
 

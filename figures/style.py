@@ -1,5 +1,7 @@
 """The house style of every figure: sized for a paper (one column 3.5 in, two columns 7 in) at 8-9 pt,
-bands that are 95% intervals of the mean over seeds, legends outside the data.
+bands that are 95% intervals of the mean over seeds, legends outside the data, colours from the
+colour-blind-safe Okabe-Ito palette (Okabe & Ito 2008; ordered quantities use viridis-like sequential maps),
+and a suptitle that states what the figure shows.
 
 Builders are decorated with :func:`paper`, which applies the style while the Figure is made (text
 sizes are fixed when an artist is created) without touching matplotlib's global settings.
@@ -9,7 +11,15 @@ import functools
 
 import matplotlib
 import numpy as np
+from cycler import cycler
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatterSciNotation
+
+# The Okabe-Ito palette: eight colours told apart under the common colour-vision deficiencies.
+BLACK, ORANGE, SKY, GREEN, YELLOW, BLUE, VERMILLION, PURPLE = (
+    "#000000", "#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
+GREY = "#999999"
+PALETTE = (BLUE, ORANGE, GREEN, VERMILLION, PURPLE, SKY, YELLOW, BLACK)   # categorical order (yellow late: pale)
 
 ONE_COLUMN, TWO_COLUMNS = 3.5, 7.0           # inches
 RC = {
@@ -17,7 +27,7 @@ RC = {
     "legend.fontsize": 7, "legend.title_fontsize": 7, "figure.titlesize": 9, "axes.linewidth": 0.6,
     "lines.linewidth": 1.3, "lines.markersize": 4, "grid.linewidth": 0.4, "grid.alpha": 0.35,
     "xtick.major.width": 0.6, "ytick.major.width": 0.6, "legend.frameon": False, "legend.handlelength": 1.8,
-    "axes.titlepad": 3.0, "figure.constrained_layout.h_pad": 0.03, "figure.constrained_layout.w_pad": 0.03,
+    "axes.titlepad": 3.0, "axes.prop_cycle": cycler(color=PALETTE), "figure.constrained_layout.h_pad": 0.03, "figure.constrained_layout.w_pad": 0.03,
 }
 BAND = "band: 95% interval of the mean over seeds"
 
@@ -36,10 +46,9 @@ def figure(width=TWO_COLUMNS, height=2.4, **kwargs):
     return Figure(figsize=(width, height), layout="constrained", **kwargs)
 
 
-def colours(names, cmap="tab10"):
-    """A stable colour per name, in order of first appearance."""
-    cm = matplotlib.colormaps[cmap]
-    return {name: cm(i % cm.N) for i, name in enumerate(dict.fromkeys(names))}
+def colours(names):
+    """A stable colour per name from :data:`PALETTE`, in order of first appearance."""
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(dict.fromkeys(names))}
 
 
 def mean_band(ax, x, values, colour, label=None, lw=1.4, **kwargs):
@@ -58,8 +67,28 @@ def legend_below(fig, handles, labels, ncol=3, title=None):
 
 
 def log_axes(ax, x=True, y=False):
-    if x:
-        ax.set_xscale("log")
-    if y:
-        ax.set_yscale("log")
+    log_scale(ax, x, y)
     ax.grid(True, which="major")
+
+
+class SparseMinorLabels(LogFormatterSciNotation):
+    """Minor-tick labels of a log axis only where it spans under 1.5 decades, and then only at 2 and 5 times a
+    power of ten (matplotlib's default labels up to eight per decade, which collide on a narrow panel)."""
+
+    def __init__(self):
+        super().__init__(labelOnlyBase=False, minor_thresholds=(np.inf, np.inf))
+
+    def __call__(self, x, pos=None):
+        lo, hi = sorted(self.axis.get_view_interval())
+        if x <= 0 or lo <= 0 or np.log10(hi / lo) > 1.5:
+            return ""
+        mantissa = x / 10 ** np.floor(np.log10(x) + 1e-9)
+        return super().__call__(x, pos) if np.isclose(mantissa, (2, 5)).any() else ""
+
+
+def log_scale(ax, x=True, y=False):
+    """Log x and/or y axes with :class:`SparseMinorLabels`."""
+    for on, axis in ((x, ax.xaxis), (y, ax.yaxis)):
+        if on:
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log")
+            axis.set_minor_formatter(SparseMinorLabels())

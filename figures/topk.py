@@ -2,10 +2,9 @@
 
 import os
 
-import matplotlib
 import pandas as pd
 
-from .style import BAND, TWO_COLUMNS, figure, legend_below, log_axes, paper
+from .style import BAND, PALETTE, TWO_COLUMNS, figure, legend_below, log_axes, paper
 
 TAIL_LABELS = {"tail": "k + 1 categories (exact tail)", "renormalize": "renormalise on the top k",
                "uniform": "tail spread uniformly", "truncate": "truncated sum, clamped at 0"}
@@ -17,15 +16,14 @@ def topk_bias_figure(table):
     interval) against k, forward KL and reverse KL side by side; a symlog y axis keeps both signs."""
     fig = figure(TWO_COLUMNS, 2.9)
     axes = fig.subplots(1, 2)
-    colours = matplotlib.colormaps["tab10"]
     for ax, kind in zip(axes, ("forward", "reverse")):
         sub = table[table.kind == kind]
         for i, (tail, label) in enumerate(TAIL_LABELS.items()):
             s = sub[sub["tail"] == tail].sort_values("k")
             if s.empty:
                 continue
-            ax.plot(s.k, s.bias, "o-", ms=2.5, color=colours(i), label=label)
-            ax.fill_between(s.k, s.bias_lo, s.bias_hi, color=colours(i), alpha=0.2, lw=0)
+            ax.plot(s.k, s.bias, "o-", ms=2.5, color=PALETTE[i], label=label)
+            ax.fill_between(s.k, s.bias_lo, s.bias_hi, color=PALETTE[i], alpha=0.2, lw=0)
         ax.axhline(0.0, color="black", lw=0.7)
         log_axes(ax)
         ax.set_yscale("symlog", linthresh=1e-3)

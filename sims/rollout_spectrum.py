@@ -83,6 +83,7 @@ SIZES = {                                   # full run / --quick
     "neural_steps": (200, 20),
     "robust_steps": (200, 40),
     "neural_seeds": (5, 2),                 # trained together (vmap)
+    "neural_draws": (4, 2),                 # the first task draws of 'tasks', for the shared-parameter student
     "task_draws": (8, 2),                   # E1, E2, E5 over task draws (the 'tasks' and 'convergence' experiments)
     "task_seeds": (3, 2),                   # seeds per task draw: the seed-to-seed noise each draw's verdict checks
     "robust_draws": (4, 1),                 # loop tasks of the robustness axis
@@ -135,9 +136,9 @@ def cells_for(size, quick, only, base_seed=0):
             settings = dict(c, alphas=list(alphas), seeds=seeds, steps=size["tabular_steps"])
             out.append(Cell("tabular", "tabular", settings,
                             base_seed=base_seed, stream=("tabular", c["K"], c["clip"])))
-    if "neural" in only:                    # on the task draws of 'tasks' (the same trees, so the same separations)
+    if "neural" in only:                    # on task draws of 'tasks' (the same trees, so the same separations)
         objectives = NEURAL["objectives"][:2] if quick else NEURAL["objectives"]
-        for t in range(size["task_draws"]):
+        for t in range(size["neural_draws"]):
             for obj in objectives:
                 for a in (QUICK_ALPHAS[::2] if quick else NEURAL["alphas"]):
                     out.append(Cell("neural", "neural", dict(objective=obj, alpha=a, K=2, steps=size["neural_steps"],

@@ -150,6 +150,7 @@ def test_flip_figure_draws_a_boundary_per_horizon():
 
 def test_curves_figure_draws_every_eligible_question_and_bands_the_flips():
     from figures.flip_horizon import curves_figure
+    from figures.style import VERMILLION
     q, p = synthetic_tables()
     p["margin_g_lo"] = p.margin_g - 0.1
     fig = curves_figure(q, p)
@@ -157,8 +158,8 @@ def test_curves_figure_draws_every_eligible_question_and_bands_the_flips():
     a = axes[0]
     assert a.get_title() == "A: 1 of 4 eligible flip"
     lines = [ln for ln in a.get_lines() if len(ln.get_xdata()) == 3]       # one per eligible question
-    assert len(lines) == 4 and sum(ln.get_color() == "C3" for ln in lines) == 1
-    red = next(ln for ln in lines if ln.get_color() == "C3")
+    assert len(lines) == 4 and sum(ln.get_color() == VERMILLION for ln in lines) == 1
+    red = next(ln for ln in lines if ln.get_color() == VERMILLION)
     np.testing.assert_allclose(red.get_ydata(), [1.0, 1.0 - 0.8, 1.0 - 1.6])           # a1: m - drift H
     assert len(a.collections) == 1                                          # one band: the flip
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from analysis import verdicts
+from analysis.verdicts import QUICK
 
 from harness import sizes
 from sims import estimators
@@ -137,3 +138,87 @@ def test_growth_is_a_slope_over_the_long_horizons_and_fails_without_growth():
     bounded = frame.assign(log_second_moment=5 * (1 - 1 / frame.H))
     assert (estimators.growth_slopes(bounded) < 1e-3).all()
     assert bounded[bounded.H == 1].log_second_moment.eq(0).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdict rows on synthetic frames (fast: the mutation run's tier)
+# ------------------------------------------------------------------------------------------------
+def _estimator_frames(pairs=4):
+    """values, gradients, topk and is_horizon frames where every claim of estimators.verdicts holds."""
+    sp = [(s, i) for s in estimators.SPREADS for i in range(pairs)]
+    values = pd.DataFrame([dict(kind="token", spread=s, pair=i, estimator=e, bias=b, sd=sd)
+                           for s, i in sp for e, b, sd in (("k1", 0.0, 1.0), ("k2", 0.05, 0.4), ("k3", 0.0, 0.5))])
+    grads = []
+    for s, i in sp:
+        for est, mode, source, imp, rkl, fkl, nearest in (
+                ("k1", "loss", "student", False, 1.0, 1.0, "zero"), ("k2", "loss", "student", False, 0.0, 2.0, "rkl"),
+                ("k3", "loss", "student", False, 2.0, 0.0, "fkl"), ("k1", "reward", "student", False, 0.0, 2.0, "rkl"),
+                ("k2", "loss", "teacher", False, 0.5, 2.0, "fkl"), ("k1", "reward", "teacher", False, 0.5, 2.0, "fkl"),
+                ("k2", "loss", "teacher", True, 0.0, 2.0, "rkl"), ("k1", "reward", "teacher", True, 0.0, 2.0, "rkl")):
+            grads.append(dict(spread=s, pair=i, estimator=est, mode=mode, source=source, importance=imp,
+                              bias_vs_rkl=rkl, bias_vs_fkl=fkl, nearest=nearest))
+    topk = pd.DataFrame([dict(spread=s, pair=i, k=k, identity_error=0.0) for s, i in sp for k in (1, 10)])
+    H = np.arange(1, 129)
+    horizon = pd.DataFrame([dict(machine=m, teacher=t, H=h, log_second_moment=0.5 * h) for m in range(4)
+                            for t in range(2) for h in H])
+    return values, pd.DataFrame(grads), topk, horizon
+
+
+def _estimator_row(frames, claim, condition=""):
+    v = estimators.verdicts(*frames)
+    return v[v.claim.str.startswith(claim) & v.condition.str.contains(condition, regex=False)].iloc[0]
+
+
+def test_estimator_verdicts_follow_their_rules_on_synthetic_pairs():
+    frames = _estimator_frames()
+    v = estimators.verdicts(*frames)
+    assert set(v.verdict) == {"reproduces"} and (v.n_hold == v.n_decidable).all() and len(v) == 16
+    assert set(estimators.verdicts(*frames, quick=True).verdict) == {QUICK}
+    values, grads, topk, horizon = frames
+    # k3's s.d. above k1's at the largest spread only: that spread's row fails, the others hold
+    wide = values.assign(sd=np.where((values.estimator == "k3") & (values.spread == 2.0), 1.5, values.sd))
+    assert _estimator_row((wide, grads, topk, horizon), "k3 has a smaller variance", "spread 2").verdict == \
+        "does not reproduce"
+    assert _estimator_row((wide, grads, topk, horizon), "k3 has a smaller variance", "spread 0.5").verdict == "reproduces"
+    # k1 biased on one pair: a failure on one pair of 12, no spread separates it -> mixed, 11 hold
+    biased = values.assign(bias=np.where((values.estimator == "k1") & (values.pair == 0) & (values.spread == 1.0),
+                                         0.01, values.bias))
+    row = _estimator_row((biased, grads, topk, horizon), "k1 is unbiased")
+    assert (row.verdict, row.n_hold, row.n_draws) == ("mixed", 11, 12)
+    assert _estimator_row((biased, grads, topk, horizon), "k3 is unbiased").verdict == "reproduces"
+    # the k2 loss is read against the RKL gradient, the k3 loss against the FKL one
+    swap = grads.assign(bias_vs_fkl=np.where(grads.estimator == "k2", 0.3, grads.bias_vs_fkl))
+    assert _estimator_row((values, swap, topk, horizon), "the k2 loss gives").verdict == "reproduces"
+    off = grads.assign(bias_vs_fkl=np.where((grads.estimator == "k3") & (grads["mode"] == "loss"), 0.3,
+                                            grads.bias_vs_fkl))
+    assert _estimator_row((values, off, topk, horizon), "the k3 loss gives").verdict == "does not reproduce"
+    # the weighted teacher rows read the weighted runs; the unweighted ones the unweighted runs
+    weights = grads.assign(bias_vs_rkl=np.where(grads.importance, 0.5, grads.bias_vs_rkl))
+    assert _estimator_row((values, weights, topk, horizon), "importance weights q / p restore the k2").verdict == \
+        "does not reproduce"
+    assert _estimator_row((values, weights, topk, horizon), "the k2 loss on teacher samples").verdict == "reproduces"
+    flat = grads.assign(nearest=np.where((grads.estimator == "k1") & (grads["mode"] == "loss"), "rkl", grads.nearest))
+    assert _estimator_row((values, flat, topk, horizon), "the k1 loss has zero").verdict == "does not reproduce"
+    # the top-k identity reads the largest error over k
+    one_k = topk.assign(identity_error=np.where(topk.k == 10, -1e-6, 0.0))
+    assert _estimator_row((values, grads, one_k, horizon), "E_q~[k3]").verdict == "does not reproduce"
+    # growth: only H >= GROWTH_FROM counts (steep early, flat late: no exponential growth)
+    bent = horizon.assign(log_second_moment=np.minimum(horizon.H, estimators.GROWTH_FROM) * 2.0)
+    assert _estimator_row((values, grads, topk, bent), "the sequence importance weight").verdict == "does not reproduce"
+    slopes = estimators.growth_slopes(horizon)
+    assert len(slopes) == 8 and np.allclose(slopes, 0.5)
+
+@pytest.mark.integration
+def test_estimator_figure_has_meaningful_axes_and_no_empty_rows(quick_run):
+    """Issue 34: the values panel on log axes (bias and s.d. are never negative: no negative ticks), and
+    the gradient panel a full grid: every (estimator, mode) x sample source cell says what it estimates."""
+    from figures import estimators as fe
+    out = quick_run("estimators")
+    fig = fe.figures_from(str(out))["estimators"]
+    values, grid = fig.axes[:2]
+    assert values.get_yscale() == "log" and values.get_xscale() == "log"
+    g = pd.read_csv(out / "gradients.csv")
+    cells = g.groupby(["estimator", "mode", "source", "importance"]).ngroups
+    assert len(grid.texts) == cells
+    assert len(grid.get_yticks()) * len(grid.get_xticks()) == cells
+    assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "zero gradient", "biased"}

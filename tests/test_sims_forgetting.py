@@ -58,12 +58,32 @@ def test_forgetting_figures_read_the_csvs(quick_forgetting):
     np.testing.assert_allclose(y, np.maximum(expected.to_numpy(), 1e-6))
     panels = figs["forgetting_shares"].axes[:4]
     assert [ax.get_title() for ax in panels] == list(ff.OUTCOME_LABELS.values())
-    precision = pd.read_csv(quick_forgetting / "precision.csv")               # (d): every storage, the served copy
-    d = figs["forgetting"].axes[3]
+    precision = pd.read_csv(quick_forgetting / "precision.csv")               # sparsity: every storage, the served copy
+    d = figs["forgetting"].axes[2]
     master = precision[precision.storage == "bf16-master"].groupby("lr")
     for column in ("sparsity", "sparsity_bf16"):
         assert any(np.allclose(line.get_ydata(), master[column].mean().to_numpy()) for line in d.get_lines())
     assert len(d.get_lines()) == len(ff.STORAGE_STYLES)
+
+
+@pytest.mark.integration
+def test_forgetting_figure_draws_each_objectives_frontier_for_both_students(quick_forgetting):
+    """E3's frontier per objective (issue 29): a panel per student, a step line per (objective, alpha 0 / 1),
+    each the running minimum of forgetting over that objective's own quality."""
+    from analysis import lower_frontier
+    from figures import forgetting as ff
+    fig = ff.figures_from(str(quick_forgetting))["forgetting"]
+    for ax, name in ((fig.axes[3], "loglinear"), (fig.axes[4], "neural")):
+        df = pd.read_csv(quick_forgetting / f"{name}.csv")
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {f"{o.upper()}, alpha = {a}" for o in set(df.objective) for a in (0, 1)}
+        keys = ["lr", "schedule", "warmup", "alpha", "objective", "clip", "storage"]
+        pts = df.groupby(keys, as_index=False)[["forgetting", "quality"]].mean()
+        own = pts[(pts.objective == "fkl") & (pts.alpha == 1)]
+        q, best = lower_frontier(np.maximum(own.quality, ff.FLOOR), np.maximum(own.forgetting, ff.FLOOR))
+        x, y = lines["FKL, alpha = 1"].get_data()
+        np.testing.assert_allclose(x, q)
+        np.testing.assert_allclose(y, best)
 
 
 @pytest.mark.parametrize("bad", [["--seeds", "0"], ["--only", "nope"], ["--full"], ["--executor", "mpi"]])
