@@ -72,11 +72,11 @@ gallery: .venv/.installed-test
 	$(PY) sims/estimators.py
 	$(PY) sims/forgetting.py
 	$(PY) sims/rlvr.py
-	$(PY) -m llm_bridge.topk_bias --teachers llm_bridge/examples/teachers.json
-	$(PY) -m llm_bridge.flip_horizon
+	$(PY) sims/topk_bias.py --teachers llm_bridge/examples/teachers.json
+	$(PY) sims/flip_horizon.py
 	$(PY) -m figures --gallery
 	for pair in end_veto control; do \
-	  $(PY) -m llm_bridge.diagnose --teachers llm_bridge/examples/diagnose/teachers_$$pair.json \
+	  $(PY) sims/diagnose.py --teachers llm_bridge/examples/diagnose/teachers_$$pair.json \
 	    --prompts llm_bridge/examples/diagnose/prompts.jsonl --max-tokens 16 --out results/diagnose/$$pair && \
 	  mkdir -p docs/diagnose/$$pair && \
 	  cp results/diagnose/$$pair/summary.json results/diagnose/$$pair/prompts.csv results/diagnose/$$pair/vetoes.csv \

@@ -11,6 +11,7 @@ Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
     sequence_log_partition          ln Z[h, s] by the backward recursion
     sequence_geometric_conditionals ln g[h, s, a], the token conditionals of G_seq
     local_geometric_conditionals    ln l[s, a], the per-token geometric pool
+    target_log_probs                the target a loss names (arithmetic, local or geometric) per position
     mixture_conditionals            ln A(a | u) along a path (posterior weights)
     sequence_log_prob               ln p_k(y) of a path
     sample_paths, state_occupancy   sampling and forward occupancies under g, l, A or a teacher
@@ -37,6 +38,7 @@ from .sequence import (
     sequence_kl,
     sequence_log_prob,
     state_occupancy,
+    target_log_probs,
 )
 
 __all__ = [
@@ -57,4 +59,5 @@ __all__ = [
     "sequence_kl",
     "growth_rate",
     "policy_occupancy",
+    "target_log_probs",
 ]

@@ -22,7 +22,7 @@ from scipy.special import logsumexp
 from . import _kernels
 from .validate import (as_array, check_horizon, check_int, check_log_probs, check_probs, check_token_ids, check_weights,
                        positive_teachers)
-from .pools import _geometric
+from .pools import _geometric, log_arithmetic_pool
 
 # Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
 # its relative accuracy, so the log-space kernel is used instead.
@@ -177,6 +177,31 @@ def local_geometric_conditionals(teachers, weights):
     """
     _check_teachers(teachers)
     return _geometric(teachers.log_probs, weights, "teachers.log_probs")[0]
+
+
+TARGETS = ("arithmetic", "local", "geometric")
+
+
+def target_log_probs(teachers, weights, horizon, target):
+    """The target conditionals a distillation loss names, at every position of a response, ``(horizon, S, n)``.
+
+    ``"arithmetic"``: ln sum_k w_k p_k(a|s), the forward loss's (prior weights at every position);
+    ``"local"``: ln l(a|s), the per-token geometric pool (per-token reverse KL); ``"geometric"``:
+    ln g[h, s, a] of G_seq (sequence-level reverse KL: the gamma = 1 policy gradient), SPEC 1-2. The first
+    two do not depend on the position h and are broadcast over it (a read-only view).
+    """
+    _check_teachers(teachers)
+    w = check_weights(weights, teachers.K, other="teachers.log_probs")
+    horizon = check_int(horizon, "horizon", 1)
+    if target == "arithmetic":
+        table = log_arithmetic_pool(teachers.log_probs, w)
+    elif target == "local":
+        table = local_geometric_conditionals(teachers, w)
+    elif target == "geometric":
+        return sequence_geometric_conditionals(teachers, w, horizon)
+    else:
+        raise ValueError(f"target = {target!r} must be one of {TARGETS}")
+    return np.broadcast_to(table, (horizon,) + table.shape)
 
 
 def _walk(teachers, path):

@@ -63,8 +63,20 @@ def check_probs(probs, name="probs", min_ndim=2):
     if np.any(bad):
         i = first_index(bad)
         raise ValueError(f"{name}[{i}] sums to {float(sums[i])!r}, not 1 (each row over the last axis must be "
-                         f"a distribution)")
+                         f"a distribution){transposed_hint(p, name)}")
     return p
+
+
+def transposed_hint(probs, name):
+    """A hint for a 2-D table whose rows fail to sum to 1 while its columns do: the (n, K) transpose of a
+    (K, n) table. Empty otherwise."""
+    if probs.ndim != 2 or probs.shape[0] == probs.shape[1]:
+        return ""
+    if not np.all(np.abs(probs.sum(axis=0) - 1.0) <= ROW_TOL):
+        return ""
+    return (f"; its columns sum to 1, so {name} looks transposed: shape {probs.shape} is read as "
+            f"({probs.shape[0]} teachers, {probs.shape[1]} tokens), but the teacher axis is axis 0, "
+            f"(K, n): pass {name}.T")
 
 
 def check_log_probs(log_probs, name="log_probs", min_ndim=2, normalised=False):
@@ -82,8 +94,10 @@ def check_log_probs(log_probs, name="log_probs", min_ndim=2, normalised=False):
         bad = np.abs(sums - 1.0) > ROW_TOL
         if np.any(bad):
             i = first_index(bad)
+            with np.errstate(under="ignore"):
+                hint = transposed_hint(np.exp(lp), name) if lp.ndim == 2 else ""
             raise ValueError(f"{name}[{i}] sums to {float(sums[i])!r} in probability, not 1 (each row over "
-                             f"the last axis must be a distribution)")
+                             f"the last axis must be a distribution){hint}")
     return lp
 
 

@@ -1,4 +1,4 @@
-"""Speed of ``python -m llm_bridge.diagnose`` (issue 33): N prompts x 2 teachers x 32-token responses on
+"""Speed of ``python sims/diagnose.py`` (issue 33): N prompts x 2 teachers x 32-token responses on
 SmolLM2-135M (CPU), the flip estimate included (H <= 8, 8 samples per option), against the bare cost of
 sampling the same responses with ``model.generate`` (2 personas x 32 new tokens per prompt, KV-cached), run
 side by side in one process. Target: 100 prompts in <= 5 minutes on 2 cores.
@@ -49,7 +49,7 @@ def main():
     import torch
 
     from harness import write_csv
-    from llm_bridge import diagnose
+    from sims import diagnose
     from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
     torch.set_num_threads(args.threads)
     teachers = EXAMPLES / "teachers_end_veto.json"

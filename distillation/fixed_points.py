@@ -16,7 +16,6 @@ import numpy as np
 from scipy.special import logsumexp
 
 import aggregation as ag
-from llm_bridge.tabular import target_log_probs
 
 from .moments import estimator_derivatives
 
@@ -37,7 +36,7 @@ def target_table(task, name, alpha=None):
     conditionals (posterior weights: what SFT on teacher rollouts reaches, alpha = 0), 'sft' the SFT fixed
     point at ``alpha``."""
     if name in TARGETS[:3]:
-        return np.array(target_log_probs(task.teachers, task.weights, task.horizon, name))
+        return np.array(ag.target_log_probs(task.teachers, task.weights, task.horizon, name))
     if name == "mixture":
         return sft_fixed_point(task, 0.0)
     if name == "sft":

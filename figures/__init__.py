@@ -9,10 +9,10 @@
 
 A results folder is recognised by the CSVs it holds (``KINDS``): ``regret.csv`` (``sims/regret.py``),
 ``<mechanism>.csv`` (``sims/mechanisms.py``), ``margins.csv`` (the LLM-bridge probes), ``topk_bias.csv``
-(``python -m llm_bridge.topk_bias``), ``spectrum.csv`` (``sims/rollout_spectrum.py``), ``gradients.csv``
+(``python sims/topk_bias.py``), ``spectrum.csv`` (``sims/rollout_spectrum.py``), ``gradients.csv``
 (``sims/estimators.py``), ``loglinear.csv`` (``sims/forgetting.py``), ``curves.csv`` (``sims/rlvr.py``),
-``flip_questions.csv`` / ``flip_validation.csv`` (``python -m llm_bridge.flip_horizon``), ``vetoes.csv``
-(``python -m llm_bridge.diagnose``). Its figures go to
+``flip_questions.csv`` / ``flip_validation.csv`` (``python sims/flip_horizon.py``), ``vetoes.csv``
+(``python sims/diagnose.py``). Its figures go to
 ``<folder>/figures/``. Each figure module builds Figures with matplotlib's object API (no pyplot,
 no backend switch): building a figure changes no global state.
 """

@@ -1,5 +1,5 @@
 """The pre-training diagnosis's figures (issue 33; SPEC 1, 2, 6; T6, T7, T8), pure functions of the tables
-``python -m llm_bridge.diagnose`` writes: ``positions.csv`` (one row per prompt x response x position),
+``python sims/diagnose.py`` writes: ``positions.csv`` (one row per prompt x response x position),
 ``vetoes.csv`` (one row per vetoed token) and ``flip.csv`` (one row per prompt)."""
 
 import os

@@ -1,6 +1,6 @@
 """T8 on a real model (issue 22): the flip-horizon study's figures, pure functions of its CSVs
 (``flip_questions.csv``, ``flip_partitions.csv``, ``flip_validation.csv`` of
-``python -m llm_bridge.flip_horizon``)."""
+``python sims/flip_horizon.py``)."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""The top-k tail treatments' bias against k (llm_bridge.topk_bias): a pure function of topk_bias.csv."""
+"""The top-k tail treatments' bias against k (sims.topk_bias): a pure function of topk_bias.csv."""
 
 import os
 

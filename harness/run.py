@@ -5,7 +5,7 @@ import sys
 import time
 
 from .cli import UsageError
-from .storage import load_cell, remove_stale_temps, save_cell
+from .storage import cell_path, load_cell, remove_stale_temps, save_cell
 
 EXECUTORS = ("local", "dask")
 
@@ -24,7 +24,8 @@ def run_cells(cells, run_cell, out, resume=True, executor="local", scheduler=Non
         loopback, or the cluster at ``scheduler``, e.g. ``tcp://host:8786``).
     progress : a tqdm bar on stderr (a one-line summary is printed at the end either way).
 
-    Raises :class:`harness.UsageError` when the scheduler cannot be reached.
+    Raises :class:`harness.UsageError` when the scheduler cannot be reached. Ctrl-C prints one line, how
+    many cells are kept and where, and exits 130 (the shell's status for SIGINT) without a traceback.
     """
     if executor not in EXECUTORS:
         raise UsageError(f"executor = {executor!r} must be one of {', '.join(EXECUTORS)}")
@@ -34,17 +35,23 @@ def run_cells(cells, run_cell, out, resume=True, executor="local", scheduler=Non
     todo = [c for c in cells if c.key not in done]
     start = time.time()
     name = desc or (cells[0].experiment if cells else "cells")
-    with tqdm(total=len(cells), desc=name, unit="cell", disable=not progress, file=sys.stderr) as bar:
-        bar.update(len(done))
-        if todo and executor == "dask":
-            _run_dask(todo, run_cell, out, bar, scheduler)
-        elif todo:
-            for cell in todo:
-                bar.set_postfix_str(cell.label[:60])
-                save_cell(out, cell, run_cell(cell))
-                bar.update()
+    try:
+        with tqdm(total=len(cells), desc=name, unit="cell", disable=not progress, file=sys.stderr) as bar:
+            bar.update(len(done))
+            if todo and executor == "dask":
+                _run_dask(todo, run_cell, out, bar, scheduler)
+            elif todo:
+                for cell in todo:
+                    bar.set_postfix_str(cell.label[:60])
+                    save_cell(out, cell, run_cell(cell))
+                    bar.update()
+    except KeyboardInterrupt:
+        kept = sum(os.path.exists(cell_path(out, c)) for c in cells)
+        print(f"interrupted; {kept} of {len(cells)} cells kept in {os.path.abspath(out)}; "
+              "rerun with --resume to continue", file=sys.stderr)
+        raise SystemExit(130) from None
     results = [load_cell(out, c) for c in cells]
-    print(f"{name}: {len(cells)} cells ({len(done)} resumed) in {time.time() - start:.1f} s -> {out}",
+    print(f"{name}: {len(cells)} cells ({len(done)} resumed) in {time.time() - start:.1f} s -> {os.path.abspath(out)}",
           file=sys.stderr)
     return results
 

@@ -7,8 +7,6 @@ finished cells and skips them.
 import os
 import tempfile
 
-import pandas as pd
-
 TEMP_PREFIX = ".tmp-"
 FLOAT_FORMAT = "%.10g"           # every CSV of the project: 10 significant digits
 
@@ -58,6 +56,7 @@ def cell_path(out_dir, cell):
 
 def save_cell(out_dir, cell, result):
     """Pickle one finished cell's result to OUT/cells/<key>.pkl, atomically."""
+    import pandas as pd        # here, not at the top: a script's --help and argument errors load no pandas
     atomic_write(cell_path(out_dir, cell), lambda tmp: pd.to_pickle(result, tmp))
 
 
@@ -66,6 +65,7 @@ def load_cell(out_dir, cell):
     path = cell_path(out_dir, cell)
     if not os.path.exists(path):
         return None
+    import pandas as pd
     try:
         return pd.read_pickle(path)
     except Exception:

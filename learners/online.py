@@ -18,7 +18,7 @@ from scipy import optimize
 from scipy.special import logsumexp
 
 import aggregation as ag
-from aggregation.validate import check_int, check_probs, check_token_ids, check_weights
+from aggregation.validate import check_int, check_log_probs, check_probs, check_token_ids, check_weights
 
 from . import _kernels
 from analysis import log_grid
@@ -37,9 +37,15 @@ FEEDBACK = {"alternating": 0, "sample": 1, "full": 2}
 # validation helpers
 # ------------------------------------------------------------------------------------------------
 def _seeds(seeds):
+    """The runs' integer seeds: a 1-D array of seeds, or an int ``n`` meaning ``range(n)``."""
+    if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
+        if seeds < 1:
+            raise ValueError(f"seeds = {seeds!r} must be >= 1 (an int n means the seeds 0, ..., n-1)")
+        seeds = np.arange(int(seeds))
     s = np.asarray(seeds)
     if s.ndim != 1 or s.size == 0 or s.dtype.kind not in "iu":
-        raise ValueError(f"seeds must be a non-empty 1-D integer array, got {seeds!r}")
+        raise ValueError(f"seeds must be an int n (the seeds 0, ..., n-1) or a non-empty 1-D integer array, "
+                         f"got {seeds!r}")
     if s.dtype.kind == "i" and np.any(s < 0):
         i = int(np.flatnonzero(s < 0)[0])
         raise ValueError(f"seeds[{i}] = {s[i]} is negative")
@@ -69,7 +75,25 @@ def _track(track, n):
     return np.asarray(check_token_ids(track, "track", n, allow_empty=False), dtype=np.int64)
 
 
-def _probs(probs, name):
+def _convention(table, caller, expected):
+    """ValueError naming the convention ``caller`` expects when ``table`` holds the other one: log-probabilities
+    (every entry <= 0, exp of each row summing to 1) where probabilities are expected, or the reverse."""
+    x = np.asarray(table, dtype=np.float64)
+    if x.ndim < 1 or x.size == 0 or np.isnan(x).any():
+        return
+    with np.errstate(over="ignore", under="ignore"):
+        rows_of_logs = np.all(x <= 0) and np.any(x < 0) and np.allclose(logsumexp(x, axis=-1), 0, atol=1e-6)
+        rows_of_probs = np.all(x >= 0) and np.any(x > 0) and np.allclose(x.sum(axis=-1), 1, atol=1e-6)
+        if expected == "probabilities" and rows_of_logs:
+            raise ValueError(f"{caller} expects probabilities; got rows whose exp sums to 1 (log-probabilities? "
+                             f"pass np.exp of them)")
+        if expected == "log-probabilities" and rows_of_probs:
+            raise ValueError(f"{caller} expects log-probabilities; got rows that sum to 1 (probabilities? "
+                             f"pass np.log of them)")
+
+
+def _probs(probs, name, caller):
+    _convention(probs, caller, "probabilities")
     p = check_probs(probs, name)
     if p.ndim != 2:
         raise ValueError(f"{name} must have shape (K, n), got {p.shape}")
@@ -139,7 +163,7 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     ``track`` (token ids, (P,)) also ``track`` (R, G, P) = q_t(track) at the grid rounds (the
     prediction committed at round t, before its feedback; it converges to A(track)).
     """
-    p = _probs(probs, "probs")
+    p = _probs(probs, "probs", "add_beta_tabular")
     K, n = p.shape
     w = check_weights(weights, K, other="probs")
     track = _track(track, n)
@@ -248,15 +272,14 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
     sum_t KL(q_t || G) with G the w-geometric pool, and ``grid``; with ``track`` (token ids, (P,)) also
     ``track`` (R, G, P) = q_t(track) at the grid rounds (before that round's update).
     """
+    _convention(log_probs, "rkl_tabular", "log-probabilities")
     lp = np.ascontiguousarray(log_probs, dtype=np.float64)
     if lp.ndim != 2:
         raise ValueError(f"log_probs must have shape (K, n), got {lp.shape}")
     if np.isnan(lp).any() or np.any(lp > 1e-12) or np.isneginf(lp).any():
         raise ValueError("log_probs must be finite and <= 0 (RKL is infinite when a teacher gives a token "
                          "probability 0)")
-    if np.any(np.abs(logsumexp(lp, axis=1)) > 1e-6):
-        i = int(np.flatnonzero(np.abs(logsumexp(lp, axis=1)) > 1e-6)[0])
-        raise ValueError(f"log_probs[{i}] does not sum to 1")
+    lp = check_log_probs(np.minimum(lp, 0.0), "log_probs", normalised=True)
     K, n = lp.shape
     w = check_weights(weights, K)
     track = _track(track, n)
@@ -409,6 +432,7 @@ def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None,
     phi = np.ascontiguousarray(features, dtype=np.float64)
     if phi.ndim != 3:
         raise ValueError(f"features must have shape (X, n, d), got {phi.shape}")
+    _convention(probs, "loglinear", "probabilities")
     p = np.ascontiguousarray(probs, dtype=np.float64)
     if p.ndim != 3 or p.shape[1:] != phi.shape[:2]:
         raise ValueError(f"probs must have shape (K, X, n) = (K, {phi.shape[0]}, {phi.shape[1]}), got {p.shape}")

@@ -15,15 +15,39 @@ Distillation losses for torch training loops (``llm_bridge.losses``; targets in 
     rkl_policy_gradient, kl_estimator_loss, token_log_probs   sampled tokens (policy gradient, k1/k2/k3)
     audit_estimators                                 the exact expected gradient of each estimator
 
-Scripts: ``python -m llm_bridge.probe_prefix_bias`` (one probe), ``python -m llm_bridge.probe_batch`` and
-``python -m llm_bridge.diagnose`` (a diagnosis of teachers before training; library ``llm_bridge.diagnosis``).
+Scripts: ``python sims/probe_prefix_bias.py`` (one probe), ``python sims/probe_batch.py`` and
+``python sims/diagnose.py`` (a diagnosis of teachers before training; library ``llm_bridge.diagnosis``).
 """
 
-from .models import PersonaTeachers, load_model, read_teachers_file
-from .partition import PartitionEstimate, estimate_log_partition, sample_log_factors, sequence_geometric_scores
-from .tabular import TabularLM
-from .teachers import Teacher, Teachers, check_tokenizers, resolve_device
+import importlib
+from typing import TYPE_CHECKING
+
+# Loaded on first use (PEP 562), so that a command line's `--help` and a bad argument (sims/*.py) answer
+# before torch and transformers load; `from llm_bridge import Teachers` works as before.
+_HOME = {"PersonaTeachers": "models", "load_model": "models", "read_teachers_file": "models",
+         "PartitionEstimate": "partition", "estimate_log_partition": "partition",
+         "sample_log_factors": "partition", "sequence_geometric_scores": "partition",
+         "TabularLM": "tabular", "Teacher": "teachers", "Teachers": "teachers", "check_tokenizers": "teachers",
+         "resolve_device": "teachers"}
+
+if TYPE_CHECKING:      # what static readers (type checkers, the API reference) see
+    from .models import PersonaTeachers, load_model, read_teachers_file
+    from .partition import PartitionEstimate, estimate_log_partition, sample_log_factors, sequence_geometric_scores
+    from .tabular import TabularLM
+    from .teachers import Teacher, Teachers, check_tokenizers, resolve_device
 
 __all__ = ["Teacher", "Teachers", "TabularLM", "check_tokenizers", "resolve_device",
            "PartitionEstimate", "estimate_log_partition", "sample_log_factors", "sequence_geometric_scores",
            "PersonaTeachers", "load_model", "read_teachers_file"]
+
+
+def __getattr__(name):
+    if name not in _HOME:
+        raise AttributeError(f"module 'llm_bridge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

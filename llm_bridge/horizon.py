@@ -1,6 +1,6 @@
 """How far teachers are from the prefix-bias flip: the drift of ln Z_H(uI) - ln Z_H(uC) and the
 predicted flip horizon H* (SPEC 2 "prefix bias", SPEC 6; claim T8). Library of
-``python -m llm_bridge.flip_horizon``.
+``python sims/flip_horizon.py``.
 
 For a prompt u with a correct option C and an incorrect one I (token strings), teachers p_k with
 weights w, the sequence-level geometric pool over responses "option + at most H tokens" scores

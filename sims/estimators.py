@@ -29,17 +29,29 @@ import sys
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.cli import experiment_parser  # noqa: E402  (argparse only)
+
+EXPERIMENTS = ("values", "gradients", "is-horizon", "topk")
+DEFAULT_OUT = os.path.join("results", "estimators")
+
+
+def parse_args(argv):
+    return experiment_parser("estimators.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS).parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy.special import logsumexp  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from analysis.verdicts import DRAW_COLUMNS, draw_row  # noqa: E402
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from distillation import moments  # noqa: E402
 
-EXPERIMENTS = ("values", "gradients", "is-horizon", "topk")
-DEFAULT_OUT = os.path.join("results", "estimators")
 SIZES = {"pairs": (20, 4), "mc_samples": (4000, 500), "mc_seeds": (400, 50)}
 N_TOKENS = 50
 SPREADS = (0.5, 1.0, 2.0)                     # the logits' standard deviation: how far apart q and p are
@@ -244,8 +256,7 @@ def run_cell(cell):
 
 
 def main(argv=None):
-    ap = experiment_parser("estimators.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, seeds=args.seeds)
     only = args.only or EXPERIMENTS
     cells = cells_for(size, only, args.base_seed)
@@ -266,6 +277,7 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
 
 

@@ -35,17 +35,30 @@ import sys
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.cli import experiment_parser  # noqa: E402  (argparse only)
+
+EXPERIMENTS = ("loglinear", "neural", "precision")
+DEFAULT_OUT = os.path.join("results", "forgetting")
+
+
+def parse_args(argv):
+    ap = experiment_parser("forgetting.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
 from analysis.verdicts import COLUMNS, bound_verdict, verdict_row  # noqa: E402
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from distillation import continual, tasks  # noqa: E402
 from distillation.configs import SCHEDULES, STORAGES, ContinualConfig  # noqa: E402
 
-EXPERIMENTS = ("loglinear", "neural", "precision")
-DEFAULT_OUT = os.path.join("results", "forgetting")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
@@ -277,8 +290,7 @@ def precision_rows(df):
 
 
 def main(argv=None):
-    ap = experiment_parser("forgetting.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     mode = "quick" if args.quick else "full" if args.full else "default"
     size = sizes(SIZES, args.quick, args.full, seeds=args.seeds)
     only = args.only or EXPERIMENTS
@@ -309,6 +321,7 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
 
 

@@ -35,19 +35,38 @@ import sys
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.cli import experiment_parser  # noqa: E402  (argparse only)
+
+MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
+DEFAULT_OUT = os.path.join("results", "mechanisms")
+
+
+def parse_args(argv):
+    ap = experiment_parser("mechanisms.py", __doc__.split("\n\n")[0], DEFAULT_OUT, MECHANISMS)
+    ap.add_argument("mechanism", nargs="?", default="all", choices=MECHANISMS + ("all",),
+                    help="which mechanism (default all; --only takes a comma-separated list)")
+    args = ap.parse_args(argv)
+    if args.only and args.mechanism != "all":
+        ap.error("give the mechanism either as the argument or with --only, not both")
+    args.names = args.only or (MECHANISMS if args.mechanism == "all" else (args.mechanism,))
+    return args
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
 import analysis  # noqa: E402
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from learners import closed_forms, online  # noqa: E402
 from learners.names import FTL, G_SEQ, KT, L_LOCAL, MIXTURE, ROLLOUT, A, G  # noqa: E402
 
-MECHANISMS = ("confident-expert", "low-prob", "prefix-bias")
 COLUMNS = ["mechanism", "part", "learner", "setting", "x_name", "x", "seed", "t", "quantity", "value"]
-DEFAULT_OUT = os.path.join("results", "mechanisms")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
@@ -326,17 +345,6 @@ def run_cell(cell):
 # ------------------------------------------------------------------------------------------------
 # command line
 # ------------------------------------------------------------------------------------------------
-def parse_args(argv):
-    ap = experiment_parser("mechanisms.py", __doc__.split("\n\n")[0], DEFAULT_OUT, MECHANISMS)
-    ap.add_argument("mechanism", nargs="?", default="all", choices=MECHANISMS + ("all",),
-                    help="which mechanism (default all; --only takes a comma-separated list)")
-    args = ap.parse_args(argv)
-    if args.only and args.mechanism != "all":
-        ap.error("give the mechanism either as the argument or with --only, not both")
-    args.names = args.only or (MECHANISMS if args.mechanism == "all" else (args.mechanism,))
-    return args
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, seeds=args.seeds)
@@ -356,6 +364,7 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
 
 

@@ -41,23 +41,52 @@ import sys
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.cli import experiment_parser, int_at_least  # noqa: E402  (argparse only)
+
+EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
+               "function-approx")
+DEFAULT_OUT = os.path.join("results", "regret")
+EPS = (0.1, 1e-2, 1e-3, 1e-4)               # alternating teachers (1-e, e), (e, 1-e)
+
+def _eps_list(text):
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--eps must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("--eps must list at least one value")
+    for v in values:
+        if not (0.0 < v < 0.5):
+            raise argparse.ArgumentTypeError(f"every e must lie in (0, 1/2), got {v:g}")
+    return values
+
+def parse_args(argv):
+    ap = experiment_parser("regret.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
+    ap.add_argument("--T", "--rounds", dest="n_rounds", type=int_at_least(1, "--T"), default=None,
+                    help="rounds of every cell")
+    ap.add_argument("--horizon", type=int_at_least(1, "--horizon"), default=None,
+                    help="response length of the sequence experiments")
+    ap.add_argument("--eps", type=_eps_list, default=EPS,
+                    help="alternating-teacher values e, each in (0, 1/2), comma-separated")
+    return ap.parse_args(argv)
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import aggregation as ag  # noqa: E402
 from aggregation import examples  # noqa: E402
 import analysis  # noqa: E402
-from harness import Cell, experiment_parser, int_at_least, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from learners import closed_forms, names, online  # noqa: E402
 
-EXPERIMENTS = ("offpolicy-tabular", "offpolicy-sequence", "onpolicy-tabular", "onpolicy-sequence",
-               "function-approx")
 ROW_COLUMNS = ["experiment", "learner", "feedback", "n_actions", "seed", "t", "regret", "metric", "setting"]
 SUMMARY_COLUMNS = ["experiment", "learner", "feedback", "n_actions", "slope", "slope_lo", "slope_hi",
                    "theory_slope", "metric", "setting", "n_seeds", "T", "growth", "exponent", "exponent_lo",
                    "exponent_hi"]
 THEORY_COLUMNS = ["experiment", "learner", "feedback", "n_actions", "metric", "setting", "curve", "t", "value"]
-DEFAULT_OUT = os.path.join("results", "regret")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
@@ -73,18 +102,15 @@ RKL_LEARNERS = {"FTL": ("1/t", 1.0), "EG 1/(t+1)": ("1/(t+1)", 1.0), "EG 1/sqrt(
                 "EG constant 0.1": ("constant", 0.1)}
 TEACHER_WEIGHTS = (0.5, 0.3, 0.2)
 POOL = "K=3 w=0.5/0.3/0.2"
-EPS = (0.1, 1e-2, 1e-3, 1e-4)               # alternating teachers (1-e, e), (e, 1-e)
 SEQUENCE_TREES = ((2, 4), (3, 3))           # (n, depth) of the prefix-tree teachers
 ONPOLICY_MACHINES = {"prefix-bias": 6, "tree": 3}   # default horizon H of each machine
 LOGLINEAR = {"OGD": "sample", "ONS": "sample", "Newton-style": "sample", "constant step": "sample",
              "frozen": "sample", "OGD-RKL": "full", "frozen-RKL": "full"}
 
-
 def _cell(experiment, kind, learner, feedback, n, setting, n_rounds, seeds, base_seed, **params):
     return Cell(experiment, kind, dict(learner=learner, feedback=feedback, n_actions=n, setting=setting,
                                        n_rounds=n_rounds, **params),
                 seeds=seeds, base_seed=base_seed, stream=(experiment, learner, feedback, n, setting))
-
 
 def cells_for(size, only=EXPERIMENTS, eps=EPS, horizon=None, base_seed=0):
     """Every cell of the suite, in the order of the output. ``size``: :func:`harness.sizes` of SIZES."""
@@ -126,7 +152,6 @@ def cells_for(size, only=EXPERIMENTS, eps=EPS, horizon=None, base_seed=0):
                              "X=5 d=4 K=2 lambda=0.1", size["rounds"], size["fa_seeds"], b, lam=0.1, method=method))
     return out
 
-
 # ------------------------------------------------------------------------------------------------
 # one function per kind of cell; each returns {"rows", "theory", "slopes" (metric -> theory slope)}
 # ------------------------------------------------------------------------------------------------
@@ -134,13 +159,11 @@ def _pool(n, seed, K=3):
     """K Dirichlet(1) teachers over n tokens, fixed per (n, seed); (K, n)."""
     return np.random.default_rng(1000 + 17 * n + seed).dirichlet(np.ones(n), size=K)
 
-
 def _theory(cell, grid, metric, curve, values):
     c = cell.settings
     return pd.DataFrame({"experiment": cell.experiment, "learner": c["learner"], "feedback": c["feedback"],
                          "n_actions": c["n_actions"], "metric": metric, "setting": c["setting"],
                          "curve": curve, "t": grid, "value": np.asarray(values, dtype=float)})
-
 
 def _result(cell, grid, metrics, slopes, curves=()):
     c = cell.settings
@@ -154,7 +177,6 @@ def _result(cell, grid, metrics, slopes, curves=()):
     frame = pd.concat([rows(v, m) for m, v in metrics.items()], ignore_index=True)
     curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(columns=THEORY_COLUMNS)
     return {"rows": frame[ROW_COLUMNS], "theory": curves[THEORY_COLUMNS], "slopes": slopes}
-
 
 def run_add_beta_tabular(cell):
     c, n, T, seeds = cell.settings, cell["n_actions"], cell["n_rounds"], cell.seed_array()
@@ -174,7 +196,6 @@ def run_add_beta_tabular(cell):
     curves = [_theory(cell, grid, "regret", "closed form", closed_forms.add_beta_round_robin(grid, n, beta))]
     return _result(cell, grid, {"regret": res["regret"]}, {"regret": (n - 1) / 2}, curves)
 
-
 def run_add_beta_sequence(cell):
     n, depth = cell["n_actions"], cell["depth"]
     teachers = examples.prefix_tree(3, depth, n, seed=7 + n)
@@ -183,7 +204,6 @@ def run_add_beta_sequence(cell):
     curves = [_theory(cell, res["grid"], "regret", "sum_s (n-1)/2 ln t", slope * np.log(res["grid"]))]
     return _result(cell, res["grid"], {"regret": res["regret"], "pseudo": res["pseudo"]},
                    {"regret": slope, "pseudo": slope}, curves)
-
 
 def run_rkl_tabular(cell):
     c, n, e = cell.settings, cell["n_actions"], cell["eps"]
@@ -210,7 +230,6 @@ def run_rkl_tabular(cell):
         curves = [_theory(cell, grid, "regret", "c ln t", slopes["regret"] * np.log(grid))] if ftl_like else []
     return _result(cell, grid, {"regret": res["regret"], "pseudo": res["pseudo"]}, slopes, curves)
 
-
 def run_rkl_sequence(cell):
     H, w = cell["H"], [0.5, 0.5]
     if cell["machine"] == "prefix-bias":
@@ -227,13 +246,11 @@ def run_rkl_sequence(cell):
         curves.append(_theory(cell, res["grid"], "pseudo", "t KL_seq(l || G_seq)", gap * res["grid"]))
     return _result(cell, res["grid"], metrics, {m: math.nan for m in metrics}, curves)
 
-
 def loglinear_problem(n):
     """The function-approximation setting: X = 5 contexts, d = 4 shared Gaussian features, K = 2
     Dirichlet teachers per context (fixed seed)."""
     rng = np.random.default_rng(2024)
     return rng.normal(size=(5, n, 4)), rng.dirichlet(np.ones(n), size=(2, 5))
-
 
 def run_loglinear(cell):
     c, n, T = cell.settings, cell["n_actions"], cell["n_rounds"]
@@ -244,14 +261,11 @@ def run_loglinear(cell):
     # above these curves (paper_repro T5); logarithmic growth is checked decade by decade instead
     return _result(cell, res["grid"], {"regret": res["regret"]}, {"regret": math.nan})
 
-
 RUNNERS = {"add_beta_tabular": run_add_beta_tabular, "add_beta_sequence": run_add_beta_sequence,
            "rkl_tabular": run_rkl_tabular, "rkl_sequence": run_rkl_sequence, "loglinear": run_loglinear}
 
-
 def run_cell(cell):
     return RUNNERS[cell.kind](cell)
-
 
 # ------------------------------------------------------------------------------------------------
 # outputs
@@ -273,7 +287,6 @@ def summarise(cells, results):
                          "exponent_lo": exponent[1], "exponent_hi": exponent[2]})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
-
 def write_outputs(out_dir, cells, results):
     theory_frames = [r["theory"] for r in results if len(r["theory"])]
     frames = {"regret.csv": pd.concat([r["rows"] for r in results], ignore_index=True),
@@ -283,34 +296,9 @@ def write_outputs(out_dir, cells, results):
     for name, df in frames.items():
         write_csv(os.path.join(out_dir, name), df)
 
-
 # ------------------------------------------------------------------------------------------------
 # command line
 # ------------------------------------------------------------------------------------------------
-def _eps_list(text):
-    try:
-        values = tuple(float(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--eps must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("--eps must list at least one value")
-    for v in values:
-        if not (0.0 < v < 0.5):
-            raise argparse.ArgumentTypeError(f"every e must lie in (0, 1/2), got {v:g}")
-    return values
-
-
-def parse_args(argv):
-    ap = experiment_parser("regret.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
-    ap.add_argument("--T", "--rounds", dest="n_rounds", type=int_at_least(1, "--T"), default=None,
-                    help="rounds of every cell")
-    ap.add_argument("--horizon", type=int_at_least(1, "--horizon"), default=None,
-                    help="response length of the sequence experiments")
-    ap.add_argument("--eps", type=_eps_list, default=EPS,
-                    help="alternating-teacher values e, each in (0, 1/2), comma-separated")
-    return ap.parse_args(argv)
-
-
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, rounds=args.n_rounds, seeds=args.seeds)
@@ -321,8 +309,8 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
-
 
 if __name__ == "__main__":
     # Import this file as the module sims.regret, so that dask pickles run_cell by reference.

@@ -29,11 +29,44 @@ Writes to ``--out`` (default results/rlvr):
 """
 
 import argparse
+import math
 import os
 import sys
 
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.cli import experiment_parser  # noqa: E402  (argparse only)
+
+EXPERIMENTS = ("shared", "unshared")              # the conditions
+DEFAULT_OUT = os.path.join("results", "rlvr")
+DEFAULT_STUDENT_TOKEN_COST = 1.0             # E6: a generated student token costs f scored teacher tokens (f = 1) ...
+STUDENT_TOKEN_COSTS = (0.0, 1.0, 3.0)        # ... and the verdicts at each of these prices
+
+
+def _price(text):
+    """--student-token-cost: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"--student-token-cost must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def parse_args(argv):
+    ap = experiment_parser("rlvr.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
+    ap.add_argument("--student-token-cost", type=_price, default=DEFAULT_STUDENT_TOKEN_COST,
+                    help=f"E6: the price of a generated student token in scored teacher tokens (default "
+                         f"{DEFAULT_STUDENT_TOKEN_COST:g}; the verdicts are also computed at "
+                         f"{', '.join(f'{f:g}' for f in STUDENT_TOKEN_COSTS)})")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -43,13 +76,11 @@ from scipy import stats  # noqa: E402
 
 from analysis.verdicts import (COLUMNS, bound_verdict, check_margin, clusters_for_power, count_verdict,  # noqa: E402
                                effect_verdict, fieller, ratio_resolved, t_mde_80, t_power, tost, verdict_row)
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
 from distillation.students import goal_students  # noqa: E402
 
-EXPERIMENTS = ("shared", "unshared")              # the conditions
-DEFAULT_OUT = os.path.join("results", "rlvr")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
@@ -78,8 +109,6 @@ PAIRS = {"fkl": ("on-policy FKL", "offline FKL"), "rkl": ("on-policy RKL", "offl
 FRESH = {"fkl": "fresh-teacher FKL", "rkl": "fresh-teacher RKL"}
 MARGIN_SHARE = 0.5                           # E4: equivalence / non-superiority margins are half the pre-RL edge
 PARITY = 0.001                               # E6: "reached the offline arm's ID accuracy" = within 0.001 of it
-DEFAULT_STUDENT_TOKEN_COST = 1.0             # E6: a generated student token costs f scored teacher tokens (f = 1) ...
-STUDENT_TOKEN_COSTS = (0.0, 1.0, 3.0)        # ... and the verdicts at each of these prices
 VERDICT_COLUMNS = COLUMNS + ("margin", "df", "mde_80", "power", "student_token_cost")
 STUDENT_METHODS = {"loglinear": METHODS,                     # the pool sizes (E6) with the cheap student only
                    "neural": tuple(m for m in METHODS if m.pool in (0, 1024))}
@@ -474,24 +503,8 @@ def e6_table(curves, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
     return pd.DataFrame(rows)
 
 
-def _price(text):
-    """--student-token-cost: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (value >= 0 and np.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"--student-token-cost must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def main(argv=None):
-    ap = experiment_parser("rlvr.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS, full=True)
-    ap.add_argument("--student-token-cost", type=_price, default=DEFAULT_STUDENT_TOKEN_COST,
-                    help=f"E6: the price of a generated student token in scored teacher tokens (default "
-                         f"{DEFAULT_STUDENT_TOKEN_COST:g}; the verdicts are also computed at "
-                         f"{', '.join(f'{f:g}' for f in STUDENT_TOKEN_COSTS)})")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, args.full, seeds=args.seeds)
     cells = cells_for(size, args.only or EXPERIMENTS, args.base_seed)
     results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
@@ -511,6 +524,7 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
 
 

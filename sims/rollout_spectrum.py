@@ -45,12 +45,27 @@ import sys
 if __package__ in (None, ""):                 # run as a script: make the repository root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness.cli import experiment_parser  # noqa: E402  (argparse only)
+
+EXPERIMENTS = ("tabular", "neural", "robustness", "theory", "tasks", "convergence")
+DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
+
+
+def parse_args(argv):
+    ap = experiment_parser("rollout_spectrum.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before numba, torch and pandas load
+    parse_args(sys.argv[1:])
+
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from scipy.special import logsumexp  # noqa: E402
 
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv  # noqa: E402
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 import aggregation as ag  # noqa: E402
 from analysis import mean_interval  # noqa: E402
 from analysis.verdicts import DRAW_COLUMNS, MIN_DECIDABLE, MULTIPLE, QUICK, draw_row, effect_verdict  # noqa: E402
@@ -58,8 +73,6 @@ from distillation import evaluation, fixed_points, moments, tasks, training  # n
 from distillation.configs import SpectrumConfig  # noqa: E402
 from distillation.students import LogLinearStudents, TabularStudents, TokenStudents  # noqa: E402
 
-EXPERIMENTS = ("tabular", "neural", "robustness", "theory", "tasks", "convergence")
-DEFAULT_OUT = os.path.join("results", "rollout_spectrum")
 
 # ------------------------------------------------------------------------------------------------
 # the settings (data, not code)
@@ -601,8 +614,7 @@ def paired_row(claim, condition, final_runs, cut, separation, quick, tolerance=T
 
 
 def main(argv=None):
-    ap = experiment_parser("rollout_spectrum.py", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     size = sizes(SIZES, args.quick, seeds=args.seeds)
     only = args.only or EXPERIMENTS
     cells = cells_for(size, args.quick, only, args.base_seed)
@@ -633,6 +645,7 @@ def main(argv=None):
     if not args.no_figures:
         import figures
         figures.rebuild(args.out, fig_dir=args.figures, quiet=args.quiet)
+    print(f"results in {os.path.abspath(args.out)}", file=sys.stderr)
     return 0
 
 

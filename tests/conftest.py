@@ -77,7 +77,8 @@ def quick_run(tmp_path_factory):
     def run(name):
         if name not in done:
             out = tmp_path_factory.mktemp(f"{name}-quick")
-            run_script(*QUICK_RUNS[name], "--out", out, "--quiet")
+            proc = run_script(*QUICK_RUNS[name], "--out", out, "--quiet")
+            assert proc.stderr.strip().splitlines()[-1] == f"results in {out}"     # absolute, at the end
             done[name] = out
         return done[name]
     return run

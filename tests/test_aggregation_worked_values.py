@@ -92,3 +92,22 @@ def test_prefix_bias_local_at_zero_horizon():
     for p, A, w, *_ in PREFIX_ROWS[:2] + PREFIX_ROWS[3:]:
         t = examples.prefix_bias_teachers(p, A)
         assert g_correct(t, np.array(w), 0) == pytest.approx(0.9, abs=1e-12)
+
+
+def test_target_log_probs_names_the_three_targets_of_a_loss():
+    """aggregation.target_log_probs (the finite-state targets the sims' fixed points and the bridge's
+    TabularLM read): the mixture, l and g of SPEC 1-2 at every position, and a ValueError for anything else."""
+    teachers, w, horizon = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]]), np.array([0.5, 0.5]), 4
+    arithmetic = ag.target_log_probs(teachers, w, horizon, "arithmetic")
+    assert arithmetic.shape == (horizon, teachers.S, teachers.n)
+    np.testing.assert_allclose(arithmetic[2], ag.log_arithmetic_pool(teachers.log_probs, w), atol=1e-12)
+    np.testing.assert_allclose(ag.target_log_probs(teachers, w, horizon, "local")[0],
+                               ag.local_geometric_conditionals(teachers, w), atol=1e-12)
+    np.testing.assert_allclose(ag.target_log_probs(teachers, w, horizon, "geometric"),
+                               ag.sequence_geometric_conditionals(teachers, w, horizon), atol=1e-12)
+    with pytest.raises(ValueError, match="target = 'mixture' must be one of"):
+        ag.target_log_probs(teachers, w, horizon, "mixture")
+    with pytest.raises(ValueError, match="horizon"):
+        ag.target_log_probs(teachers, w, 0, "local")
+    with pytest.raises(ValueError, match="weights"):
+        ag.target_log_probs(teachers, [1.0], horizon, "local")

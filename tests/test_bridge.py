@@ -1,6 +1,7 @@
 """llm_bridge against aggregation's exact dynamic programme (TabularLM teachers), and its code paths
 on tiny randomly initialised Llama / Qwen2 models built from a config (no download)."""
 
+import json
 import os
 
 import numpy as np
@@ -437,3 +438,18 @@ def test_tokenizers_differing_in_a_special_token_are_an_error():
     with pytest.raises(ValueError, match=r"tokenizer 1 and tokenizer 0 differ in their special tokens: first "
                                          r"difference Paris"):
         check_tokenizers([a, b])
+
+
+@pytest.mark.parametrize("typo, near", [("optins", "options"), ("questoin", "question"), ("corect", "correct"),
+                                        ("idd", "id")])
+def test_questions_file_refuses_an_unknown_key_naming_the_nearest(tmp_path, typo, near):
+    """A misspelled key of a questions file is an error naming it and the valid key meant, never a
+    question read with a field missing or silently ignored (issue 34 item 4)."""
+    from llm_bridge.probes import read_questions
+    q = {"id": "a", "question": "Q?", "options": ["x", "y"], "correct": "x", typo: "?"}
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(q) + "\n")
+    with pytest.raises(ValueError, match=f"line 1: unknown key '{typo}' in a question \\(did you mean '{near}'\\?\\)"):
+        read_questions(path)
+    path.write_text(json.dumps({k: v for k, v in q.items() if k != typo} | {"kind": "factual"}) + "\n")
+    assert read_questions(path)[0]["kind"] == "factual"

