@@ -1,12 +1,12 @@
 """Multi-teacher aggregation: the FKL mixture and the RKL geometric pool, token and sequence level.
 
-Token level (SPEC 1), arrays ``(K, ..., n)``, weights ``(K,)``::
+Token level (theory section 1), arrays ``(K, ..., n)``, weights ``(K,)``::
 
     arithmetic_pool, geometric_pool            probabilities in, probabilities out
     log_arithmetic_pool, log_geometric_pool    log-probabilities in and out
     log_partition                              ln Z of the geometric pool
 
-Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
+Sequence level (theory section 2), on a :class:`FiniteStateTeachers` machine::
 
     sequence_log_partition          ln Z[h, s] by the backward recursion
     sequence_geometric_conditionals ln g[h, s, a], the token conditionals of G_seq
@@ -19,7 +19,7 @@ Sequence level (SPEC 2), on a :class:`FiniteStateTeachers` machine::
                                     a state-conditional policy q
     growth_rate                     lim_H Z_H(s)^{1/H}, which decides the prefix bias as H -> inf
 
-Submodules: ``examples`` (SPEC worked examples, random teachers), ``validate`` (the argument checks
+Submodules: ``examples`` (worked examples of docs/theory.md, random teachers), ``validate`` (the argument checks
 every package uses), ``jit`` (numba building blocks for kernels elsewhere). Importing this package
 pulls in neither torch nor matplotlib.
 """

@@ -35,7 +35,7 @@ def log_kernel(x):
 
 @njit(parallel=True, cache=True, fastmath=_FM)
 def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
-    """out[m] = s - ln Z, ln Z = log_z[m] = logsumexp(s), s = sum_k w_k log_probs[k, m]   (SPEC 1).
+    """out[m] = s - ln Z, ln Z = log_z[m] = logsumexp(s), s = sum_k w_k log_probs[k, m]   (theory section 1).
 
     log_probs: (K, M, n), weights: (K,) all positive, out: (M, n), log_z: (M,), status: (M,) int8.
     n_chunks: the thread count; each thread owns a block of rows and its scratch rows.
@@ -112,7 +112,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
 
 @njit(parallel=True, cache=True, fastmath=_FM)
 def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
-    """out[m, a] = logsumexp_k (ln w_k + log_probs[k, m, a])   (SPEC 1).
+    """out[m, a] = logsumexp_k (ln w_k + log_probs[k, m, a])   (theory section 1).
 
     log_probs: (K, M, n), log_weights: (K,) finite, out: (M, n), status: (M,) int8 (1 = entry > 0
     or NaN). A streaming logsumexp over k keeps (max, sum) per token, so the first teacher costs no
@@ -168,7 +168,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
 
 @njit(parallel=True, cache=True)
 def pooled_weights_kernel(log_probs, weights):
-    """r[s, a] = sum_k w_k log_probs[k, s, a] (the per-token RKL reward, SPEC 2); (K, S, n) -> (S, n)."""
+    """r[s, a] = sum_k w_k log_probs[k, s, a] (the per-token RKL reward, theory section 2); (K, S, n) -> (S, n)."""
     K, S, n = log_probs.shape
     r = np.empty((S, n))
     for s in prange(S):
@@ -182,7 +182,7 @@ def pooled_weights_kernel(log_probs, weights):
 
 @njit(parallel=True, cache=True)
 def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
-    """Backward recursion for ln Z in linear space with a per-step scale   (SPEC 2).
+    """Backward recursion for ln Z in linear space with a per-step scale   (theory section 2).
 
     Z_h(s) = sum_a exp(r[s, a]) Z_{h+1}(next_state[s, a]), Z_H = 1, Z = 1 after an end (-1).
     exp(r) is taken once; each step is a gather and multiply-add, then the vector is divided by its
@@ -252,7 +252,7 @@ def sequence_log_partition_log_kernel(next_state, reward, horizon, out):
 
 @njit(parallel=True, cache=True)
 def geometric_conditionals_kernel(next_state, reward, log_partition, out):
-    """ln g[h, s, a] = r[s, a] + ln Z_{h+1}(next) - ln Z_h(s); -inf where Z_h(s) = 0   (SPEC 2)."""
+    """ln g[h, s, a] = r[s, a] + ln Z_{h+1}(next) - ln Z_h(s); -inf where Z_h(s) = 0   (theory section 2)."""
     H, S, n = out.shape
     for hs in prange(H * S):
         h = hs // S

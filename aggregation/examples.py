@@ -1,4 +1,4 @@
-"""The worked examples of SPEC sections 1-2, and random teachers for tests and sweeps."""
+"""The worked examples of docs/theory.md sections 1-2, and random teachers for tests and sweeps."""
 
 import numpy as np
 
@@ -13,13 +13,13 @@ def confident_expert(d, n_uniform=1, n=3):
 
 
 def low_probability_teachers(e, n_agree=2):
-    """``n_agree`` teachers (0.9, 0.1) and one (e, 1 - e) last; token 0 is correct (SPEC 1);
-    (n_agree + 1, 2). The default is SPEC 1's triple (0.9, 0.1), (0.9, 0.1), (e, 1 - e)."""
+    """``n_agree`` teachers (0.9, 0.1) and one (e, 1 - e) last; token 0 is correct (theory section 1);
+    (n_agree + 1, 2). The default is theory section 1's triple (0.9, 0.1), (0.9, 0.1), (e, 1 - e)."""
     return np.vstack([np.tile([0.9, 0.1], (n_agree, 1)), [[e, 1.0 - e]]])
 
 
 def prefix_bias_teachers(p_correct, continuation_c, continuation_i=None):
-    """The prefix-bias machine of SPEC 2: first token C (0) or I (1), then i.i.d. tokens.
+    """The prefix-bias machine of theory section 2: first token C (0) or I (1), then i.i.d. tokens.
 
     State 0 is the start: token 0 = C goes to state 1, token 1 = I to state 2. In state 1 teacher k
     draws from ``continuation_c[k]``, in state 2 every teacher from ``continuation_i`` (default
@@ -89,7 +89,7 @@ def prefix_tree(K, depth, n, seed, concentration=1.0, zero_fraction=0.0, tiny=No
 
 
 def random_prefix_teachers(seed, sigma, n_teachers=3, n_states=4):
-    """Random binary-token teachers on which every teacher prefers the correct first token (SPEC 2).
+    """Random binary-token teachers on which every teacher prefers the correct first token (theory section 2).
 
     State 0 is the start: token 0 = C enters a region of ``n_states`` states, token 1 = I another;
     each region's transitions are uniform within it (seeded) and never end. p_k(C | start) ~ U(0.55, 0.95).
@@ -116,7 +116,7 @@ def random_prefix_teachers(seed, sigma, n_teachers=3, n_states=4):
 
 def llm_like_prefix_teachers(seed, sigma=0.5, n=24, n_states=8, n_teachers=2, end_logit=-3.0, df=2.0):
     """Random teachers in a language model's regime, on which every teacher prefers the correct first
-    token (SPEC 2, claim T8): ``n`` tokens, the last an end token, and heavy-tailed disagreement.
+    token (theory section 2, claim T8): ``n`` tokens, the last an end token, and heavy-tailed disagreement.
 
     State 0 is the start: token 0 = C enters a region of ``n_states`` states, token 1 = I another; the
     other start tokens end the response. p_k(C | start) ~ U(0.55, 0.95), p_k(I | start) = 0.9 (1 - p_k(C)).

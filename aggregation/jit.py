@@ -11,7 +11,7 @@ reduction plus a polynomial, with the power of two assembled in an int64 buffer 
 
 Soft backward recursion
 -----------------------
-``soft_value`` is one state of ``ln Z_h(s) = logsumexp_a (r[s, a] + ln Z_{h+1}(next(s, a)))`` (SPEC 2):
+``soft_value`` is one state of ``ln Z_h(s) = logsumexp_a (r[s, a] + ln Z_{h+1}(next(s, a)))`` (theory section 2):
 the sequence-level partition of aggregation and the soft-optimal policy of the on-policy learners
 are the same recursion, written once here.
 
@@ -138,7 +138,7 @@ def logsumexp_row(x):
 @njit(cache=True, inline="always")
 def soft_value(next_state, reward, next_value, s):
     """logsumexp_a (reward[s, a] + next_value[next_state[s, a]]), with 0 in place of next_value after an
-    end token (next_state = -1): one state of the soft backward recursion (SPEC 2); -inf when no
+    end token (next_state = -1): one state of the soft backward recursion (theory section 2); -inf when no
     token has a finite term."""
     n = reward.shape[1]
     m = -np.inf

@@ -1,4 +1,4 @@
-"""Token-level pools of K teachers over one vocabulary (SPEC section 1).
+"""Token-level pools of K teachers over one vocabulary (docs/theory.md section 1).
 
 Arrays put the teacher axis first and the vocabulary last, ``(K, ..., n)``, with any number of
 middle axes; weights are ``(K,)`` on the simplex. Weight-0 teachers are left out of every sum, so a
@@ -46,7 +46,7 @@ def _geometric(log_probs, weights, name="log_probs"):
 
 
 def log_geometric_pool(log_probs, weights, return_log_partition=False):
-    """Normalised weighted geometric pool in log space (the RKL minimiser, SPEC 1).
+    """Normalised weighted geometric pool in log space (the RKL minimiser, theory section 1).
 
     ln G(a) = sum_k w_k ln p_k(a) - ln Z,   ln Z = logsumexp_a sum_k w_k ln p_k(a).
 
@@ -67,7 +67,7 @@ def log_geometric_pool(log_probs, weights, return_log_partition=False):
 
 
 def log_partition(log_probs, weights):
-    """ln Z = logsumexp_a sum_k w_k ln p_k(a) <= 0 for normalised teachers (SPEC 1); shape (...).
+    """ln Z = logsumexp_a sum_k w_k ln p_k(a) <= 0 for normalised teachers (theory section 1); shape (...).
 
     -ln Z is the minimum of sum_k w_k KL(q || p_k) over q.
     """
@@ -75,7 +75,7 @@ def log_partition(log_probs, weights):
 
 
 def log_arithmetic_pool(log_probs, weights):
-    """Weighted arithmetic mixture in log space (the FKL minimiser, SPEC 1).
+    """Weighted arithmetic mixture in log space (the FKL minimiser, theory section 1).
 
     ln A(a) = logsumexp_k (ln w_k + ln p_k(a)).
 
@@ -100,14 +100,14 @@ def log_arithmetic_pool(log_probs, weights):
 
 
 def arithmetic_pool(probs, weights):
-    """A(a) = sum_k w_k p_k(a) (SPEC 1). probs: (K, ..., n) distributions; returns (..., n)."""
+    """A(a) = sum_k w_k p_k(a) (theory section 1). probs: (K, ..., n) distributions; returns (..., n)."""
     p = check_probs(probs)
     w = check_weights(weights, p.shape[0], other="probs")
     return np.tensordot(w, p, axes=1)
 
 
 def geometric_pool(probs, weights):
-    """G(a) = prod_k p_k(a)^{w_k} / Z (SPEC 1), computed in log space. probs: (K, ..., n)."""
+    """G(a) = prod_k p_k(a)^{w_k} / Z (theory section 1), computed in log space. probs: (K, ..., n)."""
     p = check_probs(probs)
     with np.errstate(divide="ignore"):
         log_p = np.log(p)

@@ -1,4 +1,4 @@
-"""Sequence-level pools over finite-state teachers (SPEC section 2).
+"""Sequence-level pools over finite-state teachers (docs/theory.md section 2).
 
 K teachers share one finite-state machine: ``next_state[s, a]`` is the state after token a in state
 s (-1: the response ends), ``log_probs[k, s, a] = ln p_k(a | s)``. A response starts in ``start``
@@ -138,7 +138,7 @@ def _log_partition(teachers, reward, horizon):
 
 
 def sequence_log_partition(teachers, weights, horizon):
-    """Continuation partitions ln Z by the backward recursion (SPEC 2).
+    """Continuation partitions ln Z by the backward recursion (theory section 2).
 
     ln Z[H, s] = 0,  ln Z[h, s] = logsumexp_a ( sum_k w_k ln p_k(a|s) + ln Z[h+1, next(s, a)] ),
     with ln Z = 0 after an end token. O(H S n) time after pooling the K teachers once.
@@ -154,7 +154,7 @@ def sequence_log_partition(teachers, weights, horizon):
 
 
 def sequence_geometric_conditionals(teachers, weights, horizon):
-    """Token conditionals of the sequence-level geometric pool G_seq (SPEC 2).
+    """Token conditionals of the sequence-level geometric pool G_seq (theory section 2).
 
     ln g[h, s, a] = sum_k w_k ln p_k(a|s) + ln Z[h+1, next(s, a)] - ln Z[h, s].
 
@@ -171,7 +171,7 @@ def sequence_geometric_conditionals(teachers, weights, horizon):
 
 
 def local_geometric_conditionals(teachers, weights):
-    """Local (per-token) geometric pool at every state, l(a|s) ∝ prod_k p_k(a|s)^{w_k} (SPEC 2); (S, n).
+    """Local (per-token) geometric pool at every state, l(a|s) ∝ prod_k p_k(a|s)^{w_k} (theory section 2); (S, n).
 
     Raises ValueError naming the first state whose supports do not intersect.
     """
@@ -187,7 +187,7 @@ def target_log_probs(teachers, weights, horizon, target):
 
     ``"arithmetic"``: ln sum_k w_k p_k(a|s), the forward loss's (prior weights at every position);
     ``"local"``: ln l(a|s), the per-token geometric pool (per-token reverse KL); ``"geometric"``:
-    ln g[h, s, a] of G_seq (sequence-level reverse KL: the gamma = 1 policy gradient), SPEC 1-2. The first
+    ln g[h, s, a] of G_seq (sequence-level reverse KL: the gamma = 1 policy gradient), theory section 1-2. The first
     two do not depend on the position h and are broadcast over it (a read-only view).
     """
     _check_teachers(teachers)
@@ -227,7 +227,7 @@ def sequence_log_prob(teachers, path):
 
 
 def mixture_conditionals(teachers, weights, path):
-    """Token conditionals of the sequence-level mixture A_seq along a path (SPEC 2).
+    """Token conditionals of the sequence-level mixture A_seq along a path (theory section 2).
 
     ln A(a | u) = logsumexp_k ( ln beta_k(u) + ln p_k(a|u) ),  beta_k(u) ∝ w_k p_k(u),
     for every prefix u of the path (the empty prefix first).
@@ -352,7 +352,7 @@ def _check_policy(teachers, horizon, log_policy, name="log_policy"):
 def sequence_kl(teachers, weights, horizon, log_policy, target="geometric"):
     """KL_seq(q || P) over responses of at most ``horizon`` tokens, for a state-conditional policy q.
 
-    KL_seq(q || P) = sum_h sum_s occ_q(h, s) KL(q(.|h, s) || P(.|h, s))   (SPEC 2-3: the KL over
+    KL_seq(q || P) = sum_h sum_s occ_q(h, s) KL(q(.|h, s) || P(.|h, s))   (theory section 2-3: the KL over
     responses splits by the chain rule into per-state KLs weighted by q's occupancy), where P is
     G_seq (``"geometric"``, conditionals g), the local pool l at every step (``"local"``), teacher
     k (an index), or any state-conditional policy given as log-probs (S, n) or (horizon, S, n).
@@ -391,7 +391,7 @@ def sequence_kl(teachers, weights, horizon, log_policy, target="geometric"):
 def growth_rate(teachers, weights, state):
     """lim_H Z_H(state)^{1/H}: the spectral radius of the pooled matrix
     M[s, s'] = sum_{a: next(s, a) = s'} prod_k p_k(a|s)^{w_k} restricted to the states reachable from
-    ``state`` (SPEC 2). Z_H(C) / Z_H(I) -> 0 as H -> inf when the rate after C is below the rate after I."""
+    ``state`` (theory section 2). Z_H(C) / Z_H(I) -> 0 as H -> inf when the rate after C is below the rate after I."""
     reward = _reward(teachers, weights)
     S = teachers.S
     state = check_int(state, "state")

@@ -1,4 +1,4 @@
-"""Argument checks shared by every public function of the project (SPEC section 7).
+"""Argument checks shared by every public function of the project (docs/theory.md section 7).
 
 Each raises ValueError naming the argument and the first offending index, and returns a contiguous
 float64 (or int64) array, or a plain Python value, ready for a kernel. ``sims`` and ``llm_bridge``

@@ -18,7 +18,7 @@ GOAL_OBJECTIVES = ("fkl", "rkl")                   # the goal-task distillation 
 
 @dataclass(frozen=True)
 class SpectrumConfig(Config):
-    """One point of the rollout spectrum (SPEC 5): the objective (``fixed_points.OBJECTIVES``), the
+    """One point of the rollout spectrum (theory section 5): the objective (``fixed_points.OBJECTIVES``), the
     probability ``alpha`` that a training sequence is the student's (NaN for the switch-point variant,
     where a teacher writes up to a uniform position and the student after), importance weights on the
     teachers' tokens (truncated at ``truncate`` as practitioners do, e.g. V-trace's rho-bar = 1), and

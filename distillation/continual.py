@@ -1,4 +1,4 @@
-"""Continual distillation with a shared-parameter student (SPEC 5; claim E3): the student knows task A,
+"""Continual distillation with a shared-parameter student (theory section 5; claim E3): the student knows task A,
 then is distilled on task B; what it forgets of A, how well it learns B, and how sparse its update is,
 across learning rates, schedules, the rollout mix, objectives, clipping and parameter storage.
 
@@ -15,7 +15,7 @@ spectrum's sampler and losses (``training``), and the outcomes are exact:
     forgetting   KL_seq(P_A || q_A) after B minus before B: the increase of the student's loss on A's
                  own responses (P_A the teacher of A; ``evaluation.loss_on``)
     quality      KL_seq(q_B || the objective's target on B) per position, on the student's rollouts
-    sparsity     the fraction of parameters with |theta_T - theta_0| > 1e-6 (1 + |theta_0|) (SPEC 5),
+    sparsity     the fraction of parameters with |theta_T - theta_0| > 1e-6 (1 + |theta_0|) (theory section 5),
                  and the fraction whose bfloat16 value changed
 
 Parameter storage 'bf16' keeps the parameters in bfloat16 (the update is computed in float32 and

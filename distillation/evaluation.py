@@ -1,4 +1,4 @@
-"""Exact outcomes of tabular policies (SPEC 2, 5): every number a distance to a known target.
+"""Exact outcomes of tabular policies (theory section 2, 5): every number a distance to a known target.
 
     Evaluator      the one evaluator, built for a task:
                    on a finite-state task (``tasks.Task``), one run's table (H, S, n): KL_seq(q || P) on q's

@@ -1,5 +1,5 @@
 """Where each distillation objective drives a student that can represent every state: its target or its
-derived fixed point, at every (step, state) of a finite-state task (SPEC 2, 4, 5).
+derived fixed point, at every (step, state) of a finite-state task (theory section 2, 4, 5).
 
     fkl         forward KL with the teachers' full conditionals       target: A = sum_k w_k p_k (every state)
     sft         cross-entropy on a sampled teacher token              target: sft_fixed_point(alpha)
@@ -47,7 +47,7 @@ def target_table(task, name, alpha=None):
 def sft_fixed_point(task, alpha):
     """The fixed point of SFT (cross-entropy on a sampled teacher token) when a sequence comes from the
     student with probability alpha and from teacher k ~ w otherwise, every token of a teacher's sequence
-    labelled by that teacher and every student token by a teacher k ~ w (SPEC 2, 5).
+    labelled by that teacher and every student token by a teacher k ~ w (theory section 2, 5).
 
     At step h and state s the labels are drawn from (1 - alpha) sum_k w_k d_k(h, s) p_k(.|s) + alpha
     d_q(h, s) A(.|s), d the occupancies: the teacher rollouts carry posterior weights (the sequence-level

@@ -1,4 +1,4 @@
-"""Exact moments of the sampled-token KL estimators of SPEC 4 (the library behind sims/estimators.py).
+"""Exact moments of the sampled-token KL estimators of theory section 4 (the library behind sims/estimators.py).
 
 For x ~ s, r = ln p(x) - ln q(x): k1 = -r, k2 = r^2 / 2, k3 = (e^r - 1) - r.
 
@@ -29,7 +29,7 @@ def estimator_derivatives(r):
 
 def value_moments(log_q, log_p):
     """{estimator: (mean, variance)} of k(r) under x ~ q, exactly (a sum over the vocabulary); the KL
-    KL(q || p) is the mean of k1 and of k3 (SPEC 4). log_q, log_p: (n,)."""
+    KL(q || p) is the mean of k1 and of k3 (theory section 4). log_q, log_p: (n,)."""
     q = np.exp(log_q)
     r = log_p - log_q
     out = {}
@@ -96,7 +96,7 @@ def sequence_is_second_moment(next_state, start, horizon, log_q, log_p):
 
 def topk_k3_bias(log_q, log_p, k):
     """(E_q~[k3], KL(q~ || p), p(V \\ S)) for the student restricted to its top-k tokens S (q~ = q
-    renormalised on S): SPEC 4's E_q~[k3] = KL(q~ || p) - p(V \\ S), since sum_{x in S} p(x) != 1."""
+    renormalised on S): theory section 4's E_q~[k3] = KL(q~ || p) - p(V \\ S), since sum_{x in S} p(x) != 1."""
     top = np.argsort(-log_q)[:k]
     lq = log_q[top] - logsumexp(log_q[top])
     r = log_p[top] - lq

@@ -1,4 +1,4 @@
-"""The students: many runs trained at once, each an independent policy (SPEC 5).
+"""The students: many runs trained at once, each an independent policy (theory section 5).
 
 Every student class holds R runs' parameters stacked along a first run axis and shares one interface:
 

@@ -1,4 +1,4 @@
-"""The tasks the students are distilled on, all with exact finite-state teachers (SPEC 2, 5).
+"""The tasks the students are distilled on, all with exact finite-state teachers (theory section 2, 5).
 
     Task, make_task            K teachers on a finite-state machine ('tree': a prefix tree, 'loop': looping
                                states for long horizons), their weights and the response length

@@ -1,4 +1,4 @@
-"""Students distilled from exact finite-state teachers across the rollout spectrum (SPEC 4-5; E1, E2, E5).
+"""Students distilled from exact finite-state teachers across the rollout spectrum (theory section 4-5; E1, E2, E5).
 
 Training sequences come from the student with probability alpha and from a teacher k ~ w with
 1 - alpha (or, ``switch=True``, from a teacher up to a uniform position and from the student after).

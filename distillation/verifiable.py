@@ -1,5 +1,5 @@
 """Distillation from several teachers off- and on-policy on goal tasks with a checker, then RL from the
-verifiable reward, with every generated and scored token counted (SPEC 5; claims E4, E6).
+verifiable reward, with every generated and scored token counted (theory section 5; claims E4, E6).
 
 Costs, in tokens: ``teacher_tokens`` counts the teachers' forward tokens (K per position scored with the
 full conditionals, for generating a trace or scoring a student's), ``student_tokens`` the tokens the

@@ -1,4 +1,4 @@
-"""The pre-training diagnosis's figures (issue 33; SPEC 1, 2, 6; T6, T7, T8), pure functions of the tables
+"""The pre-training diagnosis's figures (issue 33; theory section 1, 2, 6; T6, T7, T8), pure functions of the tables
 ``python sims/diagnose.py`` writes: ``positions.csv`` (one row per prompt x response x position),
 ``vetoes.csv`` (one row per vetoed token) and ``flip.csv`` (one row per prompt)."""
 

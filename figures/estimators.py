@@ -1,4 +1,4 @@
-"""The KL estimators (SPEC 4): pure functions of the CSVs of sims/estimators.py."""
+"""The KL estimators (theory section 4): pure functions of the CSVs of sims/estimators.py."""
 
 import os
 
@@ -87,7 +87,7 @@ def estimators_figure(values, gradients, is_horizon, topk):
     d.set_title("top-k samplers: E[k3] = KL - p(V \\ S)")
     d.legend()
     d.grid(True)
-    fig.suptitle("KL estimators (SPEC 4): k1, k3 unbiased, k2 biased; k3 spreads less than k1 only when q is near p;\n"
+    fig.suptitle("KL estimators (theory section 4): k1, k3 unbiased, k2 biased; k3 spreads less than k1 only when q is near p;\n"
                  "on student samples the k2 loss gives the RKL gradient, the k3 loss the FKL one (teacher samples need IS)",
                  fontsize=8)
     return fig

@@ -53,7 +53,7 @@ def flip_figure(questions, partitions):
 
 @paper
 def validation_figure(validation):
-    """The study's drift (95% interval) against aggregation's exact drift on TabularLM teachers: SPEC 2's
+    """The study's drift (95% interval) against aggregation's exact drift on TabularLM teachers: theory section 2's
     rows (exact: -ln rho), the random family and the LLM-like family (with and without the heavy-tail
     correction); the diagonal is recovery."""
     fig = figure(TWO_COLUMNS / 2, 2.6)

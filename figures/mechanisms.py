@@ -1,9 +1,9 @@
-"""Mechanism figures (SPEC 1-3; claims T6-T8): pure functions of the tidy DataFrames of sims/mechanisms.py.
+"""Mechanism figures (theory section 1-3; claims T6-T8): pure functions of the tidy DataFrames of sims/mechanisms.py.
 
     figures_from("results/mechanisms")   # for each CSV there: mechanism_<name>.png (the exact targets)
                                          # and mechanism_<name>_learned.png (what the learners reach)
 
-Exact figures draw the closed forms of SPEC 1-2 with the SPEC's worked values as markers. Learned
+Exact figures draw the closed forms of theory section 1-2 with the the theory's worked values as markers. Learned
 figures draw q_t of each learner against the round t (mean over seeds, band = 95% interval of the
 mean) with the exact targets as black lines; each learner is named with the feedback it gets.
 All figures are two columns (7 in) wide at 8 pt.
@@ -34,7 +34,7 @@ def _sel(df, **eq):
 
 
 def _pool_lines(ax, df, x_name, setting, labels=(A, G)):
-    """Exact A and G (or other pools) against x; SPEC worked values as open markers."""
+    """Exact A and G (or other pools) against x; theory's worked values as open markers."""
     for lab in labels:
         sub = _sel(df, part="exact", x_name=x_name, setting=setting, learner=lab).sort_values("x")
         ax.plot(sub.x, sub.value, color=POOL_COLOURS[lab], ls="--" if lab == A else "-")
@@ -45,7 +45,7 @@ def _pool_lines(ax, df, x_name, setting, labels=(A, G)):
 def _pool_handles(labels=(A, G), spec=True):
     out = [(Line2D([], [], color=POOL_COLOURS[lab], ls="--" if lab == A else "-"), POOL_LABEL[lab]) for lab in labels]
     if spec:
-        out.append((Line2D([], [], ls="none", marker="o", mfc="white", mec="black", ms=3.5), "SPEC worked values"))
+        out.append((Line2D([], [], ls="none", marker="o", mfc="white", mec="black", ms=3.5), "theory's worked values"))
     return out
 
 
@@ -79,7 +79,7 @@ def _learned_legend(fig, handles, targets):
 # ------------------------------------------------------------------------------------------------
 @paper
 def confident_expert_figure(df):
-    """Exact top-token probability of A and G against d, K, the expert's weight and n (SPEC 1)."""
+    """Exact top-token probability of A and G against d, K, the expert's weight and n (theory section 1)."""
     fig = figure(TWO_COLUMNS, 4.6)
     (a, b), (c, d) = fig.subplots(2, 2)
     _pool_lines(a, df, "d", "K=2, w=1/2")
@@ -112,7 +112,7 @@ def confident_expert_figure(df):
         ax.set_ylim(0.3, 1.03)
     handles = _pool_handles()
     legend_below(fig, [h for h, _ in handles], [lab for _, lab in handles], ncol=3)
-    fig.suptitle("Confident expert under uninformative feedback (SPEC 1, T6): exact targets", fontsize=9)
+    fig.suptitle("Confident expert under uninformative feedback (theory section 1, T6): exact targets", fontsize=9)
     return fig
 
 
@@ -201,7 +201,7 @@ def low_prob_figure(df):
         ax.grid(True)
     handles = _pool_handles()
     legend_below(fig, [h for h, _ in handles], [lab for _, lab in handles], ncol=3)
-    fig.suptitle("Low-probability sensitivity, the veto (SPEC 1, T7): exact targets; token 0 is correct",
+    fig.suptitle("Low-probability sensitivity, the veto (theory section 1, T7): exact targets; token 0 is correct",
                  fontsize=9)
     return fig
 
@@ -267,7 +267,7 @@ def low_prob_learned_figure(df):
 # ------------------------------------------------------------------------------------------------
 @paper
 def prefix_bias_figure(df):
-    """Exact g(C) against H on the SPEC rows; the random family against H and against disagreement."""
+    """Exact g(C) against H on the theory's prefix-bias rows; the random family against H and against disagreement."""
     exact = list(dict.fromkeys(_sel(df, part="exact").setting))
     fig = figure(TWO_COLUMNS, 4.8)
     axes = fig.subplots(2, 3)
@@ -286,7 +286,7 @@ def prefix_bias_figure(df):
         ax.axhline(0.5, color="grey", lw=0.7, ls=(0, (1, 3)))
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("H, tokens after the first")
-        ax.set_title(f"SPEC row {i + 1}: " + setting.split(": ", 1)[1].replace("A=", "\nA="), fontsize=6.5)
+        ax.set_title(f"theory row {i + 1}: " + setting.split(": ", 1)[1].replace("A=", "\nA="), fontsize=6.5)
         ax.grid(True)
     for ax in (axes[0, 0], axes[1, 0]):
         ax.set_ylabel("probability of C first")
@@ -330,20 +330,20 @@ def prefix_bias_figure(df):
               POOL_LABEL[lab]) for lab in (G_SEQ, L_LOCAL, MIXTURE)]
     items.append((Line2D([], [], color="black", ls=":", lw=0.8), "H* (g(C) = 1/2 when H passes it)"))
     legend_below(fig, [h for h, _ in items], [lab for _, lab in items], ncol=4)
-    fig.suptitle("Prefix bias over long horizons (SPEC 2, T8): every teacher prefers C, yet g flips to I "
+    fig.suptitle("Prefix bias over long horizons (theory section 2, T8): every teacher prefers C, yet g flips to I "
                  "once H > H*", fontsize=9)
     return fig
 
 
 @paper
 def prefix_bias_learned_figure(df):
-    """The three sequence learners' q_t(C first) on SPEC rows 1 and 3, one H below and one above H*."""
+    """The three sequence learners' q_t(C first) on theory's prefix-bias rows 1 and 3, one H below and one above H*."""
     learned = list(dict.fromkeys(_sel(df, part="learned").setting))
     fig = figure(TWO_COLUMNS, 2.9)
     axes = fig.subplots(1, len(learned))
     handles = {}
     for ax, setting in zip(np.atleast_1d(axes), learned):
-        handles.update(_learned_panel(ax, df, setting, "SPEC " + setting.replace(", ", "\n", 1)))
+        handles.update(_learned_panel(ax, df, setting, "theory " + setting.replace(", ", "\n", 1)))
         ax.axhline(0.5, color="grey", lw=0.7, ls=(0, (1, 3)))
     np.atleast_1d(axes)[0].set_ylabel("learned q_t(C first)")
     _learned_legend(fig, handles, (G_SEQ, L_LOCAL, MIXTURE))

@@ -1,4 +1,4 @@
-"""The prefix-bias probe's figure (SPEC 6): a pure function of the margins table that the probes
+"""The prefix-bias probe's figure (theory section 6): a pure function of the margins table that the probes
 write (``margins.csv``: horizon, scorer, rival, margin, margin_low, margin_high)."""
 
 import json

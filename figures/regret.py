@@ -1,4 +1,4 @@
-"""Regret figures (SPEC section 3): pure functions of the DataFrames that ``sims/regret.py`` writes.
+"""Regret figures (docs/theory.md section 3): pure functions of the DataFrames that ``sims/regret.py`` writes.
 
     fig = regret_figure(regret, summary, theory, "onpolicy-tabular")
     figures_from("results/regret")     # {"regret_<experiment>": Figure} for every experiment in the CSVs

@@ -1,4 +1,4 @@
-"""The command line shared by every experiment script (SPEC 7: a bad argument exits 2 with one line on
+"""The command line shared by every experiment script (theory section 7: a bad argument exits 2 with one line on
 stderr, never a traceback; it is caught before any work starts)."""
 
 import argparse

@@ -1,4 +1,4 @@
-"""Results that an interrupted run cannot corrupt (SPEC 7): atomic writes, per-cell files, CSVs.
+"""Results that an interrupted run cannot corrupt (theory section 7): atomic writes, per-cell files, CSVs.
 
 An interrupted run leaves either the old file or the new one, never half of one; a rerun finds the
 finished cells and skips them.

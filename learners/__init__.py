@@ -1,4 +1,4 @@
-"""Online learners of multi-teacher distillation and the theory's closed forms (SPEC 1-3).
+"""Online learners of multi-teacher distillation and the theory's closed forms (theory section 1-3).
 
     online         the learners (numba kernels in ``_kernels``, NumPy twins in ``_reference``): add-beta,
                    FTL / exponentiated gradient, plug-in soft-Bellman, log-linear OGD / ONS; regret arrays

@@ -1,4 +1,4 @@
-"""numba kernels of the regret sims (SPEC section 3): plain arrays in, arrays out, log space.
+"""numba kernels of the regret sims (docs/theory.md section 3): plain arrays in, arrays out, log space.
 
 One kernel per learner family, ``prange`` over independent seeds; each seed draws its own uniforms
 from a splitmix64 stream started at an integer seed, so a seed's result does not depend on the
@@ -227,7 +227,7 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
 @njit(cache=True, parallel=True, error_model="numpy")
 def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_l, mode, seeds, grid,
                         regret_out, pseudo_out, token_out, track=None, track_out=None):
-    """Plug-in on-policy learner with sample feedback on finite-state teachers (SPEC 2, 3).
+    """Plug-in on-policy learner with sample feedback on finite-state teachers (theory section 2, 3).
 
     Round t: k_t ~ w; the student rolls out y ~ q_t; teacher k_t reveals ln p_{k_t}(y_h | s_h) of the
     student's tokens only; rhat(s, a) is the running mean of what was revealed at (s, a) (0 before,
@@ -260,7 +260,7 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
         g = 0
         for t in range(1, n_rounds + 1):
             # the student's policy for this round
-            if mode == 0:                                # soft-optimal for rhat (SPEC 2)
+            if mode == 0:                                # soft-optimal for rhat (theory section 2)
                 for h in range(horizon - 1, -1, -1):
                     for s in range(S):
                         v = soft_value(next_state, rhat, value[h + 1], s)
@@ -401,7 +401,7 @@ def project_a_norm(a_mat, y, radius, out):
 @njit(cache=True, parallel=True, error_model="numpy")
 def loglinear_kernel(features, log_probs, teacher_cdf, pooled, on_policy, update, lam, eta0, radius, gamma, eps,
                      seeds, grid, loss_out, counts_out, theta_out):
-    """Log-linear student q_theta(a|x) ∝ exp(theta . phi(x, a)), contexts x ~ uniform (SPEC 3).
+    """Log-linear student q_theta(a|x) ∝ exp(theta . phi(x, a)), contexts x ~ uniform (theory section 3).
 
     Loss f_t (+ lam/2 |theta|^2 in both): on_policy 0, the log loss -ln q(y_t|x_t) on y_t ~ p_{k_t};
     1, sum_k w_k KL(q(.|x_t) || p_k(.|x_t)) with gradient E_q[(ln q - r)(phi - E_q phi)], r = pooled.

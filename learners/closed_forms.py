@@ -1,11 +1,11 @@
-"""Closed forms and asymptotic rates of the theory (SPEC 1-3): what the sims and the tests compare with.
+"""Closed forms and asymptotic rates of the theory (theory section 1-3): what the sims and the tests compare with.
 
-Regret (SPEC 3)        add_beta_constant_sequence, kt_worst_case, laplace_worst_case,
+Regret (theory section 3)        add_beta_constant_sequence, kt_worst_case, laplace_worst_case,
                        add_beta_round_robin, shtarkov_log_complexity, alternating_constant,
                        ftl_constant, full_feedback_regret
-Mechanisms (SPEC 1-2)  confident_expert_pools, low_prob_weights, low_prob_pools, veto_threshold,
+Mechanisms (theory section 1-2)  confident_expert_pools, low_prob_weights, low_prob_pools, veto_threshold,
                        first_token_g, prefix_bias_exact, flip_fractions
-Rates (SPEC 3)         learner_sd, prefix_learner_sd: the asymptotic s.d. of a learned q_T over seeds
+Rates (theory section 3)         learner_sd, prefix_learner_sd: the asymptotic s.d. of a learned q_T over seeds
 """
 
 import math
@@ -22,7 +22,7 @@ from .names import FTL, KT, ROLLOUT, SEQ_RKL, STATE_KT, TOKEN_RKL
 
 
 # ------------------------------------------------------------------------------------------------
-# regret (SPEC 3)
+# regret (theory section 3)
 # ------------------------------------------------------------------------------------------------
 def add_beta_constant_sequence(T, n, beta):
     """Regret of add-beta on a constant sequence of length T over n symbols:
@@ -32,12 +32,12 @@ def add_beta_constant_sequence(T, n, beta):
 
 
 def kt_worst_case(T, n):
-    """R_KT(T) = ln Γ(1/2) + ln Γ(T + n/2) - ln Γ(n/2) - ln Γ(T + 1/2) ~ (n-1)/2 ln T (SPEC 3)."""
+    """R_KT(T) = ln Γ(1/2) + ln Γ(T + n/2) - ln Γ(n/2) - ln Γ(T + 1/2) ~ (n-1)/2 ln T (theory section 3)."""
     return add_beta_constant_sequence(T, n, 0.5)
 
 
 def laplace_worst_case(T, n):
-    """Laplace's worst case ln binom(T + n - 1, n - 1) (SPEC 3)."""
+    """Laplace's worst case ln binom(T + n - 1, n - 1) (theory section 3)."""
     T = np.asarray(T, dtype=float)
     return gammaln(T + n) - gammaln(n) - gammaln(T + 1)
 
@@ -89,7 +89,7 @@ def ftl_constant(log_probs, weights):
 
 
 def full_feedback_regret(log_probs, weights, schedule, n_rounds, eta0=1.0):
-    """Exact regret of exponentiated gradient on RKL with full feedback, for t = 1..n_rounds (SPEC 3).
+    """Exact regret of exponentiated gradient on RKL with full feedback, for t = 1..n_rounds (theory section 3).
 
     Every round reveals f(q) = sum_k w_k KL(q || p_k) = KL(q || G) - ln Z, so the best fixed q is G
     and R_T = sum_{t<=T} KL(q_t || G). theta_{t+1} = (1 - eta_t) theta_t + eta_t r with r = sum_k
@@ -109,10 +109,10 @@ def full_feedback_regret(log_probs, weights, schedule, n_rounds, eta0=1.0):
 
 
 # ------------------------------------------------------------------------------------------------
-# mechanisms (SPEC 1-2)
+# mechanisms (theory section 1-2)
 # ------------------------------------------------------------------------------------------------
 def confident_expert_pools(d, K=2, n=3, expert_weight=None):
-    """Top probabilities (A(0), G(0)) of one expert and K - 1 uniform teachers (SPEC 1).
+    """Top probabilities (A(0), G(0)) of one expert and K - 1 uniform teachers (theory section 1).
 
     Expert (1 - (n-1) d, d, ..., d), uniform teachers 1/n; weights equal, or ``expert_weight`` for the
     expert and the rest shared. A(0) = sum_k w_k p_k(0); G(0) = prod_k p_k(0)^{w_k} / Z, in which the
@@ -134,7 +134,7 @@ def low_prob_weights(n_agree=2, veto_weight=None):
 
 
 def low_prob_pools(e, n_agree=2, veto_weight=None):
-    """(A(0), G(0)) of the low-probability teachers (SPEC 1). With two agreeing teachers at w = 1/3,
+    """(A(0), G(0)) of the low-probability teachers (theory section 1). With two agreeing teachers at w = 1/3,
     G(0) = 1 / (1 + (0.01 (1-e) / (0.81 e))^{1/3}), and G(0) = 0 at e = 0 (the veto)."""
     p = examples.low_probability_teachers(e, n_agree)
     w = low_prob_weights(n_agree, veto_weight)
@@ -144,7 +144,7 @@ def low_prob_pools(e, n_agree=2, veto_weight=None):
 def veto_threshold(n_agree=2, veto_weight=None):
     """e* at which G(0) = 1/2: W_agree ln 9 = w_veto ln((1 - e)/e), so e* = 1 / (1 + 9^{W_agree / w_veto}).
 
-    Equal weights: e* = 1 / (1 + 9^m) for m agreeing teachers (1/82 for m = 2, SPEC 1)."""
+    Equal weights: e* = 1 / (1 + 9^m) for m agreeing teachers (1/82 for m = 2, theory section 1)."""
     w = low_prob_weights(n_agree, veto_weight)
     return 1.0 / (1.0 + 9.0 ** (w[:-1].sum() / w[-1]))
 
@@ -152,14 +152,14 @@ def veto_threshold(n_agree=2, veto_weight=None):
 def first_token_g(teachers, weights, h_max, token=0):
     """g(token | start) when H = 0, 1, ..., h_max more tokens follow the first; (h_max + 1,).
 
-    One backward recursion of horizon h_max + 1 (SPEC 2): on a time-homogeneous machine the row
+    One backward recursion of horizon h_max + 1 (theory section 2): on a time-homogeneous machine the row
     ln g[h, start] with h_max + 1 - h tokens left is the first-token conditional for H = h_max - h."""
     log_g = ag.sequence_geometric_conditionals(teachers, weights, h_max + 1)
     return np.exp(log_g[::-1, teachers.start, token])
 
 
 def prefix_bias_exact(p_correct, continuation, weights, h_max=30):
-    """The prefix-bias example of SPEC 2 on ``examples.prefix_bias_teachers``.
+    """The prefix-bias example of theory section 2 on ``examples.prefix_bias_teachers``.
 
     rho = sum_a prod_k A_k(a)^{w_k} (so Z(C) = rho^H, Z(I) = 1), H* = sum_k w_k ln(p_k/(1-p_k)) / (-ln rho),
     g(C) against H = 0..h_max, the first H with g(C) < 1/2, and the flat references: the local
@@ -205,7 +205,7 @@ def flip_fractions(sigma, h_values, n_instances, seed, n_teachers=3, n_states=4)
 # rates: the asymptotic s.d. of the learned q_T (CLT + delta method), which sets the tests' tolerances
 # ------------------------------------------------------------------------------------------------
 def learner_sd(probs, weights, n_rounds, learner, token=0):
-    """Asymptotic s.d. of q_T(token) of a one-context learner over seeds (SPEC 3: O(1/sqrt T) rates).
+    """Asymptotic s.d. of q_T(token) of a one-context learner over seeds (theory section 3: O(1/sqrt T) rates).
 
     KT: q_T -> A(token) = mean of T draws from A: sd = sqrt(A (1 - A) / T) (its bias is at most n/(2T)).
     FTL: q_T = softmax(sum_k f_k ln p_k) with teacher frequencies f ~ multinomial(T, w)/T, so
@@ -231,7 +231,7 @@ def learner_sd(probs, weights, n_rounds, learner, token=0):
 
 
 def prefix_learner_sd(p_correct, continuation, weights, horizon_after, n_rounds, learner):
-    """Asymptotic s.d. of q_T(C | start) of the sequence learners on the prefix-bias machine (SPEC 2, 3).
+    """Asymptotic s.d. of q_T(C | start) of the sequence learners on the prefix-bias machine (theory section 2, 3).
 
     SEQ_RKL: logit q(C) = rhat(0,C) - rhat(0,I) + H ln sum_a exp rhat(1,a) (the I branch is shared by all
     teachers: no noise). A round that starts with C reveals ln p_k(C) and then H continuation scores,
@@ -241,7 +241,7 @@ def prefix_learner_sd(p_correct, continuation, weights, horizon_after, n_rounds,
     E X^2 = V(C) + H sum_a l_c(a) V_c(a) + (H^2 - H) E_w[m_k^2] + 2 H Cov_w(D_k(C), m_k),
     V = Var_w(ln p_k), and the delta method over N_C ≈ T g and N_I ≈ T (1 - g) rounds gives
     Var(logit) = [E X^2 / g + V(I) / (1 - g)] / T. The last two terms vanish when the teachers'
-    continuations are symmetric under l_c (SPEC 2 rows 1-3), not in general (row 4).
+    continuations are symmetric under l_c (theory section 2 rows 1-3), not in general (row 4).
     TOKEN_RKL: Var(logit) = [V(C)/l + V(I)/(1 - l)] / T. STATE_KT: sqrt(m (1 - m) / T), m = sum_k w_k p_k.
     """
     w = np.asarray(weights, dtype=float)

@@ -3,7 +3,7 @@
 Colours and line styles for them live in ``figures.labels``.
 """
 
-# the mechanism sims' learners (SPEC 2-3), each named with the feedback it gets per round
+# the mechanism sims' learners (theory section 2-3), each named with the feedback it gets per round
 KT = "KT, one token from a sampled teacher (FKL)"
 FTL = "FTL, a sampled teacher's full row (RKL)"
 ROLLOUT = "own rollout, one token scored by a sampled teacher (RKL)"

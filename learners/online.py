@@ -1,4 +1,4 @@
-"""Online learners for multi-teacher distillation and their regret (SPEC section 3).
+"""Online learners for multi-teacher distillation and their regret (docs/theory.md section 3).
 
 Each public function validates its arguments, prepares log-space tables and runs one numba kernel
 from ``_kernels.py`` with ``prange`` over seeds. Results are arrays ``(R, G)``: one row per
@@ -152,7 +152,7 @@ def _log_tables(beta, n, size):
 
 
 def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=None, track=None):
-    """Add-beta estimator q_t(a) = (N_t(a) + beta) / (t - 1 + n beta) on one context (SPEC 3).
+    """Add-beta estimator q_t(a) = (N_t(a) + beta) / (t - 1 + n beta) on one context (theory section 3).
 
     Feedback: ``sequence=None`` draws k_t ~ w and y_t ~ p_{k_t} (sample feedback); otherwise the
     tokens are fixed: ``"constant"`` (all 0, the worst case of beta >= 1/2), ``"round-robin"``
@@ -216,7 +216,7 @@ def mixture_joint(teachers, weights, horizon):
 
 
 def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=None, track=None):
-    """Per-state add-beta on responses y ~ A_seq (k_t ~ w, then y ~ p_{k_t}), loss -ln q_t(y) (SPEC 3).
+    """Per-state add-beta on responses y ~ A_seq (k_t ~ w, then y ~ p_{k_t}), loss -ln q_t(y) (theory section 3).
 
     The loss splits by the chain rule, -ln q(y) = sum_h -ln q(y_h | s_h), so each state runs its own
     add-beta estimator. ``regret`` is against the best per-state model in hindsight; ``pseudo`` =
@@ -260,7 +260,7 @@ def add_beta_sequence(teachers, weights, horizon, beta, n_rounds, seeds, grid=No
 # on-policy: RKL
 # ------------------------------------------------------------------------------------------------
 def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.0, grid=None, track=None):
-    """Exponentiated gradient / follow-the-leader on the RKL loss, one context (SPEC 3).
+    """Exponentiated gradient / follow-the-leader on the RKL loss, one context (theory section 3).
 
     theta_{t+1} = (1 - eta_t) theta_t + eta_t ln p_{k_t} is exponentiated gradient on
     f_t(q) = KL(q || p_{k_t}) (gradient ln q - ln p_{k_t}); eta_t = 1/t is follow-the-leader,
@@ -306,7 +306,7 @@ def rkl_tabular(log_probs, weights, feedback, schedule, n_rounds, seeds, eta0=1.
 
 
 def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, track=None):
-    """Plug-in on-policy learner on finite-state teachers, sample feedback on its own rollouts (SPEC 2, 3).
+    """Plug-in on-policy learner on finite-state teachers, sample feedback on its own rollouts (theory section 2, 3).
 
     It keeps rhat(s, a), the running mean of the teacher scores ln p_k(a|s) revealed on its rollouts,
     and re-solves for its policy every round; it is not a policy-gradient learner. mode 'sequence':
@@ -411,7 +411,7 @@ def hak_constants(phi_max, lam, d):
 
 def loglinear(features, probs, weights, method, lam, n_rounds, seeds, grid=None, eta0=0.1, gamma=None,
               restarts=3):
-    """Log-linear student with d shared features, q(a|x) ∝ exp(theta . phi(x, a)), x ~ uniform (SPEC 3).
+    """Log-linear student with d shared features, q(a|x) ∝ exp(theta . phi(x, a)), x ~ uniform (theory section 3).
 
     Loss: off-policy log loss on y_t ~ p_{k_t}(.|x_t), or (methods ending in '-RKL') the on-policy
     loss sum_k w_k KL(q(.|x_t) || p_k(.|x_t)); both plus lam/2 |theta|^2. Methods:
@@ -510,7 +510,7 @@ def learn_one_context(probs, weights, n_rounds, seeds, learners=(KT, FTL, ROLLOU
 
 
 def learn_prefix(teachers, weights, horizon, n_rounds, seeds, token=0):
-    """First-token probability q_t(C | start) of the three sequence learners (SPEC 2, "which target").
+    """First-token probability q_t(C | start) of the three sequence learners (theory section 2, "which target").
 
     SEQ_RKL: rkl_sequence 'sequence' (soft-Bellman on the running-mean rewards) -> g;
     TOKEN_RKL: rkl_sequence 'token' (discount 0) -> l; STATE_KT: add_beta_sequence (per-state KT on

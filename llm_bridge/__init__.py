@@ -1,4 +1,4 @@
-"""The token-level conditional analysis of aggregation/ on real causal language models (SPEC section 6).
+"""The token-level conditional analysis of aggregation/ on real causal language models (docs/theory.md section 6).
 
     Teachers(teachers, weights, vocab_size, device, end_token_ids)   K causal LMs (or personas of one)
     Teachers.teacher_log_probs(prompt_ids, continuation_ids, full=False, chunk=256)
@@ -8,7 +8,7 @@
     TabularLM(finite_state_teachers, k)               a FiniteStateTeachers teacher served as a causal LM
     load_model(spec), PersonaTeachers(model, tokenizer, personas, weights)   real models and personas
 
-Distillation losses for torch training loops (``llm_bridge.losses``; targets in SPEC 1, 2, 4):
+Distillation losses for torch training loops (``llm_bridge.losses``; targets in theory section 1, 2, 4):
 
     forward_kl, reverse_kl, generalized_jsd(beta)   token level against K teachers' logits or TopK
     fused_linear_loss(hidden_states, lm_head_weight, ...)   the same without the student's logits

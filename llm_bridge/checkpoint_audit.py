@@ -1,4 +1,4 @@
-"""Which target a trained student sits closest to: the checkpoint audit of a distillation run (SPEC 1, 2, 6).
+"""Which target a trained student sits closest to: the checkpoint audit of a distillation run (theory section 1, 2, 6).
 
 :func:`target_distances` measures, at every position of some responses, the KL from a causal-LM
 student's conditional q to each token-level target the runs of :mod:`llm_bridge.runs` reach — the
@@ -64,10 +64,10 @@ def target_distances(student, teachers, prompts, responses=None, *, horizon=16, 
     prompts; NaN with one prompt), and ``verdict`` (one line).
 
     The routed mixture ("routed": each response drawn from one teacher k ~ w, a run trained on the routed
-    teacher's own traces reaches it, SPEC 2): routed(a | u_t) = sum_k c_k(t) p_k(a | u_t) with the
+    teacher's own traces reaches it, theory section 2): routed(a | u_t) = sum_k c_k(t) p_k(a | u_t) with the
     posterior c_k(t) ∝ w_k p_k(response[:t] | prompt) — A at t = 0, then the teacher the prefix reveals.
 
-    g (SPEC 2) at position t of a response of length T: g(a | u) ∝ prod_k p_k(a|u)^{w_k} Z(ua), Z(ua)
+    g (theory section 2) at position t of a response of length T: g(a | u) ∝ prod_k p_k(a|u)^{w_k} Z(ua), Z(ua)
     over the T - t - 1 tokens that follow, each estimated by :func:`llm_bridge.partition.
     estimate_log_partition` with ``g_samples`` continuations from l (via ``sequence_geometric_scores``,
     one estimate per vocabulary token: only for small vocabularies). KL(q || g) is then a plug-in

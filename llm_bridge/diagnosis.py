@@ -1,4 +1,4 @@
-"""A diagnosis of K teachers before training (SPEC 1, 2, 6; claims T6, T7, T8): along responses to a
+"""A diagnosis of K teachers before training (theory section 1, 2, 6; claims T6, T7, T8): along responses to a
 prompt, where the FKL and the RKL targets disagree, which tokens a teacher vetoes, where a confident
 expert dominates, and how far the prompt is from a prefix flip. Library of ``python sims/diagnose.py``.
 

@@ -1,5 +1,5 @@
 """How far teachers are from the prefix-bias flip: the drift of ln Z_H(uI) - ln Z_H(uC) and the
-predicted flip horizon H* (SPEC 2 "prefix bias", SPEC 6; claim T8). Library of
+predicted flip horizon H* (theory section 2 "prefix bias", theory section 6; claim T8). Library of
 ``python sims/flip_horizon.py``.
 
 For a prompt u with a correct option C and an incorrect one I (token strings), teachers p_k with
@@ -9,11 +9,11 @@ weights w, the sequence-level geometric pool over responses "option + at most H 
                                         D(H) = ln Z_H(uI) - ln Z_H(uC),
 
 m the pooled margin (g's margin at H = 0) and D the continuation gap. ``ln Z_H`` accumulates the
-teachers' per-token disagreement ``-ln z`` along continuations drawn from l (SPEC 2:
+teachers' per-token disagreement ``-ln z`` along continuations drawn from l (theory section 2:
 ``Z_H(v) = E_{c ~ l}[prod_h z(v c_<h)]``), so D grows about linearly, D(H) ~ drift * H, and g
 prefers I once D(H) > m: the predicted flip horizon is ``H* = m / drift`` (infinite when
 drift <= 0: the teachers disagree at least as much after I as after C, which favours C).
-On SPEC 2's machine D(H) = H (-ln rho) exactly and H* is the table's.
+On theory section 2's machine D(H) = H (-ln rho) exactly and H* is the table's.
 
 Estimation. For every context v = uC, uI, N continuations are sampled from l to the largest horizon
 (many contexts at once, left-padded, in one KV-cached batch: :func:`sample_log_factors_many`);
@@ -53,7 +53,7 @@ from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 # ------------------------------------------------------------------------------------------------
 def torch_geometric_pool(log_probs, weights):
     """(ln l (B, n), ln z (B,)) float64 of teachers' log-probs ``[(B, n)]`` with weights (K',):
-    ``ln l = sum_k w_k ln p_k - ln z``, ``ln z = logsumexp_a sum_k w_k ln p_k(a)`` (SPEC 1), in torch
+    ``ln l = sum_k w_k ln p_k - ln z``, ``ln z = logsumexp_a sum_k w_k ln p_k(a)`` (theory section 1), in torch
     (aggregation's NumPy pool validates and copies every row: too slow for 500 rows of 49k tokens)."""
     r = sum(float(w) * lp.double() for w, lp in zip(weights, log_probs))
     log_z = torch.logsumexp(r, dim=-1)

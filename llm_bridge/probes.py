@@ -1,4 +1,4 @@
-"""The prefix-bias probe on real causal LMs (SPEC 2 "prefix bias", SPEC 6): the library behind
+"""The prefix-bias probe on real causal LMs (theory section 2 "prefix bias", theory section 6): the library behind
 ``python sims/probe_prefix_bias.py`` (one question) and ``python sims/probe_batch.py``.
 
 For a question with a known correct answer, each answer option (a prefix of the response) is scored

@@ -1,4 +1,4 @@
-"""What a distillation run converges to, from the run as its library names it (SPEC 1, 2, 4).
+"""What a distillation run converges to, from the run as its library names it (theory section 1, 2, 4).
 
 A run is a frozen dataclass per library, with that library's flag names (:class:`TRLRun`,
 :class:`VerlRun`, :class:`TorchRLRun`, :class:`LigerRun`, :class:`OwnRun` for this project's
@@ -15,16 +15,16 @@ reaches at every context the sampling visits, and why:
     l        the local geometric pool ∝ prod_k p_k^{c_k}             (T2; per-token reverse KL)
     J        the generalised-JSD barycentre argmin_q sum_k c_k JSD_beta(p_k, q) (0 < beta < 1, K >= 2;
              no closed form; for one teacher it is the teacher)
-    g        the conditionals of the sequence-level geometric pool G_seq (SPEC 2: the prefix bias of T8)
+    g        the conditionals of the sequence-level geometric pool G_seq (theory section 2: the prefix bias of T8)
     select   one teacher's own conditionals: the teacher of lowest cross-entropy on the batch's tokens
              (NeMo-RL's select_teacher)
     none     no divergence's gradient: the expected gradient vanishes everywhere (the student does not
-             move) or equals no divergence's gradient (SPEC 4's estimator table)
+             move) or equals no divergence's gradient (theory section 4's estimator table)
     diverges the expected gradient is minus a divergence's: the student moves away from the teachers
 
 with weights c_k = w_k ("prior") or, for routed teachers on the routed teacher's own traces, the
 posterior c_k(u) ∝ w_k p_k(u) of the prefix u ("posterior": for A this is the sequence-level mixture's
-conditional, SPEC 2). :func:`target_log_probs` computes a prediction's conditionals on a prefix-tree
+conditional, theory section 2). :func:`target_log_probs` computes a prediction's conditionals on a prefix-tree
 machine (aggregation's ``FiniteStateTeachers``), which the verification tests compare the minimiser of
 each library's own loss against (tests/test_run_targets.py).
 """
@@ -318,11 +318,11 @@ class OwnRun(_Run):
 # ------------------------------------------------------------------------------------------------
 # predictions
 # ------------------------------------------------------------------------------------------------
-T1 = "T1: sum_k c_k KL(p_k || q) = sum_k c_k KL(p_k || A) + KL(A || q), minimised by A (SPEC 1)"
-T2 = "T2: sum_k c_k KL(q || p_k) = KL(q || l) - ln z, minimised by l (SPEC 1)"
+T1 = "T1: sum_k c_k KL(p_k || q) = sum_k c_k KL(p_k || A) + KL(A || q), minimised by A (theory section 1)"
+T2 = "T2: sum_k c_k KL(q || p_k) = KL(q || l) - ln z, minimised by l (theory section 1)"
 JSD = ("sum_k c_k JSD_beta(p_k, q) is strictly convex in q; beta = 0 is T1's forward KL, beta = 1 T2's "
        "reverse KL, in between its minimiser J lies between A and l and has no closed form (one teacher: p)")
-SEQ = ("SPEC 2: the sequence-level RKL with per-token reward sum_k w_k ln p_k(a|u) credited by reward-to-go is "
+SEQ = ("theory section 2: the sequence-level RKL with per-token reward sum_k w_k ln p_k(a|u) credited by reward-to-go is "
        "soft-optimal control, solved by g = l re-weighted by the continuation partition Z(ua) (T8's prefix "
        "bias); with discount 0 each token sees only its own conditional KL, whose minimiser is l (T2)")
 
@@ -335,7 +335,7 @@ def _weights_note(run, samples):
         return "prior", "pooled: every visited context is scored against all teachers with weights w"
     if samples == "teacher":
         return "posterior", ("routed on the routed teacher's own traces: at a prefix u the sample came from "
-                             "teacher k with probability c_k(u) ∝ w_k p_k(u) (SPEC 2's posterior weights)")
+                             "teacher k with probability c_k(u) ∝ w_k p_k(u) (theory section 2's posterior weights)")
     if samples.startswith("mixed:teacher"):
         return "visitation", ("routed, the routed teacher's traces mixed with the student's rollouts: at a prefix u "
                               "the weights are c_k(u) ∝ w_k (lmbda q(u) + (1 - lmbda) p_k(u)), q(u) the student's own "
@@ -358,7 +358,7 @@ def _full_logit(beta, run, samples, source, temperature):
 
 
 def _estimator(estimator, use, samples, teachers, run, source, gamma=0.0, direction="reverse"):
-    """SPEC 4's table (audit_estimators) for a sampled-token estimator on one teacher's log-ratio per
+    """theory section 4's table (audit_estimators) for a sampled-token estimator on one teacher's log-ratio per
     sample (per-teacher or routed) or on the pooled log-ratio."""
     weights, note = _weights_note(run, samples)
     if use == "reward" and estimator == "k1" and samples == "student":
@@ -366,22 +366,22 @@ def _estimator(estimator, use, samples, teachers, run, source, gamma=0.0, direct
             return Prediction("g", level="sequence", reason=f"k1 = ln q - ln p as a per-token reward credited by "
                               f"reward-to-go on the student's rollouts; {note}; {SEQ}.", source=source)
         return Prediction("l", weights=weights, reason=f"k1 as a detached per-token advantage (no reward-to-go) on the "
-                          f"student's rollouts is the per-token RKL gradient (SPEC 4); {note}; {T2}.", source=source)
+                          f"student's rollouts is the per-token RKL gradient (theory section 4); {note}; {T2}.", source=source)
     if use == "reward":
-        return Prediction("none", reason=f"{estimator} as a detached reward gives no divergence's gradient (SPEC 4's "
+        return Prediction("none", reason=f"{estimator} as a detached reward gives no divergence's gradient (theory section 4's "
                           "table: only k1 does as a reward)", source=source)
     if estimator == "k1":
         if samples == "student":
             return Prediction("none", reason="k1 as a loss on the student's samples has zero expected gradient "
-                              "(E_q grad ln q = 0, SPEC 4): the student does not move", source=source)
+                              "(E_q grad ln q = 0, theory section 4): the student does not move", source=source)
         return Prediction("diverges", reason="k1 as a loss on the teacher's samples is minus the forward-KL gradient "
-                          "(SPEC 4's table): it pushes the teacher's tokens down", source=source)
+                          "(theory section 4's table): it pushes the teacher's tokens down", source=source)
     if estimator in ("k2", "k3+"):
         if samples != "student":
             return Prediction("none", reason=f"{estimator}'s gradient is the RKL gradient only on the student's own "
-                              "samples; on the teacher's it is no divergence's gradient (SPEC 4)", source=source)
+                              "samples; on the teacher's it is no divergence's gradient (theory section 4)", source=source)
         return Prediction("l", weights=weights, reason=f"{estimator} as a loss on the student's samples has the "
-                          f"per-token RKL gradient (SPEC 4; k3+ is k3's value with k2's gradient); {note}; {T2}.",
+                          f"per-token RKL gradient (theory section 4; k3+ is k3's value with k2's gradient); {note}; {T2}.",
                           source=source)
     # k3
     if direction == "forward":
@@ -389,16 +389,16 @@ def _estimator(estimator, use, samples, teachers, run, source, gamma=0.0, direct
             return Prediction("none", reason="k3 with r = ln q - ln p gives the FKL gradient only on the routed "
                               "teacher's own samples (audit_estimators, direction 'forward')", source=source)
         return Prediction("A", weights=weights, reason=f"k3 of ln q - ln p on the teacher's samples is the forward-KL "
-                          f"gradient (SPEC 4, torchrl's 'forward'); {note}; {T1}.", source=source)
+                          f"gradient (theory section 4, torchrl's 'forward'); {note}; {T1}.", source=source)
     if samples != "student":
         return Prediction("none", reason="k3 of ln p - ln q is the FKL gradient only on the student's samples "
-                          "(SPEC 4)", source=source)
+                          "(theory section 4)", source=source)
     if teachers == "pooled":
         return Prediction("l", weights=weights, reason="k3 on the pooled log-ratio sum_k w_k ln p_k - ln q: its "
-                          "expected gradient is z (q - l), the forward-KL gradient to l scaled by z (SPEC 4's "
+                          "expected gradient is z (q - l), the forward-KL gradient to l scaled by z (theory section 4's "
                           "table), which vanishes only at l.", source=source)
     return Prediction("A", weights=weights, reason=f"k3 of ln p - ln q as a loss on the student's samples has the "
-                      f"forward-KL gradient E_q[(1 - p/q) grad ln q] = q - p (SPEC 4); {note}; {T1}.", source=source)
+                      f"forward-KL gradient E_q[(1 - p/q) grad ln q] = q - p (theory section 4); {note}; {T1}.", source=source)
 
 
 def predict_target(run):
@@ -441,7 +441,7 @@ def predict_target(run):
         if run.kl_discount_factor in (0.0, 1.0):
             return _estimator("k1", "reward", "student", "routed", run, source, gamma=run.kl_discount_factor)
         return Prediction("none", reason="a discount strictly between 0 and 1 solves a discounted soft-control "
-                          "problem: its policy lies between l (discount 0) and g (discount 1) and is no pool of SPEC 2",
+                          "problem: its policy lies between l (discount 0) and g (discount 1) and is no pool of theory section 2",
                           source=source)
     if isinstance(run, OwnRun):
         source = SOURCES["this project"]
@@ -506,7 +506,7 @@ def prefix_depths(machine):
 
 
 def context_weights(machine, weights, kind):
-    """(S, K) teacher weights per state: the prior w, or the posterior ∝ w_k p_k(prefix) (SPEC 2)."""
+    """(S, K) teacher weights per state: the prior w, or the posterior ∝ w_k p_k(prefix) (theory section 2)."""
     w = np.asarray(weights, dtype=float)
     S = machine.next_state.shape[0]
     if kind == "prior":

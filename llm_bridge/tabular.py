@@ -1,4 +1,4 @@
-"""A torch module serving one teacher of a FiniteStateTeachers table as a causal LM (SPEC 6).
+"""A torch module serving one teacher of a FiniteStateTeachers table as a causal LM (theory section 6).
 
 With K of these as the bridge's teachers, every exact quantity of the bridge can be checked against
 aggregation's dynamic programme. Token ids 0..n-1 are the machine's tokens; id n is a BOS token

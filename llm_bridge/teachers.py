@@ -1,4 +1,4 @@
-"""K causal-LM teachers sharing one tokenizer, and the exact token-level analysis along a path (SPEC 6).
+"""K causal-LM teachers sharing one tokenizer, and the exact token-level analysis along a path (theory section 6).
 
 A teacher is a causal LM (transformers calling convention: ``model(input_ids=...).logits``) with an
 optional prompt template (a system prompt / persona, as token ids put before the prompt) and a
@@ -32,7 +32,7 @@ def _special_tokens(tok):
 
 
 def check_tokenizers(tokenizers):
-    """Raise ValueError naming the first difference in vocabulary ids or special tokens (SPEC 6)."""
+    """Raise ValueError naming the first difference in vocabulary ids or special tokens (theory section 6)."""
     first = tokenizers[0]
     vocab0 = first.get_vocab()
     special0 = _special_tokens(first)
@@ -155,7 +155,7 @@ class Teachers:
         return (path, out_full) if full else path
 
     def path_analysis(self, prompt_ids, continuation_ids, chunk=256):
-        """Exact token-level quantities along a path (SPEC 2, 6), with aggregation's pools.
+        """Exact token-level quantities along a path (theory section 2, 6), with aggregation's pools.
 
         Returns a dict of arrays over positions t = 0 .. T-1:
         ``teacher`` (K, T, n) conditionals, ``local_geometric`` (T, n) l, ``local_mixture`` (T, n)

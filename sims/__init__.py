@@ -1,1 +1,1 @@
-"""Experiments: learners, protocols and sweeps (SPEC sections 3-5). Scripts write tidy CSV; figures/ plots."""
+"""Experiments: learners, protocols and sweeps (docs/theory.md sections 3-5). Scripts write tidy CSV; figures/ plots."""

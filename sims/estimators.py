@@ -1,5 +1,5 @@
 """Monte-Carlo KL estimators k1, k2, k3: bias and variance of values and gradients, importance weights over
-long responses, top-k samplers (SPEC 4; claims E2, E5). Exact where a sum over the vocabulary or a
+long responses, top-k samplers (theory section 4; claims E2, E5). Exact where a sum over the vocabulary or a
 recursion over the machine gives it (distillation.moments), Monte Carlo beside it as a check.
 
     python sims/estimators.py            # about 10 s on 2 cores
@@ -17,7 +17,7 @@ Writes to ``--out`` (default results/estimators):
                   IS_MACHINES random machines (column machine; exact up to 256, Monte Carlo for H <= 16 on
                   the first)
   topk.csv        E_q[k3] for a student sampling its top k only, against KL - p(V \\ S)
-  verdicts.csv    each claim of SPEC 4 checked on every random pair (every machine and teacher for the
+  verdicts.csv    each claim of theory section 4 checked on every random pair (every machine and teacher for the
                   weights' growth): the statistic's median and range, how many meet the rule, the verdict
                   (analysis.verdicts.draw_row; "k3 has a smaller variance than k1" per spread)
   figures/estimators.png
@@ -194,7 +194,7 @@ def run_topk(cell):
 
 
 def verdicts(values, gradients, topk, horizon, quick=False):
-    """verdicts.csv: each claim of SPEC 4 on every random pair (``analysis.verdicts.draw_row``, the pairs
+    """verdicts.csv: each claim of theory section 4 on every random pair (``analysis.verdicts.draw_row``, the pairs
     as units; every value here is exact, so every pair decides: every pair meets the rule, none, or some,
     with a stated condition when a property of the pairs separates them), from values.csv,
     gradients.csv, topk.csv and is_horizon.csv. ``quick``: the rows decide nothing."""

@@ -22,7 +22,7 @@ Writes to ``--out`` (default results/flip_horizon):
   flip_summary.csv     per config: eligible questions, flips and detection rate, the detectable drift
                        (median; low / high margin), samples and ESS, saturating fits, the distribution
                        of H*, the nearest case
-  flip_validation.csv  TabularLM teachers (SPEC 2's rows; a random binary family at N = 300 and at the
+  flip_validation.csv  TabularLM teachers (theory section 2's rows; a random binary family at N = 300 and at the
                        real study's N; the LLM-like family at the study's N and horizons, without and
                        with the heavy-tail correction): the study's drift, gap and H* against the exact ones
   flip_validation_summary.csv  per family: coverage of the drift, gap and H* intervals, z-scores, ESS,
@@ -252,7 +252,7 @@ def run_tabular(cell):
 
 def coverage(validation, what="drift"):
     """Whether each interval of ``what`` (drift, gap: D at the largest H, h_star) covers the exact value,
-    with a float32 allowance (the teachers' log-probs are float32: SPEC 2's rows give zero-width
+    with a float32 allowance (the teachers' log-probs are float32: theory section 2's rows give zero-width
     intervals that miss by ~1e-8). For h_star, NaN where H* is not an estimand: the exact drift is <= 0
     or the fit is saturating."""
     v, ex = validation, validation[f"exact_{what}"]

@@ -1,4 +1,4 @@
-"""The three mechanisms of multi-teacher distillation, exact and learned (SPEC 1-3; claims T6-T8).
+"""The three mechanisms of multi-teacher distillation, exact and learned (theory section 1-3; claims T6-T8).
 
     python sims/mechanisms.py [confident-expert | low-prob | prefix-bias | all] [--quick] [--out DIR]
 
@@ -8,7 +8,7 @@ the columns
 
     mechanism, part, learner, setting, x_name, x, seed, t, quantity, value
 
-``part`` says what a row is: ``exact`` (a closed-form target swept over x), ``spec`` (the SPEC's
+``part`` says what a row is: ``exact`` (a closed-form target swept over x), ``spec`` (the the theory's
 worked values), ``target`` (the exact value a learned curve should reach), ``learned`` (a learner's
 q_t at round t, one row per seed and log-grid round), and per mechanism a few summaries
 (``veto-rounds``, ``regret-constant``, ``random-family``). Empty cells mean "not applicable".
@@ -19,7 +19,7 @@ confident-expert (T6)  one expert (1-(n-1)d, d, ..., d) and K-1 uniform teachers
 low-prob (T7)          teachers (0.9, 0.1) x m and (e, 1-e): G(correct) against e (e* = 1/82),
     against m and the vetoing teacher's weight; the learners against the three teachers; rounds until
     the on-policy learner pushes the correct token below 1/2; FTL's regret constant against e.
-prefix-bias (T8)       g(C) against H on the SPEC rows (H* marked), beside l and the mixture; the
+prefix-bias (T8)       g(C) against H on the theory's prefix-bias rows (H* marked), beside l and the mixture; the
     fraction of random finite-state instances whose g prefers the incorrect first token; the
     sequence-level RKL learner (-> g), the per-token one (-> l) and per-state KT (-> mixture).
 
@@ -84,8 +84,8 @@ SIZES = {   # full run / --quick
     "instances": (400, 40),                   # random prefix-bias family, per disagreement level
 }
 
-CE_D = (0.05, 1e-2, 1e-4, 1e-8)               # SPEC 1 table (K = 2, w = 1/2)
-CE_K = (2, 5, 10, 50)                         # SPEC 1, d = 1e-4, equal weights
+CE_D = (0.05, 1e-2, 1e-4, 1e-8)               # theory section 1 table (K = 2, w = 1/2)
+CE_K = (2, 5, 10, 50)                         # theory section 1, d = 1e-4, equal weights
 CE_K_D = 1e-4
 CE_VOCAB = (3, 100, 10_000)
 CE_VOCAB_MASS = 1e-8                          # the expert's total mass off its top token, d = mass/(n-1)
@@ -94,14 +94,14 @@ LP_E_LEARNED = (0.1, 0.02, 0.01, 1e-3, 1e-6)
 LP_E_VETO = (1e-2, 5e-3, 2e-3, 1e-3, 1e-4, 1e-6, 1e-9, 1e-12)
 LP_E_REGRET = (0.1, 1e-2, 1e-3, 1e-4, 1e-6)
 LP_AGREE = (1, 2, 3, 5)
-PB_ROWS = (   # SPEC 2 table: p_k(C), continuation A_k after C, weights
+PB_ROWS = (   # theory section 2 table: p_k(C), continuation A_k after C, weights
     ((0.9, 0.9), ((0.9, 0.1), (0.1, 0.9)), (0.5, 0.5)),
     ((0.9, 0.9), ((0.8, 0.2), (0.2, 0.8)), (0.5, 0.5)),
     ((0.99, 0.8), ((0.8, 0.2), (0.2, 0.8)), (0.5, 0.5)),
     ((0.9, 0.9), ((0.8, 0.2), (0.2, 0.8)), (0.8, 0.2)),
 )
 PB_H_MAX = 30                                 # exact g(C) for H = 0 .. PB_H_MAX
-PB_LEARNED = ((0, 2), (0, 8), (2, 6), (2, 20))   # (SPEC row, H): one H below H*, one above
+PB_LEARNED = ((0, 2), (0, 8), (2, 6), (2, 20))   # (theory row, H): one H below H*, one above
 PB_SIGMAS = (0.25, 0.5, 1.0, 2.0, 4.0)
 PB_H = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024)
 
@@ -174,7 +174,7 @@ def _pool_rows(cell, setting, x_name, xs, pools, quantity, part="exact"):
 
 
 def run_ce_exact(cell):
-    """Exact A and G top probabilities against d, K, the expert's weight and n (SPEC 1)."""
+    """Exact A and G top probabilities against d, K, the expert's weight and n (theory section 1)."""
     d_grid = np.unique(np.concatenate([np.logspace(-12, math.log10(0.3), 61), CE_D]))
     frames = (_pool_rows(cell, "K=2, w=1/2", "d", d_grid, closed_forms.confident_expert_pools, TOP)
               + _pool_rows(cell, "K=2, w=1/2", "d", CE_D, closed_forms.confident_expert_pools, TOP, part="spec"))
@@ -214,7 +214,7 @@ def run_ce_learned_vocab(cell):
 
 
 def run_lp_exact(cell):
-    """Exact G(correct) against e, the number m of agreeing teachers and the weights (SPEC 1)."""
+    """Exact G(correct) against e, the number m of agreeing teachers and the weights (theory section 1)."""
     frames = []
     e_grid = np.unique(np.concatenate([np.logspace(-12, math.log10(0.5), 89), LP_E_SPEC[:-1]]))
     for m in LP_AGREE:
@@ -241,7 +241,7 @@ REGRET_FAMILIES = {   # setting -> (legend, how the teachers arrive)
 
 def run_lp_regret_constant(cell):
     """FTL's regret constant c (R_T ≈ c ln T) against e for three families, each against its formula:
-    the pair in alternating order ((1/8) ln^2((1-e)/e), SPEC 3), the same pair drawn i.i.d. and the
+    the pair in alternating order ((1/8) ln^2((1-e)/e), theory section 3), the same pair drawn i.i.d. and the
     low-probability triple drawn i.i.d. (both c = 1/2 sum_k w_k Var_G(ln p_k - r)). The pair's constant
     blows up as e -> 0 in either order: it comes from the teachers' disagreement under G, not from the
     order; the triple's stays bounded because G leaves the token the vetoing teacher disagrees on."""
@@ -286,7 +286,7 @@ def run_lp_veto_rounds(cell):
 
 
 def run_pb_exact(cell):
-    """Exact g(C) against H on the SPEC rows, beside l and the mixture's marginal (SPEC 2)."""
+    """Exact g(C) against H on the theory's prefix-bias rows, beside l and the mixture's marginal (theory section 2)."""
     frames = []
     for i, (pc, cont, w) in enumerate(PB_ROWS):
         ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=PB_H_MAX)
@@ -316,7 +316,7 @@ def run_pb_random_family(cell):
 
 
 def run_pb_learned(cell):
-    """The three sequence learners' q_t(C first) on one SPEC row at one H."""
+    """The three sequence learners' q_t(C first) on one theory row at one H."""
     row, H = cell["row"], cell["H"]
     pc, cont, w = PB_ROWS[row]
     ex = closed_forms.prefix_bias_exact(pc, cont, w, h_max=max(H, PB_H_MAX))

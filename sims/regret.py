@@ -19,7 +19,7 @@ Writes to ``--out`` (default results/regret):
   cells/       one file per finished cell (written atomically), so a rerun resumes where it stopped
   figures/     regret_<experiment>.png (``python -m figures`` rebuilds them from the CSVs)
 
-Each experiment is a list of independent cells (SPEC section 3):
+Each experiment is a list of independent cells (docs/theory.md section 3):
   offpolicy-tabular   add-beta (KT, Laplace, beta 0.1, 2) on one context: the constant and the
                       round-robin sequence (closed forms) and sample feedback from K = 3 teachers
   offpolicy-sequence  per-state KT / Laplace on prefix-tree teachers (aggregation.examples)

@@ -1,5 +1,5 @@
 """The bias of top-k teachers: each tail treatment against the full-vocabulary divergence, as a function of
-k, on real logits (issue 12; SPEC 4's E_q[k3] = KL(q || p) - p(V \\ S) is the same effect for samplers).
+k, on real logits (issue 12; theory section 4's E_q[k3] = KL(q || p) - p(V \\ S) is the same effect for samplers).
 
     python sims/topk_bias.py        # SmolLM2 and llm_bridge/examples/teachers.json, to results/topk_bias
     python sims/topk_bias.py --model MODEL --teachers TEACHERS.json --out DIR

@@ -268,8 +268,8 @@ def verify(run, K, seed=1):
 # the generated table (docs/run_targets.md): python tests/run_targets_harness.py rewrites it
 # ------------------------------------------------------------------------------------------------
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "run_targets.md"
-THEORY = {"A": "T1", "l": "T2", "J": "JSD_beta convex in q (T1 at beta = 0, T2 at 1)", "g": "SPEC 2, T8",
-          "select": "one teacher (Gibbs: the data's lowest cross-entropy)", "none": "SPEC 4", "diverges": "SPEC 4"}
+THEORY = {"A": "T1", "l": "T2", "J": "JSD_beta convex in q (T1 at beta = 0, T2 at 1)", "g": "theory section 2, T8",
+          "select": "one teacher (Gibbs: the data's lowest cross-entropy)", "none": "theory section 4", "diverges": "theory section 4"}
 LIBRARY_OF = {"TRLRun": "trl", "LigerRun": "liger", "VerlRun": "verl", "TorchRLRun": "torchrl"}
 
 
@@ -303,7 +303,7 @@ def table_rows(cases):
         if len(run.weights) == 1 and p.target in ("A", "l"):
             p = dataclasses.replace(p, target="the teacher")
         theory = "T1, T2 (one teacher)" if p.target == "the teacher" else \
-             THEORY[p.target] + (" via SPEC 4" if p.target in ("A", "l") and "SPEC 4" in p.reason else "")
+             THEORY[p.target] + (" via theory section 4" if p.target in ("A", "l") and "theory section 4" in p.reason else "")
         samples = getattr(run, "samples", "student")
         label = {"J": p.label.replace("J_", "J_beta="), "the teacher": "the teacher p",
                  "select": "the lowest-CE teacher"}.get(p.target, p.label)

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the pools (SPEC 1) and of the sequence level (SPEC 2).
+"""Hypothesis properties of the pools (theory section 1) and of the sequence level (theory section 2).
 
 Teachers are drawn from a seed, with K up to 16, n up to 64, probabilities down to 1e-300 and exact
 zeros (-inf log-probs) on all tokens but a shared one, so that supports always intersect.
@@ -361,7 +361,7 @@ def test_occupancy_vs_enumeration(twd):
 
 @given(teachers(max_k=6, max_n=16), st.integers(0, 2**31))
 def test_partition_is_one_iff_the_teachers_agree(tw, seed):
-    """SPEC 1: Z = 1 iff every positive-weight teacher is the same distribution. Agreeing teachers give
+    """theory section 1: Z = 1 iff every positive-weight teacher is the same distribution. Agreeing teachers give
     ln Z = 0 to rounding; teachers that differ by a finite amount give Z bounded away from 1, and for
     nearly equal teachers 1 - Z = w1 w2 chi^2(p1, p2) / 2 + O(delta^3), so strictness is asserted only
     where that second-order gap exceeds the arithmetic's resolution."""

@@ -1,4 +1,4 @@
-"""Every worked value of SPEC sections 1 and 2, pinned to 1e-3 or better."""
+"""Every worked value of docs/theory.md sections 1 and 2, pinned to 1e-3 or better."""
 
 import numpy as np
 import pytest
@@ -76,7 +76,7 @@ def test_prefix_bias_rows(p, A, w, rho, h_star, h_flip, g_before, g_after):
     assert log_z[1, 1] == pytest.approx(7 * np.log(exact_rho), rel=1e-13)   # ln Z(C) = 7 ln rho, exactly
     assert log_z[1, 2] == pytest.approx(0.0, abs=1e-12)
     p = np.array(p)
-    assert np.sum(w * np.log(p / (1 - p))) / -np.log(rho) == pytest.approx(h_star, rel=5e-4)  # SPEC prints 4 digits
+    assert np.sum(w * np.log(p / (1 - p))) / -np.log(rho) == pytest.approx(h_star, rel=5e-4)  # docs/theory.md prints 4 digits
     gs = np.array([g_correct(t, w, H) for H in range(h_flip + 1)])
     assert np.all(gs[:h_flip] > 0.5) and gs[h_flip] < 0.5
     assert gs[h_flip - 1] == pytest.approx(g_before, abs=1e-3)
@@ -96,7 +96,7 @@ def test_prefix_bias_local_at_zero_horizon():
 
 def test_target_log_probs_names_the_three_targets_of_a_loss():
     """aggregation.target_log_probs (the finite-state targets the sims' fixed points and the bridge's
-    TabularLM read): the mixture, l and g of SPEC 1-2 at every position, and a ValueError for anything else."""
+    TabularLM read): the mixture, l and g of theory section 1-2 at every position, and a ValueError for anything else."""
     teachers, w, horizon = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]]), np.array([0.5, 0.5]), 4
     arithmetic = ag.target_log_probs(teachers, w, horizon, "arithmetic")
     assert arithmetic.shape == (horizon, teachers.S, teachers.n)

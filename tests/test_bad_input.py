@@ -1,4 +1,4 @@
-"""SPEC 7: each bad input raises ValueError naming the argument and the first bad index."""
+"""theory section 7: each bad input raises ValueError naming the argument and the first bad index."""
 
 import numpy as np
 import pytest

@@ -298,7 +298,7 @@ def test_multi_token_options_match_the_dynamic_programme():
 
 
 def test_prefix_bias_machine_flips_through_the_bridge():
-    """SPEC 2 row 1 (rho = 0.6, H* = 4.301) served by TabularLM: g(C) = .538 at H = 4 and .412 at
+    """theory section 2 row 1 (rho = 0.6, H* = 4.301) served by TabularLM: g(C) = .538 at H = 4 and .412 at
     H = 5 (horizon after the first token); both within the reported intervals, and the probe flags."""
     from llm_bridge.probes import summarise
     t = examples.prefix_bias_teachers([0.9, 0.9], [[0.9, 0.1], [0.1, 0.9]])
@@ -421,7 +421,7 @@ def test_token_ids_outside_the_vocabulary_name_the_first_bad_position():
 
 def test_tokenizers_differing_in_a_special_token_are_an_error():
     """Two real (fast) tokenizers with the same vocabulary; one has 'Paris' as an additional special
-    token, so the same text encodes differently. SPEC 6: an error naming the first difference."""
+    token, so the same text encodes differently. theory section 6: an error naming the first difference."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

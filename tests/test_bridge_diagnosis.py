@@ -221,7 +221,7 @@ def test_a_student_reference_replaces_a_and_thresholds_are_validated():
 
 @pytest.mark.parametrize("row", range(4))
 def test_planted_flips_equal_the_exact_horizon(row):
-    """SPEC 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
+    """theory section 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
     equal aggregation's exact ones, and the first flip measured at H = 0..18 is the exact first flip, said
     as such; no H* is extrapolated. A control whose teachers agree after C has drift 0 and no flip
     (precision): its bound is the powered one, m / 18 (D(H) is exact here: s.e. 0)."""
@@ -254,7 +254,7 @@ def test_planted_flips_equal_the_exact_horizon(row):
 @pytest.mark.parametrize("row", range(4))
 def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
     """The same planted flips measured only up to H = 4, before each exact first flip (5, 10, 14, 16): no
-    flip is reported, and the bound is detectable_drift's closed form: D(H) is exact on SPEC 2's machine
+    flip is reported, and the bound is detectable_drift's closed form: D(H) is exact on theory section 2's machine
     (s.e. 0), so d = min_H m / H = m / 4, at H = 4; the exact drift lies below it (no flip by H = 4 is what
     a drift below m / 4 implies), and the sentence names it."""
     from aggregation import examples

@@ -1,6 +1,6 @@
 """The checkpoint audit (llm_bridge.checkpoint_audit): a tiny Qwen2 student distilled from two TabularLM
 teachers with forward KL ends closest to A and with reverse KL closest to l, and every per-position KL
-equals the one computed from aggregation's exact tables (SPEC 1, 2, 6)."""
+equals the one computed from aggregation's exact tables (theory section 1, 2, 6)."""
 
 import numpy as np
 import pytest
@@ -117,7 +117,7 @@ def test_the_monte_carlo_kl_to_g_matches_the_exact_tables(students):
 
 def test_the_routed_column_is_the_sequence_level_mixture_of_runs(students):
     """KL(q || routed) at every position equals KL(q || A with posterior weights) from llm_bridge.runs'
-    table of the machine (the target of routed teachers on their own traces, SPEC 2), and differs from A
+    table of the machine (the target of routed teachers on their own traces, theory section 2), and differs from A
     after the first token."""
     from llm_bridge import runs
     machine, student = students["forward"]

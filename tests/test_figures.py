@@ -96,7 +96,7 @@ def test_mechanism_figures(quick_mechanisms):
     legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
     assert any("drawn i.i.d." in t and "pair" in t for t in legend) and any("alternating" in t for t in legend)
     fig = fm.prefix_bias_figure(df["prefix-bias"])
-    rows = [ax for ax in fig.axes if ax.get_title().startswith("SPEC row")]
+    rows = [ax for ax in fig.axes if ax.get_title().startswith("theory row")]
     assert len(rows) == 4 and all(len(data_lines(ax)) >= 3 for ax in rows)
     fig = fm.confident_expert_learned_figure(df["confident-expert"])
     vocab = [ax for ax in fig.axes if ax.get_title().startswith("vocabulary")]

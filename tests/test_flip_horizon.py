@@ -30,7 +30,7 @@ def test_questions_file_is_shipped_and_valid():
 
 @pytest.mark.integration
 def test_cli_tabular_validation_recovers_the_exact_flip_horizon(tmp_path):
-    """--quick --only tabular: SPEC 2's four rows recover H* (4.301, 9.847, 13.40, 15.80) exactly, and
+    """--quick --only tabular: theory section 2's four rows recover H* (4.301, 9.847, 13.40, 15.80) exactly, and
     the random machines' drift intervals cover aggregation's exact drift (4 machines: >= 3 covers,
     P(Bin(4, .95) <= 2) = 0.0005)."""
     out = tmp_path / "flip"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HORIZONS = [0, 1, 2, 4, 8, 16, 32]
-# SPEC 2's prefix-bias table: (p, A_k, w, H*)
+# theory section 2's prefix-bias table: (p, A_k, w, H*)
 SPEC_ROWS = [([.9, .9], [[.9, .1], [.1, .9]], [.5, .5], 4.301),
              ([.9, .9], [[.8, .2], [.2, .8]], [.5, .5], 9.847),
              ([.99, .8], [[.8, .2], [.2, .8]], [.5, .5], 13.40),
@@ -40,7 +40,7 @@ def one_question(machine):
 
 @pytest.mark.parametrize("p, cont, w, h_star", SPEC_ROWS)
 def test_spec_prefix_bias_rows_recover_h_star(p, cont, w, h_star):
-    """On SPEC 2's machine D(H) = H (-ln rho) exactly (the continuation factors are deterministic), so
+    """On theory section 2's machine D(H) = H (-ln rho) exactly (the continuation factors are deterministic), so
     the study recovers H* to float32 precision, with a zero-width interval, and the flip is measured
     at the first horizon above H*."""
     t = examples.prefix_bias_teachers(p, cont)
@@ -299,7 +299,7 @@ def tempered(row, t2):
 
 @pytest.mark.parametrize("t2", [2.0, 1.25])
 def test_positive_control_flips_at_the_exact_first_flip(t2):
-    """The positive control on TabularLM teachers: two identical teachers (SPEC 2's machine, the same
+    """The positive control on TabularLM teachers: two identical teachers (theory section 2's machine, the same
     row after C and after I), the second one's logits divided by T2 after C only (``after_correct``).
     The options are scored by the unchanged teachers (the control's start row differs and must not
     count); D(H) = H (-ln rho) exactly, so the study recovers the exact H* and flips first at the first

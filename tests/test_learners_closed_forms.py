@@ -1,5 +1,5 @@
-"""The theory's closed forms (learners/closed_forms.py) pinned from SPEC 1-3, and the learned values of
-learners/online.py approaching them at the rate of SPEC 3."""
+"""The theory's closed forms (learners/closed_forms.py) pinned from theory section 1-3, and the learned values of
+learners/online.py approaching them at the rate of theory section 3."""
 
 import math
 import os
@@ -20,7 +20,7 @@ Z = 4.0          # tolerance in s.d. of the mean over seeds (the seeds are fixed
 
 
 # ------------------------------------------------------------------------------------------------
-# theory values pinned from SPEC 3
+# theory values pinned from theory section 3
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n, T, value", [(2, 10, 1.7362), (2, 1000, 4.0264), (3, 1000, 7.6014), (4, 300, 9.1318)])
 def test_kt_worst_case_spec_values(n, T, value):
@@ -43,7 +43,7 @@ def test_alternating_constant_spec_values(e, c):
 
 
 # ------------------------------------------------------------------------------------------------
-# exact values pinned from SPEC 1 and 2
+# exact values pinned from theory section 1 and 2
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("d, top_a, top_g", [
     (0.05, 0.6167, 0.6796), (1e-2, 0.6567, 0.8319), (1e-4, 0.6666, 0.9804), (1e-8, 0.6667, 0.9998)])
@@ -100,7 +100,7 @@ def test_veto_threshold():
     assert closed_forms.veto_threshold(2, 1 / 3) == pytest.approx(1 / 82, rel=1e-12)
 
 
-PREFIX_ROWS = [   # SPEC 2: rho, H*, first H with g(C) < 1/2, g(C) one step before -> at that H
+PREFIX_ROWS = [   # theory section 2: rho, H*, first H with g(C) < 1/2, g(C) one step before -> at that H
     (0.6, 4.301, 5, .538, .412), (0.8, 9.847, 10, .547, .491), (0.8, 13.40, 14, .522, .467),
     (0.8702, 15.80, 16, .528, .493)]
 
@@ -110,7 +110,7 @@ def test_prefix_bias_rows(row, expected):
     rho, h_star, flip, g_before, g_after = expected
     ex = closed_forms.prefix_bias_exact(*row)
     assert ex["rho"] == pytest.approx(rho, abs=1e-4)
-    assert ex["h_star"] == pytest.approx(h_star, rel=5e-4)    # SPEC prints 4 digits
+    assert ex["h_star"] == pytest.approx(h_star, rel=5e-4)    # docs/theory.md prints 4 digits
     assert ex["first_flip"] == flip and flip - 1 < ex["h_star"] < flip
     assert ex["g"][flip - 1] == pytest.approx(g_before, abs=1e-3)
     assert ex["g"][flip] == pytest.approx(g_after, abs=1e-3)
@@ -173,7 +173,7 @@ def test_random_family_flip_fraction_facts():
 
 
 # ------------------------------------------------------------------------------------------------
-# learned values approach the exact targets at the O(1/sqrt T) rate of SPEC 3
+# learned values approach the exact targets at the O(1/sqrt T) rate of theory section 3
 # ------------------------------------------------------------------------------------------------
 def _check(q_final, target, sd, bias=0.0):
     """mean over seeds within Z s.d. of the mean (the learner_sd rates) plus a deterministic bias bound."""
@@ -233,7 +233,7 @@ def test_prefix_bias_learned_values(row, H):
 
 
 def test_regret_constant_comes_from_disagreement_not_order():
-    """SPEC 3 (corrected): the pair (1-e, e), (e, 1-e) has FTL constant (1/8) ln^2((1-e)/e) whether it
+    """theory section 3 (corrected): the pair (1-e, e), (e, 1-e) has FTL constant (1/8) ln^2((1-e)/e) whether it
     alternates or is drawn i.i.d.; the low-probability triple's constant stays bounded as e -> 0.
     Alternating is deterministic (slope to 1e-3 at T = 2e4); i.i.d. is checked against the formula
     within the 95% interval over 16 seeds."""
@@ -256,7 +256,7 @@ def test_regret_constant_comes_from_disagreement_not_order():
 
 
 def test_prefix_learner_sd_against_monte_carlo_over_seeds():
-    """The asymptotic s.d. of the sequence-level learner's q_T(C) on SPEC row 4 (w = (0.8, 0.2), where
+    """The asymptotic s.d. of the sequence-level learner's q_T(C) on theory row 4 (w = (0.8, 0.2), where
     the continuation scores of one round share their teacher and do not cancel) against the s.d. over
     96 seeds at T = 2e4 (an estimate with about 7% relative error; the formula without the shared-
     teacher terms is 35% too small here)."""

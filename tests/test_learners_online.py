@@ -468,7 +468,7 @@ def test_public_tracking_closed_forms_and_unchanged_results():
 
 
 # ------------------------------------------------------------------------------------------------
-# bad input (SPEC 7)
+# bad input (theory section 7)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("call, match", [
     (lambda: online.add_beta_tabular([[0.5, 0.5]], [1.0], 0.5, 0, [0]), "n_rounds"),

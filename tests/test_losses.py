@@ -1,5 +1,5 @@
 """The distillation losses (llm_bridge/losses.py) against aggregation's exact values and float64 autograd of
-the exact objectives; the estimator audit against SPEC 4's closed forms and a Monte Carlo; bad input."""
+the exact objectives; the estimator audit against theory section 4's closed forms and a Monte Carlo; bad input."""
 
 import math
 
@@ -219,7 +219,7 @@ def test_bfloat16_inputs_are_computed_in_float32():
 
 
 # ------------------------------------------------------------------------------------------------
-# sampled-token estimators: exact expectations (SPEC 4) and Monte Carlo
+# sampled-token estimators: exact expectations (theory section 4) and Monte Carlo
 # ------------------------------------------------------------------------------------------------
 def test_audit_matches_spec4_closed_forms():
     g = torch.Generator().manual_seed(9)
@@ -294,7 +294,7 @@ def test_monte_carlo_gradients_of_the_sampled_losses_land_on_the_audit(estimator
     e = expect[(estimator, pool)]
     assert row["equals"].iloc[0] != "none"
     assert torch.all((mean - e).abs() <= 4 * se + 1e-12), (mean, e, se)
-    # the estimates themselves (SPEC 4: E_q k1 = E_q k3 = KL for one log-ratio): sum_k w_k KL(q || p_k) =
+    # the estimates themselves (theory section 4: E_q k1 = E_q k3 = KL for one log-ratio): sum_k w_k KL(q || p_k) =
     # KL(q || l) - ln z, and for k3 on the pooled log-ratio z - 1 + KL(q || l) - ln z (sum_x z l(x) = z)
     rkl = float((q * (lq - pooled)).sum())
     log_z = float(torch.logsumexp(pooled, -1))

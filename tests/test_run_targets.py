@@ -1,5 +1,5 @@
 """What a distillation run converges to (llm_bridge.runs): the run descriptions' validation, and
-predict_target verified by minimising each library's own loss on a tabular student (SPEC 1, 2, 4).
+predict_target verified by minimising each library's own loss on a tabular student (theory section 1, 2, 4).
 
 The library rows need the wheels `make oracle` unpacks (TRL 1.16.0, verl 0.9.1, torchrl 0.14.1,
 Liger-Kernel 0.8.5); without them they skip, saying so. tests/run_targets_harness.py holds the harness.

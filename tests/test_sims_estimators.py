@@ -100,7 +100,7 @@ def test_importance_weight_panel_is_per_token_so_the_monte_carlo_points_are_read
 
 @pytest.mark.integration
 def test_verdicts_follow_the_csvs_and_flip_when_a_gradient_identity_breaks(quick_run):
-    """verdicts.csv of a quick run: SPEC 4's identities hold on every pair, and each verdict follows its
+    """verdicts.csv of a quick run: theory section 4's identities hold on every pair, and each verdict follows its
     rule: a synthetic k2 loss whose expected gradient misses RKL on one pair, or a k3 no longer unbiased on
     any, turns 'reproduces' into 'under stated conditions' and 'does not reproduce'."""
     out = quick_run("estimators")

@@ -1,5 +1,5 @@
 """Multi-teacher distillation losses for torch training loops, each paired with the target it reaches
-(SPEC 1, 2, 4, 6).
+(theory section 1, 2, 4, 6).
 
 Token level, from the student's logits ``(B, T, V)`` and K teachers (full logits ``(K, B, T, V)`` or a
 list of K ``(B, T, V)`` tensors, or a list of K :class:`TopK`), weights ``(K,)`` or per sample ``(B, K)``
@@ -9,11 +9,11 @@ list of K ``(B, T, V)`` tensors, or a list of K :class:`TopK`), weights ``(K,)``
     reverse_kl       sum_k w_k KL(q || p_k) = KL(q || l) - ln z target: the local geometric pool l
     generalized_jsd  sum_k w_k JSD_beta(p_k, q)                 beta = 0: forward_kl, beta = 1: reverse_kl
 
-Sequence level, from sampled tokens (SPEC 2 "which target a learner reaches", SPEC 4):
+Sequence level, from sampled tokens (theory section 2 "which target a learner reaches", theory section 4):
 
     rkl_policy_gradient   on-policy RKL by reward-to-go; gamma = 1 reaches G_seq (conditionals g),
                           gamma = 0 reaches l
-    kl_estimator_loss     k1 / k2 / k3 of SPEC 4 on the sampled token, as a loss or as a reward
+    kl_estimator_loss     k1 / k2 / k3 of theory section 4 on the sampled token, as a loss or as a reward
     audit_estimators      exact expected gradient of every estimator configuration, and which
                           divergence's gradient it equals
 

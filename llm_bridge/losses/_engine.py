@@ -1,4 +1,4 @@
-"""Validation (SPEC 7) and the chunked engine behind the token-level losses: a validated problem
+"""Validation (theory section 7) and the chunked engine behind the token-level losses: a validated problem
 (:class:`Problem`), then the loss per position with the student's gradient computed chunk by chunk
 during the forward pass (:class:`ChunkedLoss`), then the reduction."""
 
@@ -22,7 +22,7 @@ class TopK:
 
 
 # ------------------------------------------------------------------------------------------------
-# validation (SPEC 7: ValueError before any work, naming the argument, the axis and the first position)
+# validation (theory section 7: ValueError before any work, naming the argument, the axis and the first position)
 # ------------------------------------------------------------------------------------------------
 def first_bad(bad):
     """The first True index of a boolean tensor, as a tuple."""
@@ -58,7 +58,7 @@ class Rows:
 
 
 def locate_bad_input(problem, idx, kind):
-    """The chunk ``idx`` gave a non-finite loss: the ValueError naming the first bad input there (SPEC 7).
+    """The chunk ``idx`` gave a non-finite loss: the ValueError naming the first bad input there (theory section 7).
     The student (or hidden states): NaN / inf. A full teacher on samples where its weight is > 0: NaN /
     +inf, a row of -inf only, or (reverse KL) any -inf; -inf elsewhere is a valid log-prob (vocabulary
     masks, top-p filtering: p = 0, 0 log 0 = 0); on samples where its weight is 0 anything goes."""

@@ -1,5 +1,5 @@
 """The estimator audit: the exact expected gradient of every sampled-token estimator configuration, no
-sampling, and which divergence's gradient it equals (SPEC 4)."""
+sampling, and which divergence's gradient it equals (theory section 4)."""
 
 from dataclasses import dataclass
 from itertools import product
@@ -116,7 +116,7 @@ def _label(g, refs, tolerance):
 def audit_estimators(student_logits, teacher_logits, weights, *, student_temperature=1.0,
                      teacher_temperature=1.0, tolerance=1e-6, clamp=None):
     """Exact expected gradient, with respect to the student's logits, of every sampled-token estimator
-    configuration, and which divergence's gradient it equals (SPEC 4).
+    configuration, and which divergence's gradient it equals (theory section 4).
 
     student_logits (..., V) and teacher_logits (K, ..., V) at some positions; weights (K,). For a
     sample x from s with weight c(x) and per-sample loss L(x), E_s[grad L] = sum_x s(x) phi(x) (e_x - q)

@@ -1,4 +1,4 @@
-"""Sampled-token losses (SPEC 2, 4): the log-prob of sampled tokens, the on-policy reverse-KL policy
+"""Sampled-token losses (theory section 2, 4): the log-prob of sampled tokens, the on-policy reverse-KL policy
 gradient by reward-to-go, and the k1 / k2 / k3 estimators as losses or rewards."""
 
 import torch
@@ -75,7 +75,7 @@ def rkl_policy_gradient(student_logits, tokens, teacher_log_probs, weights, mask
                         baseline="leave-one-out", groups=None, importance_weights=None, teacher_logits=None,
                         student_temperature=1.0, teacher_temperature=1.0, vocab_size=None, reduction="mean",
                         chunk_size=None, num_items_in_batch=None, empty_mask="zero"):
-    """On-policy reverse-KL policy gradient from sampled tokens (SPEC 2 "which target", SPEC 3).
+    """On-policy reverse-KL policy gradient from sampled tokens (theory section 2 "which target", theory section 3).
 
     Per-token reward r_t = sum_k w_k ln p_k(y_t | u_t) - ln q(y_t | u_t) (detached), reward-to-go
     G_t = sum_{s >= t} gamma^{s-t} r_s along each sequence (masked positions end it), and the surrogate
@@ -165,12 +165,12 @@ def kl_estimator_loss(student_logits, tokens, teacher_log_probs, weights, mask=N
                       mode="loss", pool="before", direction="reverse", clamp=None, importance_weights=None,
                       student_temperature=1.0, vocab_size=None, reduction="mean", num_items_in_batch=None,
                       empty_mask="zero"):
-    """A sampled-token KL estimator of SPEC 4, as practitioners use it (x = the sampled token):
+    """A sampled-token KL estimator of theory section 4, as practitioners use it (x = the sampled token):
     r = ln p(x) - ln q(x); k1 = -r, k2 = r^2 / 2, k3 = (e^r - 1) - r; k3+ (verl's) k3's value with
     k2's gradient.
 
     mode 'loss': rho k(r) differentiated through ln q (x fixed): on student samples k1 has zero expected
-    gradient, k2 gives the RKL gradient, k3 the FKL gradient (SPEC 4), k3+ the RKL gradient. mode
+    gradient, k2 gives the RKL gradient, k3 the FKL gradient (theory section 4), k3+ the RKL gradient. mode
     'reward': the detached value as a cost in a policy gradient, rho sg(k(r)) ln q(x): k1 then gives the
     RKL gradient.
     pool 'before': one estimator on the pooled log-ratio sum_k w_k ln p_k(x) - ln q(x) (k3 then reaches

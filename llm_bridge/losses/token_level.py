@@ -1,5 +1,5 @@
 """Token-level losses from the student's logits and K teachers' full conditionals (or top-k): forward_kl,
-reverse_kl, generalized_jsd, and fused_linear_loss from hidden states (SPEC 1, 2, 6)."""
+reverse_kl, generalized_jsd, and fused_linear_loss from hidden states (theory section 1, 2, 6)."""
 
 import math
 
@@ -222,7 +222,7 @@ def _token_loss(kind, student_logits, teacher_logits, weights, mask, student_tem
 def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_temperature=1.0,
                teacher_temperature=1.0, chunk_size=None, reduction="mean", vocab_size=None, tail="tail",
                metrics=True, num_items_in_batch=None, empty_mask="zero"):
-    """sum_k w_k KL(p_k || q) per position (SPEC 1); its minimiser is the arithmetic pool A = sum_k w_k p_k,
+    """sum_k w_k KL(p_k || q) per position (theory section 1); its minimiser is the arithmetic pool A = sum_k w_k p_k,
     and sum_k w_k KL(p_k || q) = sum_k w_k KL(p_k || A) + KL(A || q) (metric ``teacher_disagreement`` is
     the first term: the loss's floor).
 
@@ -252,7 +252,7 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
 def reverse_kl(student_logits, teacher_logits, weights, mask=None, *, student_temperature=1.0,
                teacher_temperature=1.0, chunk_size=None, reduction="mean", vocab_size=None, tail="tail",
                metrics=True, num_items_in_batch=None, empty_mask="zero"):
-    """sum_k w_k KL(q || p_k) = KL(q || l) - ln z per position (SPEC 1, 2): its minimiser is the local
+    """sum_k w_k KL(q || p_k) = KL(q || l) - ln z per position (theory section 1, 2): its minimiser is the local
     geometric pool l ∝ prod_k p_k^{w_k}, with minimum -ln z (metric ``neg_log_z``). Per position this is
     the per-token RKL; summed over a sequence it reaches l, not the sequence-level G_seq (for that, see
     :func:`rkl_policy_gradient` with gamma = 1). Same arguments and returns as :func:`forward_kl`."""
@@ -286,7 +286,7 @@ def fused_linear_loss(hidden_states, lm_head_weight, teacher_logits, weights, ma
                       num_items_in_batch=None, empty_mask="zero"):
     """The same losses from the student's final hidden states ``(B, T, H)`` and its ``lm_head`` weight
     ``(V, H)`` (and optional bias): the student's logits are formed chunk by chunk and never held whole,
-    so memory beyond the inputs and the weight's gradient does not grow with V (SPEC 6 practice).
+    so memory beyond the inputs and the weight's gradient does not grow with V (theory section 6 practice).
 
     kind: 'forward', 'reverse' or 'jsd' (with ``beta``). Gradients flow to ``hidden_states`` and to
     ``lm_head_weight`` (every reduction but 'none'). Returns (loss, metrics) as the other losses.
