@@ -16,7 +16,28 @@ import sys
 
 # mutant name -> why no test can tell it from the original (an equivalent mutant). Every other survivor
 # is unexplained: a test that pins its meaning is missing.
-EQUIVALENT = {}
+_FLOAT_ARRAY = ("np.asarray(..., dtype=float) -> dtype=None or no dtype: the array enters float arithmetic or a "
+                "comparison at once (np.log, @ with a float vector, <= a float), so int or float input gives the same "
+                "result")
+_Q_SQUARED = "the sign of Fieller's quantile q: q enters only as q ** 2, and ppf(0.5 - level / 2) = -ppf(0.5 + level / 2)"
+_BRACKET = ("the search bracket: bisection from any lo with power(lo) < target (lo is never evaluated) to any hi with "
+            "power(hi) >= target finds the same first count, t_power being increasing in the number of clusters")
+EQUIVALENT = {
+    "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,
+    "analysis.statistics.x__window__mutmut_5": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_13": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_15": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_19": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_21": _FLOAT_ARRAY,
+    "analysis.statistics.x_variance_shares__mutmut_25": "groupby(as_index=None): pandas reads the falsy None as False",
+    "analysis.verdicts.x_count_verdict__mutmut_4": _FLOAT_ARRAY,
+    "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,
+    "analysis.verdicts.x_fieller__mutmut_13": _Q_SQUARED,
+    "analysis.verdicts.x_fieller__mutmut_22": _Q_SQUARED,
+    "analysis.verdicts.x_clusters_for_power__mutmut_30": _BRACKET + " (lo = 2: read only after enough(2) failed)",
+    "analysis.verdicts.x_clusters_for_power__mutmut_31": _BRACKET + " (hi = 3)",
+    "analysis.verdicts.x_clusters_for_power__mutmut_36": _BRACKET + " (tripling instead of doubling)",
+}
 
 
 def statuses():
