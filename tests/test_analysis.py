@@ -461,11 +461,6 @@ def test_clusters_for_power_searches_for_the_first_count_exactly_and_briefly(mon
     threshold, in few power evaluations (doubling, then bisection); against brute force with the real
     t_power at small and large counts and another level; refuses a non-positive or infinite spread."""
     real = verdicts.t_power
-    for sd, effect, level in ((1.0, 2.0, 0.95), (1.0, 1.2, 0.95), (1.0, 0.7, 0.95), (1.0, 0.7, 0.99), (1.0, 1.5, 0.9)):
-        power = lambda n: real(effect, sd / np.sqrt(n), n - 1, level)            # noqa: E731
-        brute = next(n for n in range(2, 1000) if power(n) >= 0.8)
-        got = verdicts.clusters_for_power(sd, effect, level=level)
-        assert got == brute and type(got) is int, (sd, effect, level)
     for first in (2, 3, 4, 5, 6, 7, 9, 16, 17, 100, 1000):
         calls = []
 
@@ -481,6 +476,11 @@ def test_clusters_for_power_searches_for_the_first_count_exactly_and_briefly(mon
     monkeypatch.setattr(verdicts, "t_power", lambda effect, se, df, level=0.95: 0.8 if df + 1 > 10 ** 6 else 0.5)
     assert verdicts.clusters_for_power(1.0, 1.0) is None
     monkeypatch.setattr(verdicts, "t_power", real)
+    for sd, effect, level in ((1.0, 2.0, 0.95), (1.0, 1.2, 0.95), (1.0, 0.7, 0.95), (1.0, 0.7, 0.99), (1.0, 1.5, 0.9)):
+        power = lambda n: real(effect, sd / np.sqrt(n), n - 1, level)            # noqa: E731
+        brute = next(n for n in range(2, 1000) if power(n) >= 0.8)
+        got = verdicts.clusters_for_power(sd, effect, level=level)
+        assert got == brute and type(got) is int, (sd, effect, level)
     for sd in (0.0, -1.0, np.inf, np.nan):
         with pytest.raises(ValueError, match="sd = "):
             verdicts.clusters_for_power(sd, 1.0)
