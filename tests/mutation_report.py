@@ -31,6 +31,8 @@ EQUIVALENT = {
     "analysis.statistics.x_fit_slope__mutmut_21": _FLOAT_ARRAY,
     "analysis.statistics.x_variance_shares__mutmut_25": "groupby(as_index=None): pandas reads the falsy None as False",
     "analysis.verdicts.x_count_verdict__mutmut_4": _FLOAT_ARRAY,
+    "sims.estimators.x_growth_slopes__mutmut_17": "Series.to_numpy(None) for float: polyfit casts H to float itself",
+    "sims.estimators.x_growth_slopes__mutmut_18": "Series.to_numpy(None) for float: ln E[w^2] is a float column already",
     "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,
     "analysis.verdicts.x_fieller__mutmut_13": _Q_SQUARED,
     "analysis.verdicts.x_fieller__mutmut_22": _Q_SQUARED,
