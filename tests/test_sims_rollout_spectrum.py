@@ -433,3 +433,84 @@ def test_an_unsolved_fixed_point_is_nan_with_a_warning_and_still_raises_when_ask
     assert evaluate(local, SpectrumConfig("k3", 1.0))["kl_fixed_point"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(RuntimeError, match="did not converge"):
         evaluate.fixed_point(config)
+
+
+def test_steps_to_keeps_the_draw_labels_and_reads_the_first_step_within_tolerance():
+    curves = pd.DataFrame([[0.5, 0.009, 0.02], [0.5, 0.4, 0.3], [0.01, 0.5, 0.5]], index=[7, 3, 11], columns=[0, 50, 100])
+    reach = rollout_spectrum.steps_to(curves, 0.01)
+    assert list(reach.index) == [7, 3, 11] and reach.tolist() == [50.0, np.inf, 0.0]
+
+
+def _e5_split():
+    """A convergence frame on 5 draws where k3's rows split by a stated property: k3 rises on draws 0, 2
+    (from 0.8 to 1.6) and ends at 0.005 on 1, 3; its truncated runs end at 0.005 on 1, 3 (0.5 / cut
+    elsewhere); the unweighted distance from l is 0.1 on draws 0, 2, 0.2 on 1, 3 and 0.02 on draw 4 (which
+    cannot decide); pg0's unweighted runs fall to that distance; the weight moments differ per draw."""
+    sep = [0.1, 0.2, 0.1, 0.2, 0.02]
+    c = _convergence({"k3": [0.04, 0.005, 0.04, 0.005, 0.04], "k2": 0.05}, draws=5, sep=sep)
+    k3 = (c.objective == "k3") & c.importance
+    c.loc[k3 & (c["truncate"] == np.inf) & c.task_seed.isin([0, 2]), "kl_local"] = 16 * 0.8 * (1 + c.step / 1000)
+    c.loc[k3 & (c["truncate"] < np.inf) & c.task_seed.isin([1, 3]), "kl_local"] = 16 * 0.005
+    pu = (c.objective == "pg0") & ~c.importance & (c.alpha == 0.0)
+    c.loc[pu, "kl_local"] += 16 * 0.5 * (1 - c.step[pu] / 1000)
+    c["log_w2_sequence_slope"] = c.task_seed.map(dict(enumerate([0.05, 0.5, 1.5, 2.0, 3.0])))
+    c["log_w2_token"] = c.task_seed.map(dict(enumerate([33.0, 31.995, 29.0, 27.0, 20.0])))   # 2 x 16 minus: -1 .. 12
+    return sep, rollout_spectrum.verdicts(_draws({}, draws=5), c)
+
+
+def test_e5_rows_state_their_conditions_statistics_separations_and_split_by_the_unweighted_distance():
+    """Every E5 row's condition and statistic text, its decidable and holding draws (draw 4 sits 0.02 from
+    l: too near to decide), and the property that separates k3's draws: the unweighted distance from l
+    (solved for k2, k3; measured at the last step of pg0's unweighted runs, which fall to it)."""
+    sep, (v, table) = _e5_split()
+    v = v[v.claim.str.startswith("E5")]
+
+    def row(claim, condition):
+        got = v[(v.claim == claim) & (v.condition == condition)]
+        assert len(got) == 1, (claim, condition)
+        return got.iloc[0]
+    weighted, end = "loop, H = 16, alpha = 0, weighted", "loop, H = 16, alpha = 0, weighted, after 1000 steps"
+    kinds = {"k2": "per-token weights q / p_k", "k3": "per-token weights q / p_k", "pg0": "sequence weights (prefix products)"}
+    solved = "k3's unweighted distance from l (solved)"
+    expect = {   # est: (restore, reach, slow) as (verdict, n_hold, stated condition)
+        "k2": (("reproduces", 4, ""), ("does not reproduce", 0, ""), ("reproduces", 4, "")),
+        "k3": (("reproduces under stated conditions", 2, f"{solved} <= 0.15"),
+               ("reproduces under stated conditions", 2, f"{solved} > 0.15"),
+               ("reproduces under stated conditions", 2, f"{solved} > 0.15")),
+        "pg0": (("does not reproduce", 0, ""), ("reproduces", 4, ""), ("reproduces", 4, "")),
+    }
+    for est, (restore, reach, slow) in expect.items():
+        r = row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {kinds[est]})", end)
+        assert r.statistic.startswith("KL(q || l) per position; ")
+        got = [r]
+        r = row(f"E5 {est} on weighted teacher samples reaches l within 1000 steps", weighted)
+        assert r.statistic.startswith("steps until the seed-mean KL(q || l) <= 0.01 per position (the first of 10 "
+                                      "evaluations; inf: not within the budget, a censored value); ")
+        got.append(r)
+        r = row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)", weighted)
+        assert r.statistic.startswith("KL(q || l) at step 1000 over KL at step 200; ")
+        got.append(r)
+        for r, (verdict, hold, cond) in zip(got, (restore, reach, slow)):
+            assert (r.verdict, r.n_draws, r.n_decidable, r.n_hold, r.stated_condition) == (verdict, 5, 4, hold, cond), r.claim
+        for cut in ("1", "10"):
+            cond = f"loop, H = 16, alpha = 0, weights truncated at {cut}, after 1000 steps"
+            r = row(f"E5 truncated importance weights restore l on teacher samples ({est}, a clip that binds)", cond)
+            assert r.statistic.startswith("KL(q || l) per position (the truncation binds in ")
+            assert (r.n_decidable, r.n_hold) == (4, 2 if est == "k3" else 0)
+            assert r.stated_condition == ("k3's unweighted distance from l > 0.15" if est == "k3" else "")
+            r = row(f"E5 truncating the weights brings {est} closer to l than the whole weights", cond)
+            assert r.n_decidable == 4
+    # the separation behind every row of pg0 is its unweighted runs' last evaluation, draw by draw
+    pg = table[table.claim.str.contains(r"\(pg0[:,]|pg0 on weighted")]
+    assert pg.groupby("claim").separation.apply(lambda s: s.to_numpy()[:5].tolist()).map(
+        lambda s: s == pytest.approx(sep)).all()
+    grows = row("E5 the sequence weight's second moment grows exponentially with H", "loop, H = 16, at q = l")
+    assert grows.statistic.startswith("growth of ln E_p[w^2] per token over the second half of the horizon, "
+                                      "(ln E[w^2](H) - ln E[w^2](H/2)) / (H/2), w the product of l / p_k over the "
+                                      "response (largest over the teachers; exact); 4 of 5 decidable task draws > 0.1")
+    assert (grows.n_decidable, grows.n_hold) == (5, 4)                              # 0.05 is not > 0.1; 0.5 is
+    smaller = row("E5 a per-token weight (k2, k3) has a smaller second moment than the sequence weight (pg0)",
+                  "loop, H = 16, at q = l")
+    assert smaller.statistic.startswith("ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a token weight "
+                                        "at its worst state (nats; exact); 4 of 5 decidable task draws > 0 ")
+    assert (smaller.n_decidable, smaller.n_hold) == (5, 4)                          # -1 is not > 0; 0.005 is
