@@ -22,6 +22,10 @@ _FLOAT_ARRAY = ("np.asarray(..., dtype=float) -> dtype=None or no dtype: the arr
 _Q_SQUARED = "the sign of Fieller's quantile q: q enters only as q ** 2, and ppf(0.5 - level / 2) = -ppf(0.5 + level / 2)"
 _BRACKET = ("the search bracket: bisection from any lo with power(lo) < target (lo is never evaluated) to any hi with "
             "power(hi) >= target finds the same first count, t_power being increasing in the number of clusters")
+_FALSY = ("an argument None in place of False: the callee reads it only for truth (`if at_most`, `if quick`), "
+          "and None is falsy")
+_NAN_SEPARATION = ("separation None in place of np.nan: row() passes np.asarray(None, dtype=float), which is NaN, "
+                   "the same 'no candidates named' as np.nan")
 EQUIVALENT = {
     "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,
     "analysis.statistics.x__window__mutmut_5": _FLOAT_ARRAY,
@@ -31,6 +35,16 @@ EQUIVALENT = {
     "analysis.statistics.x_fit_slope__mutmut_21": _FLOAT_ARRAY,
     "analysis.statistics.x_variance_shares__mutmut_25": "groupby(as_index=None): pandas reads the falsy None as False",
     "analysis.verdicts.x_count_verdict__mutmut_4": _FLOAT_ARRAY,
+    "sims.rollout_spectrum.x_steps_to__mutmut_5": "pd.Series(dtype=None): np.where(..., np.inf) is float64 already",
+    "sims.rollout_spectrum.x_steps_to__mutmut_8": "pd.Series without dtype: np.where(..., np.inf) is float64 already",
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_7": ("c.H.iloc[1] for iloc[0]: the convergence experiment runs "
+                                                           "one H (CONVERGENCE['H']), on every row of its frame"),
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_83": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_192": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_213": _NAN_SEPARATION,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_214": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_237": _NAN_SEPARATION,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_238": _FALSY,
     "sims.estimators.x_growth_slopes__mutmut_17": "Series.to_numpy(None) for float: polyfit casts H to float itself",
     "sims.estimators.x_growth_slopes__mutmut_18": "Series.to_numpy(None) for float: ln E[w^2] is a float column already",
     "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,

@@ -442,12 +442,13 @@ def test_steps_to_keeps_the_draw_labels_and_reads_the_first_step_within_toleranc
 
 
 def _e5_split():
-    """A convergence frame on 5 draws where k3's rows split by a stated property: k3 rises on draws 0, 2
-    (from 0.8 to 1.6) and ends at 0.005 on 1, 3; its truncated runs end at 0.005 on 1, 3 (0.5 / cut
+    """A convergence frame on 5 draws where k3's and pg0's rows split by a stated property: k3 rises on
+    draws 0, 2 (from 0.8 to 1.6) and ends at 0.005 on 1, 3; pg0 ends at 0.04 on draws 0, 2, 0.005 on 1, 3; its truncated runs end at 0.005 on 1, 3 (0.5 / cut
     elsewhere); the unweighted distance from l is 0.1 on draws 0, 2, 0.2 on 1, 3 and 0.02 on draw 4 (which
     cannot decide); pg0's unweighted runs fall to that distance; the weight moments differ per draw."""
     sep = [0.1, 0.2, 0.1, 0.2, 0.02]
-    c = _convergence({"k3": [0.04, 0.005, 0.04, 0.005, 0.04], "k2": 0.05}, draws=5, sep=sep)
+    c = _convergence({"k3": [0.04, 0.005, 0.04, 0.005, 0.04], "k2": 0.05, "pg0": [0.04, 0.005, 0.04, 0.005, 0.04]},
+                     draws=5, sep=sep)
     k3 = (c.objective == "k3") & c.importance
     c.loc[k3 & (c["truncate"] == np.inf) & c.task_seed.isin([0, 2]), "kl_local"] = 16 * 0.8 * (1 + c.step / 1000)
     c.loc[k3 & (c["truncate"] < np.inf) & c.task_seed.isin([1, 3]), "kl_local"] = 16 * 0.005
@@ -472,12 +473,14 @@ def test_e5_rows_state_their_conditions_statistics_separations_and_split_by_the_
     weighted, end = "loop, H = 16, alpha = 0, weighted", "loop, H = 16, alpha = 0, weighted, after 1000 steps"
     kinds = {"k2": "per-token weights q / p_k", "k3": "per-token weights q / p_k", "pg0": "sequence weights (prefix products)"}
     solved = "k3's unweighted distance from l (solved)"
+    measured = "pg0's unweighted distance from l (measured on unweighted runs)"
     expect = {   # est: (restore, reach, slow) as (verdict, n_hold, stated condition)
         "k2": (("reproduces", 4, ""), ("does not reproduce", 0, ""), ("reproduces", 4, "")),
         "k3": (("reproduces under stated conditions", 2, f"{solved} <= 0.15"),
                ("reproduces under stated conditions", 2, f"{solved} > 0.15"),
                ("reproduces under stated conditions", 2, f"{solved} > 0.15")),
-        "pg0": (("does not reproduce", 0, ""), ("reproduces", 4, ""), ("reproduces", 4, "")),
+        "pg0": (("reproduces under stated conditions", 2, f"{measured} <= 0.15"),
+                ("reproduces under stated conditions", 2, f"{measured} > 0.15"), ("reproduces", 4, "")),
     }
     for est, (restore, reach, slow) in expect.items():
         r = row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {kinds[est]})", end)
@@ -514,3 +517,13 @@ def test_e5_rows_state_their_conditions_statistics_separations_and_split_by_the_
     assert smaller.statistic.startswith("ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a token weight "
                                         "at its worst state (nats; exact); 4 of 5 decidable task draws > 0 ")
     assert (smaller.n_decidable, smaller.n_hold) == (5, 4)                          # -1 is not > 0; 0.005 is
+
+
+def test_e5_slow_row_compares_the_end_with_the_first_evaluation_at_a_fifth_of_the_budget():
+    """'Slow, not failing' reads KL at the last step over KL at the first evaluation at or after a fifth
+    of the budget (step 200 of 1000), not an earlier one (an evaluation moved to step 180 is not it)."""
+    c = _convergence({}).assign(step=lambda d: d.step.replace(100, 180))
+    v, _ = rollout_spectrum.verdicts(_draws({}), c)
+    slow = v[v.claim.str.startswith("E5 k2 on weighted teacher samples is slow")].iloc[0]
+    assert slow.statistic.startswith("KL(q || l) at step 1000 over KL at step 200; ")
+    assert slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
