@@ -527,3 +527,55 @@ def test_e5_slow_row_compares_the_end_with_the_first_evaluation_at_a_fifth_of_th
     slow = v[v.claim.str.startswith("E5 k2 on weighted teacher samples is slow")].iloc[0]
     assert slow.statistic.startswith("KL(q || l) at step 1000 over KL at step 200; ")
     assert slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
+
+
+def test_paired_row_against_its_closed_form():
+    """paired_row on 5 draws x 2 seeds: the per-draw log ratio is the mean over seeds of ln(KL truncated /
+    KL whole); a draw decides where its separation is >= 3 x TOL (0.03 exactly decides; a separation
+    Series in another order is read by draw); the estimate and interval are scipy's t-interval over the
+    decidable draws; n_hold counts log ratios < 0 (0 is not); half/twice the tolerance recompute the
+    decidability; fewer than 3 decidable draws: inconclusive with the mean."""
+    from scipy import stats
+    ratios = {0: (0.5, 0.25), 1: (1.0, 1.0), 2: (2.0, 0.5), 3: (0.2, 0.4), 4: (3.0, 3.0)}   # truncated / whole, per seed
+    rows = [dict(task_seed=t, seed=s, truncate=cut, kl=(r[s] if cut == 1.0 else 1.0) * 0.1)
+            for t, r in ratios.items() for s in (0, 1) for cut in (1.0, np.inf)]
+    runs = pd.DataFrame(rows)
+    sep = pd.Series({4: 0.5, 3: 0.03, 2: 0.5, 1: 0.5, 0: 0.025})             # draw 0: 0.025 < 0.03 cannot decide
+    row = rollout_spectrum.paired_row("claim", "cond", runs, 1.0, sep, quick=False)
+    x = np.array([np.mean(np.log(ratios[t])) for t in (1, 2, 3, 4)])
+    lo, hi = stats.t.interval(0.95, 3, loc=x.mean(), scale=stats.sem(x))
+    assert (row["estimate"], row["lo"], row["hi"]) == pytest.approx((x.mean(), lo, hi), rel=1e-12)
+    assert (row["claim"], row["condition"], row["n_draws"], row["n_decidable"], row["n_hold"]) == ("claim", "cond", 5, 4, 1)
+    assert row["stated_condition"] == "" and row["verdict"] == "inconclusive"
+    assert row["statistic"] == ("ln(KL(q || l) truncated / KL(q || l) whole), seeds paired, mean over the decidable "
+                                f"draws (4 of 5); exp of it: {np.exp(x.mean()):.3g}x")
+    assert row["rule"] == ("a task draw decides when the unweighted fixed point is >= 3 x 0.01 from l; 95% t-interval "
+                           "over the decidable draws of the mean log ratio; wholly below 0: reproduces; wholly above: "
+                           "does not; else inconclusive; fewer than 3 decidable draws: inconclusive")
+    # twice the tolerance: 0.5 >= 0.06 on draws 1, 2, 4 only (3 decide: enough); half: all 5 decide
+    assert row["verdict_twice_tolerance"] == "inconclusive" and row["verdict_half_tolerance"] == "inconclusive"
+    assert set(row) == set(DRAW_COLUMNS)
+    # the sensitivity columns recompute which draws decide: per-draw ratios with both seeds alike
+    tight = {0: 100.0, 1: 0.5, 2: 0.45, 3: 0.55, 4: 0.5}
+    runs2 = pd.DataFrame([dict(task_seed=t, seed=s, truncate=cut, kl=(r if cut == 1.0 else 1.0) * 0.1)
+                          for t, r in tight.items() for s in (0, 1) for cut in (1.0, np.inf)])
+    sep2 = pd.Series({0: 0.02, 1: 0.5, 2: 0.5, 3: 0.07, 4: 0.05})
+    r = rollout_spectrum.paired_row("c", "d", runs2, 1.0, sep2, quick=False)
+    assert r["verdict"] == "reproduces" and r["n_decidable"] == 4                 # draws 1-4, all below 0
+    assert r["verdict_half_tolerance"] == "inconclusive"                          # draw 0 (0.02 >= 0.015) joins
+    assert r["verdict_twice_tolerance"] == "reproduces"                           # draws 1-3 (>= 0.06): still 3
+    # exactly 3 decidable draws have an interval; 2 or none: inconclusive with the mean (NaN for none)
+    few = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.0, 4: 0.0}), quick=False)
+    assert few["n_decidable"] == 3 and np.isfinite(few["lo"]) and np.isfinite(few["hi"])
+    none = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({t: 0.0 for t in range(5)}), quick=False)
+    assert none["verdict"] == "inconclusive" and np.isnan(none["estimate"]) and np.isnan(none["lo"])
+    two = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.0, 3: 0.0, 4: 0.0}), quick=False)
+    assert two["verdict"] == "inconclusive" and two["estimate"] == pytest.approx(
+        np.mean([np.mean(np.log(ratios[t])) for t in (0, 1)])) and np.isnan(two["hi"])
+
+
+def test_by_draw_is_the_seed_mean_and_sample_sd_per_draw():
+    frame = pd.DataFrame(dict(task_seed=[0, 0, 0, 1, 1, 1], seed=[0, 1, 2, 0, 1, 2], kl=[1.0, 2.0, 4.0, 3.0, 3.0, 6.0]))
+    out = rollout_spectrum.by_draw(frame, lambda g: g.kl.mean())
+    assert out.value.tolist() == pytest.approx([7 / 3, 4.0])
+    assert out.noise.tolist() == pytest.approx([np.std([1, 2, 4], ddof=1), np.std([3, 3, 6], ddof=1)])
