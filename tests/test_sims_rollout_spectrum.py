@@ -555,6 +555,9 @@ def test_paired_row_against_its_closed_form():
     # twice the tolerance: 0.5 >= 0.06 on draws 1, 2, 4 only (3 decide: enough); half: all 5 decide
     assert row["verdict_twice_tolerance"] == "inconclusive" and row["verdict_half_tolerance"] == "inconclusive"
     assert set(row) == set(DRAW_COLUMNS)
+    quick = rollout_spectrum.paired_row("claim", "cond", runs, 1.0, sep, quick=True)
+    assert quick["verdict"] == quick["verdict_half_tolerance"] == quick["verdict_twice_tolerance"] == QUICK
+    assert quick["estimate"] == row["estimate"]
     # the sensitivity columns recompute which draws decide: per-draw ratios with both seeds alike
     tight = {0: 100.0, 1: 0.5, 2: 0.45, 3: 0.55, 4: 0.5}
     runs2 = pd.DataFrame([dict(task_seed=t, seed=s, truncate=cut, kl=(r if cut == 1.0 else 1.0) * 0.1)
@@ -567,7 +570,11 @@ def test_paired_row_against_its_closed_form():
     # exactly 3 decidable draws have an interval; 2 or none: inconclusive with the mean (NaN for none)
     few = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.0, 4: 0.0}), quick=False)
     assert few["n_decidable"] == 3 and np.isfinite(few["lo"]) and np.isfinite(few["hi"])
-    none = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({t: 0.0 for t in range(5)}), quick=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                             # no 'mean of empty slice'
+        none = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({t: 0.0 for t in range(5)}), quick=False)
+    assert none["statistic"].endswith("(0 of 5); exp of it: nanx")
     assert none["verdict"] == "inconclusive" and np.isnan(none["estimate"]) and np.isnan(none["lo"])
     two = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.0, 3: 0.0, 4: 0.0}), quick=False)
     assert two["verdict"] == "inconclusive" and two["estimate"] == pytest.approx(
