@@ -50,6 +50,10 @@ EQUIVALENT = {
     "sims.rollout_spectrum.x_by_draw__mutmut_5": "pd.Series without dtype of float() values: float64 already (empty: returned before)",
     "sims.rollout_spectrum.x_by_draw__mutmut_20": "the name of the seed level: never read (the series is grouped by task_seed)",
     "sims.rollout_spectrum.x_by_draw__mutmut_21": "the name of the seed level: never read (the series is grouped by task_seed)",
+    "sims.rollout_spectrum.x_per_seed__mutmut_3": ("student == 'exact' never matching: run_tasks writes SFT's exact fixed points at step = steps, the last "
+                                                     "evaluation, alone in their seed -1 group, so final() keeps them anyway"),
+    "sims.rollout_spectrum.x_per_seed__mutmut_4": ("student == 'exact' never matching: run_tasks writes SFT's exact fixed points at step = steps, the last "
+                                                     "evaluation, alone in their seed -1 group, so final() keeps them anyway"),
     "sims.estimators.x_growth_slopes__mutmut_17": "Series.to_numpy(None) for float: polyfit casts H to float itself",
     "sims.estimators.x_growth_slopes__mutmut_18": "Series.to_numpy(None) for float: ln E[w^2] is a float column already",
     "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,
