@@ -586,3 +586,19 @@ def test_by_draw_is_the_seed_mean_and_sample_sd_per_draw():
     out = rollout_spectrum.by_draw(frame, lambda g: g.kl.mean())
     assert out.value.tolist() == pytest.approx([7 / 3, 4.0])
     assert out.noise.tolist() == pytest.approx([np.std([1, 2, 4], ddof=1), np.std([3, 3, 6], ddof=1)])
+
+
+def test_e1_fkl_rows_state_their_claim_condition_and_statistic():
+    """The E1 FKL rows (tabular, capacity-limited, tiny Qwen2) say what they claim, where, and what they
+    measure: the max over alpha of KL(q || A) (the spread, max - min, for the capacity-limited student)."""
+    frame = _draws({})
+    plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
+                  & ~frame.importance].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
+    v, _ = rollout_spectrum.verdicts(frame, neural=plain.assign(student="neural"))
+    fkl = v[v.claim == "E1 FKL is flat across the rollout spectrum"].set_index("condition").statistic
+    expect = {"tabular, K = 2, full conditionals": "max over alpha of KL(q || A) per position; ",
+              "capacity-limited log-linear student (4 shared features)": "max - min over alpha of KL(q || A) per position; ",
+              "tiny Qwen2 (shared parameters), K = 2, full conditionals": "max over alpha of KL(q || A) per position; "}
+    assert set(fkl.index) == set(expect)
+    for cond, start in expect.items():
+        assert fkl[cond].startswith(start), cond
