@@ -533,11 +533,10 @@ def convergence_rows(c, row, rows, tables, quick):
     c = c.assign(kl=c.kl_local / c.horizon)
     steps, H = int(c.step.max()), int(c.H.iloc[0])
     early = int(c.step[c.step >= steps / 5].min())
-    draws = sorted(c.task_seed.unique())
     unweighted = c[~c.importance & (c.alpha == 0.0)]
-    sep = {est: c.groupby("task_seed")[f"sep_unweighted_{est}"].first().reindex(draws) for est in ("k2", "k3")}
+    sep = {est: c.groupby("task_seed")[f"sep_unweighted_{est}"].first() for est in ("k2", "k3")}     # by draw, sorted
     sep["pg0"] = by_draw(unweighted[(unweighted.objective == "pg0") & (unweighted.step == steps)],
-                         lambda g: g.kl.mean()).value.reindex(draws)
+                         lambda g: g.kl.mean()).value
     weighted = c[c.importance]
     for est in CONVERGENCE["estimators"]:
         w = weighted[(weighted.objective == est) & (weighted["truncate"] == np.inf)]

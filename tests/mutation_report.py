@@ -16,7 +16,53 @@ import sys
 
 # mutant name -> why no test can tell it from the original (an equivalent mutant). Every other survivor
 # is unexplained: a test that pins its meaning is missing.
-EQUIVALENT = {}
+_FLOAT_ARRAY = ("np.asarray(..., dtype=float) -> dtype=None or no dtype: the array enters float arithmetic or a "
+                "comparison at once (np.log, @ with a float vector, <= a float), so int or float input gives the same "
+                "result")
+_Q_SQUARED = "the sign of Fieller's quantile q: q enters only as q ** 2, and ppf(0.5 - level / 2) = -ppf(0.5 + level / 2)"
+_BRACKET = ("the search bracket: bisection from any lo with power(lo) < target (lo is never evaluated) to any hi with "
+            "power(hi) >= target finds the same first count, t_power being increasing in the number of clusters")
+_FALSY = ("an argument None in place of False: the callee reads it only for truth (`if at_most`, `if quick`), "
+          "and None is falsy")
+_NAN_SEPARATION = ("separation None in place of np.nan: row() passes np.asarray(None, dtype=float), which is NaN, "
+                   "the same 'no candidates named' as np.nan")
+EQUIVALENT = {
+    "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,
+    "analysis.statistics.x__window__mutmut_5": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_13": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_15": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_19": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_slope__mutmut_21": _FLOAT_ARRAY,
+    "analysis.statistics.x_variance_shares__mutmut_25": "groupby(as_index=None): pandas reads the falsy None as False",
+    "analysis.verdicts.x_count_verdict__mutmut_4": _FLOAT_ARRAY,
+    "sims.rollout_spectrum.x_steps_to__mutmut_5": "pd.Series(dtype=None): np.where(..., np.inf) is float64 already",
+    "sims.rollout_spectrum.x_steps_to__mutmut_8": "pd.Series without dtype: np.where(..., np.inf) is float64 already",
+    # convergence_rows numbered as mutmut numbers the code after the dead reindex was removed (83 -> 79, ...)
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_7": ("c.H.iloc[1] for iloc[0]: the convergence experiment runs "
+                                                           "one H (CONVERGENCE['H']), on every row of its frame"),
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_79": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_188": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_209": _NAN_SEPARATION,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_210": _FALSY,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_233": _NAN_SEPARATION,
+    "sims.rollout_spectrum.x_convergence_rows__mutmut_234": _FALSY,
+    "sims.rollout_spectrum.x_by_draw__mutmut_3": "pd.Series(dtype=None) of float() values: float64 already (empty: returned before)",
+    "sims.rollout_spectrum.x_by_draw__mutmut_5": "pd.Series without dtype of float() values: float64 already (empty: returned before)",
+    "sims.rollout_spectrum.x_by_draw__mutmut_20": "the name of the seed level: never read (the series is grouped by task_seed)",
+    "sims.rollout_spectrum.x_by_draw__mutmut_21": "the name of the seed level: never read (the series is grouped by task_seed)",
+    "sims.rollout_spectrum.x_per_seed__mutmut_3": ("student == 'exact' never matching: run_tasks writes SFT's exact fixed points at step = steps, the last "
+                                                     "evaluation, alone in their seed -1 group, so final() keeps them anyway"),
+    "sims.rollout_spectrum.x_per_seed__mutmut_4": ("student == 'exact' never matching: run_tasks writes SFT's exact fixed points at step = steps, the last "
+                                                     "evaluation, alone in their seed -1 group, so final() keeps them anyway"),
+    "sims.estimators.x_growth_slopes__mutmut_17": "Series.to_numpy(None) for float: polyfit casts H to float itself",
+    "sims.estimators.x_growth_slopes__mutmut_18": "Series.to_numpy(None) for float: ln E[w^2] is a float column already",
+    "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,
+    "analysis.verdicts.x_fieller__mutmut_13": _Q_SQUARED,
+    "analysis.verdicts.x_fieller__mutmut_22": _Q_SQUARED,
+    "analysis.verdicts.x_clusters_for_power__mutmut_30": _BRACKET + " (lo = 2: read only after enough(2) failed)",
+    "analysis.verdicts.x_clusters_for_power__mutmut_31": _BRACKET + " (hi = 3)",
+    "analysis.verdicts.x_clusters_for_power__mutmut_36": _BRACKET + " (tripling instead of doubling)",
+}
 
 
 def statuses():

@@ -373,3 +373,114 @@ def test_count_verdict_closed_cases():
     assert count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
     assert count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself
     assert count_verdict([0.01, 0.02], 0.01, at_most=False) == ("reproduces under stated conditions", 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# survivors of the mutation run (issue 28 item 6): each test pins a meaning a mutant broke
+# ------------------------------------------------------------------------------------------------
+def test_fit_slope_interval_is_scipys_t_interval_over_seeds_at_two_and_three_seeds():
+    """The interval over seeds is Student's t with n - 1 df on the per-seed polyfit slopes (sample s.d.,
+    ddof = 1): scipy's t.interval, at two seeds (df = 1, the smallest that has an interval) and three."""
+    from scipy import stats
+    t = np.arange(1, 101)
+    rng = np.random.default_rng(5)
+    for n, level in ((2, 0.95), (3, 0.95), (3, 0.8)):
+        r = (1.0 + 0.3 * rng.normal(size=(n, 1))) * np.log(t) + 0.02 * rng.normal(size=(n, t.size))
+        slopes = np.array([np.polyfit(np.log(t), row, 1)[0] for row in r])       # t_max / 10^2 = 1: every point
+        lo, hi = stats.t.interval(level, n - 1, loc=slopes.mean(), scale=stats.sem(slopes))
+        assert analysis.fit_slope(t, r, level=level) == pytest.approx((slopes.mean(), lo, hi), rel=1e-9)
+
+
+def test_fit_window_ends_count_within_a_relative_1e_12():
+    """A grid point within a relative 1e-12 of a window end lies inside it (window ends computed as
+    t_max / 10^decades are not exactly on the grid): the points 10 and 20 count for the window
+    (10 / (1 - 1e-12), 20 / (1 + 1e-12)), whose tolerance-widened ends fall exactly on them."""
+    t = np.arange(1.0, 31.0)
+    r = np.log(t) ** 2
+    lo, hi = 10.0 / (1 - 1e-12), 20.0 / (1 + 1e-12)
+    assert lo * (1 - 1e-12) == 10.0 and hi * (1 + 1e-12) == 20.0               # the edge is representable
+    ref = np.polyfit(np.log(t[9:20]), r[9:20], 1)[0]                           # t = 10..20, both ends
+    assert analysis.fit_slope(t, r, window=(lo, hi))[0] == pytest.approx(ref, rel=1e-12)
+
+
+def test_variance_shares_ignore_the_grand_mean_and_handle_one_seed_constants_and_clipping():
+    """Shares are invariant to a constant added to the outcome (the interaction term removes each main
+    effect about the grand mean); one seed gives its shares with lo = hi; a constant outcome has no
+    variance to explain (every factor 0, all 'higher order'); the interval is clipped to [0, 1]."""
+    base = analysis.variance_shares(_design(), ["a", "b", "c"], "y").set_index("term")
+    shifted = _design().assign(y=lambda d: d.y + 5.0)
+    moved = analysis.variance_shares(shifted, ["a", "b", "c"], "y").set_index("term")
+    assert moved.share.to_numpy() == pytest.approx(base.share.to_numpy(), abs=1e-12)
+    assert moved.loc["a x b", "share"] == pytest.approx(2 / 22.5, abs=1e-12)
+    one = analysis.variance_shares(_design(seeds=1), ["a", "b", "c"], "y").set_index("term")
+    assert one.loc["b", "share"] == one.loc["b", "lo"] == one.loc["b", "hi"] == pytest.approx(12 / 22.5)
+    assert (one.seeds == 1).all()
+    const = analysis.variance_shares(_design().assign(y=1.0), ["a", "b", "c"], "y").set_index("term")
+    assert (const.drop(index="higher order").share == 0.0).all() and const.loc["higher order", "share"] == 1.0
+    # seed 0: y = a exactly (share of a = 1); seed 1: a and b both matter (share of a = 0.5)
+    rows = [dict(seed=s, a=a, b=b, y=a + (b if s else 0)) for s in (0, 1) for a in (0, 1) for b in (0, 1)]
+    clip = analysis.variance_shares(pd.DataFrame(rows), ["a", "b"], "y").set_index("term")
+    assert clip.loc["a", "share"] == pytest.approx(0.75) and clip.loc["a", "hi"] == 1.0
+    assert clip.loc["a", "lo"] == 0.0
+
+
+def test_tost_and_margins_name_what_they_refuse():
+    with pytest.raises(ValueError, match=r"se = 0.0 and margin = 1.0 must be > 0"):
+        verdicts.tost(0.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"^margin = 0.02 must be > 0 and below"):
+        verdicts.check_margin(0.02, 0.01)
+    with pytest.raises(ValueError, match=r"^eq_margin = 0.02"):
+        verdicts.check_margin(0.02, 0.01, name="eq_margin")
+
+
+def test_fieller_refuses_negative_errors_and_handles_a_zero_denominator_and_the_boundary():
+    """Either standard error negative is refused; a zero denominator's estimate is +-inf by the
+    numerator's sign (NaN for 0 / 0); where a = den^2 - q^2 se_den^2 is exactly 0 (den just not significant)
+    the set is unbounded; where the quadratic has a double root with a < 0 the 'two rays' touch: the
+    whole line (checked against the inverted test)."""
+    from scipy import stats
+    for se_num, se_den in ((-0.1, 0.5), (0.5, -0.1)):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            verdicts.fieller(1.0, 2.0, se_num, se_den)
+    assert verdicts.fieller(2.0, 0.0, 0.1, 0.1)[0] == np.inf
+    assert verdicts.fieller(-2.0, 0.0, 0.1, 0.1)[0] == -np.inf
+    assert np.isnan(verdicts.fieller(0.0, 0.0, 0.1, 0.1)[0])
+    q = stats.norm.ppf(0.975)
+    den = 2.0
+    assert den ** 2 - q ** 2 * (den / q) ** 2 == 0.0                              # a = 0 exactly
+    est, lo, hi, kind = verdicts.fieller(1.0, den, 0.1, den / q)
+    assert est == 0.5 and kind != "interval" and (lo, hi) == (-np.inf, np.inf)
+    est, lo, hi, kind = verdicts.fieller(0.0, 0.1, 0.0, 1.0)                     # a < 0, b = c = 0: disc = 0
+    grid = np.linspace(-50, 50, 1001)
+    assert _fieller_by_inversion(0.0, 0.1, 0.0, 1.0, 0.0, q, grid).size == grid.size
+    assert (kind, lo, hi) == ("whole line", -np.inf, np.inf)
+
+
+def test_clusters_for_power_searches_for_the_first_count_exactly_and_briefly(monkeypatch):
+    """The search returns the first n (an int) whose power is >= the target (equality counts), for any
+    threshold, in few power evaluations (doubling, then bisection); against brute force with the real
+    t_power at small and large counts and another level; refuses a non-positive or infinite spread."""
+    real = verdicts.t_power
+    for first in (2, 3, 4, 5, 6, 7, 9, 16, 17, 100, 1000):
+        calls = []
+
+        def stub(effect, se, df, level=0.95, first=first):
+            calls.append(df)
+            assert len(calls) < 100, "the search does not end"
+            return 0.8 if df + 1 >= first else 0.5                               # exactly the target from `first` on
+        monkeypatch.setattr(verdicts, "t_power", stub)
+        assert verdicts.clusters_for_power(1.0, 1.0) == first
+    # the default cap is a million clusters: a first count above it is None
+    monkeypatch.setattr(verdicts, "t_power", lambda effect, se, df, level=0.95: 0.8 if df + 1 >= 10 ** 6 else 0.5)
+    assert verdicts.clusters_for_power(1.0, 1.0) == 10 ** 6
+    monkeypatch.setattr(verdicts, "t_power", lambda effect, se, df, level=0.95: 0.8 if df + 1 > 10 ** 6 else 0.5)
+    assert verdicts.clusters_for_power(1.0, 1.0) is None
+    monkeypatch.setattr(verdicts, "t_power", real)
+    for sd, effect, level in ((1.0, 2.0, 0.95), (1.0, 1.2, 0.95), (1.0, 0.7, 0.95), (1.0, 0.7, 0.99), (1.0, 1.5, 0.9)):
+        power = lambda n: real(effect, sd / np.sqrt(n), n - 1, level)            # noqa: E731
+        brute = next(n for n in range(2, 1000) if power(n) >= 0.8)
+        got = verdicts.clusters_for_power(sd, effect, level=level)
+        assert got == brute and type(got) is int, (sd, effect, level)
+    for sd in (0.0, -1.0, np.inf, np.nan):
+        with pytest.raises(ValueError, match="sd = "):
+            verdicts.clusters_for_power(sd, 1.0)

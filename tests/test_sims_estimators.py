@@ -222,3 +222,13 @@ def test_estimator_figure_has_meaningful_axes_and_no_empty_rows(quick_run):
     assert len(grid.texts) == cells
     assert len(grid.get_yticks()) * len(grid.get_xticks()) == cells
     assert {t.get_text().split("\n")[0] for t in grid.texts} <= {"RKL gradient", "FKL gradient", "zero gradient", "biased"}
+
+def test_growth_slopes_fit_from_growth_from_inclusive_against_polyfit():
+    """The fit takes every H >= GROWTH_FROM, the first included: a spike at H = GROWTH_FROM moves the
+    slope exactly as numpy's polyfit over those horizons says (and a spike below it does not)."""
+    H = np.array(sorted(set(estimators.HORIZONS) | {estimators.GROWTH_FROM, estimators.GROWTH_FROM // 2}), dtype=float)
+    y = 0.3 * H + np.where(H == estimators.GROWTH_FROM, 4.0, 0.0) + np.where(H == estimators.GROWTH_FROM // 2, -9.0, 0.0)
+    frame = pd.DataFrame(dict(machine=0, teacher=0, H=H, log_second_moment=y))
+    keep = H >= estimators.GROWTH_FROM
+    assert keep.sum() >= 3 and H[keep].min() == estimators.GROWTH_FROM
+    assert estimators.growth_slopes(frame).iloc[0] == pytest.approx(np.polyfit(H[keep], y[keep], 1)[0], rel=1e-12)

@@ -434,3 +434,172 @@ def test_an_unsolved_fixed_point_is_nan_with_a_warning_and_still_raises_when_ask
     assert evaluate(local, SpectrumConfig("k3", 1.0))["kl_fixed_point"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(RuntimeError, match="did not converge"):
         evaluate.fixed_point(config)
+
+
+def test_steps_to_keeps_the_draw_labels_and_reads_the_first_step_within_tolerance():
+    curves = pd.DataFrame([[0.5, 0.009, 0.02], [0.5, 0.4, 0.3], [0.01, 0.5, 0.5]], index=[7, 3, 11], columns=[0, 50, 100])
+    reach = rollout_spectrum.steps_to(curves, 0.01)
+    assert list(reach.index) == [7, 3, 11] and reach.tolist() == [50.0, np.inf, 0.0]
+
+
+def _e5_split():
+    """A convergence frame on 5 draws where k3's and pg0's rows split by a stated property: k3 rises on
+    draws 0, 2 (from 0.8 to 1.6) and ends at 0.005 on 1, 3; pg0 ends at 0.04 on draws 0, 2, 0.005 on 1, 3; its truncated runs end at 0.005 on 1, 3 (0.5 / cut
+    elsewhere); the unweighted distance from l is 0.1 on draws 0, 2, 0.2 on 1, 3 and 0.02 on draw 4 (which
+    cannot decide); pg0's unweighted runs fall to that distance; the weight moments differ per draw."""
+    sep = [0.1, 0.2, 0.1, 0.2, 0.02]
+    c = _convergence({"k3": [0.04, 0.005, 0.04, 0.005, 0.04], "k2": 0.05, "pg0": [0.04, 0.005, 0.04, 0.005, 0.04]},
+                     draws=5, sep=sep)
+    k3 = (c.objective == "k3") & c.importance
+    c.loc[k3 & (c["truncate"] == np.inf) & c.task_seed.isin([0, 2]), "kl_local"] = 16 * 0.8 * (1 + c.step / 1000)
+    c.loc[k3 & (c["truncate"] < np.inf) & c.task_seed.isin([1, 3]), "kl_local"] = 16 * 0.005
+    pu = (c.objective == "pg0") & ~c.importance & (c.alpha == 0.0)
+    c.loc[pu, "kl_local"] += 16 * 0.5 * (1 - c.step[pu] / 1000)
+    c["log_w2_sequence_slope"] = c.task_seed.map(dict(enumerate([0.05, 0.5, 1.5, 2.0, 3.0])))
+    c["log_w2_token"] = c.task_seed.map(dict(enumerate([33.0, 31.995, 29.0, 27.0, 20.0])))   # 2 x 16 minus: -1 .. 12
+    return sep, rollout_spectrum.verdicts(_draws({}, draws=5), c)
+
+
+def test_e5_rows_state_their_conditions_statistics_separations_and_split_by_the_unweighted_distance():
+    """Every E5 row's condition and statistic text, its decidable and holding draws (draw 4 sits 0.02 from
+    l: too near to decide), and the property that separates k3's draws: the unweighted distance from l
+    (solved for k2, k3; measured at the last step of pg0's unweighted runs, which fall to it)."""
+    sep, (v, table) = _e5_split()
+    v = v[v.claim.str.startswith("E5")]
+
+    def row(claim, condition):
+        got = v[(v.claim == claim) & (v.condition == condition)]
+        assert len(got) == 1, (claim, condition)
+        return got.iloc[0]
+    weighted, end = "loop, H = 16, alpha = 0, weighted", "loop, H = 16, alpha = 0, weighted, after 1000 steps"
+    kinds = {"k2": "per-token weights q / p_k", "k3": "per-token weights q / p_k", "pg0": "sequence weights (prefix products)"}
+    solved = "k3's unweighted distance from l (solved)"
+    measured = "pg0's unweighted distance from l (measured on unweighted runs)"
+    expect = {   # est: (restore, reach, slow) as (verdict, n_hold, stated condition)
+        "k2": (("reproduces", 4, ""), ("does not reproduce", 0, ""), ("reproduces", 4, "")),
+        "k3": (("reproduces under stated conditions", 2, f"{solved} <= 0.15"),
+               ("reproduces under stated conditions", 2, f"{solved} > 0.15"),
+               ("reproduces under stated conditions", 2, f"{solved} > 0.15")),
+        "pg0": (("reproduces under stated conditions", 2, f"{measured} <= 0.15"),
+                ("reproduces under stated conditions", 2, f"{measured} > 0.15"), ("reproduces", 4, "")),
+    }
+    for est, (restore, reach, slow) in expect.items():
+        r = row(f"E5 importance weights do not restore l within the budget on long traces ({est}: {kinds[est]})", end)
+        assert r.statistic.startswith("KL(q || l) per position; ")
+        got = [r]
+        r = row(f"E5 {est} on weighted teacher samples reaches l within 1000 steps", weighted)
+        assert r.statistic.startswith("steps until the seed-mean KL(q || l) <= 0.01 per position (the first of 10 "
+                                      "evaluations; inf: not within the budget, a censored value); ")
+        got.append(r)
+        r = row(f"E5 {est} on weighted teacher samples is slow, not failing (its distance keeps falling)", weighted)
+        assert r.statistic.startswith("KL(q || l) at step 1000 over KL at step 200; ")
+        got.append(r)
+        for r, (verdict, hold, cond) in zip(got, (restore, reach, slow)):
+            assert (r.verdict, r.n_draws, r.n_decidable, r.n_hold, r.stated_condition) == (verdict, 5, 4, hold, cond), r.claim
+        for cut in ("1", "10"):
+            cond = f"loop, H = 16, alpha = 0, weights truncated at {cut}, after 1000 steps"
+            r = row(f"E5 truncated importance weights restore l on teacher samples ({est}, a clip that binds)", cond)
+            assert r.statistic.startswith("KL(q || l) per position (the truncation binds in ")
+            assert (r.n_decidable, r.n_hold) == (4, 2 if est == "k3" else 0)
+            assert r.stated_condition == ("k3's unweighted distance from l > 0.15" if est == "k3" else "")
+            r = row(f"E5 truncating the weights brings {est} closer to l than the whole weights", cond)
+            assert r.n_decidable == 4
+    # the separation behind every row of pg0 is its unweighted runs' last evaluation, draw by draw
+    pg = table[table.claim.str.contains(r"\(pg0[:,]|pg0 on weighted")]
+    assert pg.groupby("claim").separation.apply(lambda s: s.to_numpy()[:5].tolist()).map(
+        lambda s: s == pytest.approx(sep)).all()
+    grows = row("E5 the sequence weight's second moment grows exponentially with H", "loop, H = 16, at q = l")
+    assert grows.statistic.startswith("growth of ln E_p[w^2] per token over the second half of the horizon, "
+                                      "(ln E[w^2](H) - ln E[w^2](H/2)) / (H/2), w the product of l / p_k over the "
+                                      "response (largest over the teachers; exact); 4 of 5 decidable task draws > 0.1")
+    assert (grows.n_decidable, grows.n_hold) == (5, 4)                              # 0.05 is not > 0.1; 0.5 is
+    smaller = row("E5 a per-token weight (k2, k3) has a smaller second moment than the sequence weight (pg0)",
+                  "loop, H = 16, at q = l")
+    assert smaller.statistic.startswith("ln E_p[w^2] of the sequence weight minus ln E_p[(l / p_k)^2] of a token weight "
+                                        "at its worst state (nats; exact); 4 of 5 decidable task draws > 0 ")
+    assert (smaller.n_decidable, smaller.n_hold) == (5, 4)                          # -1 is not > 0; 0.005 is
+
+
+def test_e5_slow_row_compares_the_end_with_the_first_evaluation_at_a_fifth_of_the_budget():
+    """'Slow, not failing' reads KL at the last step over KL at the first evaluation at or after a fifth
+    of the budget (step 200 of 1000), not an earlier one (an evaluation moved to step 180 is not it)."""
+    c = _convergence({}).assign(step=lambda d: d.step.replace(100, 180))
+    v, _ = rollout_spectrum.verdicts(_draws({}), c)
+    slow = v[v.claim.str.startswith("E5 k2 on weighted teacher samples is slow")].iloc[0]
+    assert slow.statistic.startswith("KL(q || l) at step 1000 over KL at step 200; ")
+    assert slow.estimate == pytest.approx(0.005 / (0.8 + (0.005 - 0.8) * 0.2))
+
+
+def test_paired_row_against_its_closed_form():
+    """paired_row on 5 draws x 2 seeds: the per-draw log ratio is the mean over seeds of ln(KL truncated /
+    KL whole); a draw decides where its separation is >= 3 x TOL (0.03 exactly decides; a separation
+    Series in another order is read by draw); the estimate and interval are scipy's t-interval over the
+    decidable draws; n_hold counts log ratios < 0 (0 is not); half/twice the tolerance recompute the
+    decidability; fewer than 3 decidable draws: inconclusive with the mean."""
+    from scipy import stats
+    ratios = {0: (0.5, 0.25), 1: (1.0, 1.0), 2: (2.0, 0.5), 3: (0.2, 0.4), 4: (3.0, 3.0)}   # truncated / whole, per seed
+    rows = [dict(task_seed=t, seed=s, truncate=cut, kl=(r[s] if cut == 1.0 else 1.0) * 0.1)
+            for t, r in ratios.items() for s in (0, 1) for cut in (1.0, np.inf)]
+    runs = pd.DataFrame(rows)
+    sep = pd.Series({4: 0.5, 3: 0.03, 2: 0.5, 1: 0.5, 0: 0.025})             # draw 0: 0.025 < 0.03 cannot decide
+    row = rollout_spectrum.paired_row("claim", "cond", runs, 1.0, sep, quick=False)
+    x = np.array([np.mean(np.log(ratios[t])) for t in (1, 2, 3, 4)])
+    lo, hi = stats.t.interval(0.95, 3, loc=x.mean(), scale=stats.sem(x))
+    assert (row["estimate"], row["lo"], row["hi"]) == pytest.approx((x.mean(), lo, hi), rel=1e-12)
+    assert (row["claim"], row["condition"], row["n_draws"], row["n_decidable"], row["n_hold"]) == ("claim", "cond", 5, 4, 1)
+    assert row["stated_condition"] == "" and row["verdict"] == "inconclusive"
+    assert row["statistic"] == ("ln(KL(q || l) truncated / KL(q || l) whole), seeds paired, mean over the decidable "
+                                f"draws (4 of 5); exp of it: {np.exp(x.mean()):.3g}x")
+    assert row["rule"] == ("a task draw decides when the unweighted fixed point is >= 3 x 0.01 from l; 95% t-interval "
+                           "over the decidable draws of the mean log ratio; wholly below 0: reproduces; wholly above: "
+                           "does not; else inconclusive; fewer than 3 decidable draws: inconclusive")
+    # twice the tolerance: 0.5 >= 0.06 on draws 1, 2, 4 only (3 decide: enough); half: all 5 decide
+    assert row["verdict_twice_tolerance"] == "inconclusive" and row["verdict_half_tolerance"] == "inconclusive"
+    assert set(row) == set(DRAW_COLUMNS)
+    quick = rollout_spectrum.paired_row("claim", "cond", runs, 1.0, sep, quick=True)
+    assert quick["verdict"] == quick["verdict_half_tolerance"] == quick["verdict_twice_tolerance"] == QUICK
+    assert quick["estimate"] == row["estimate"]
+    # the sensitivity columns recompute which draws decide: per-draw ratios with both seeds alike
+    tight = {0: 100.0, 1: 0.5, 2: 0.45, 3: 0.55, 4: 0.5}
+    runs2 = pd.DataFrame([dict(task_seed=t, seed=s, truncate=cut, kl=(r if cut == 1.0 else 1.0) * 0.1)
+                          for t, r in tight.items() for s in (0, 1) for cut in (1.0, np.inf)])
+    sep2 = pd.Series({0: 0.02, 1: 0.5, 2: 0.5, 3: 0.07, 4: 0.05})
+    r = rollout_spectrum.paired_row("c", "d", runs2, 1.0, sep2, quick=False)
+    assert r["verdict"] == "reproduces" and r["n_decidable"] == 4                 # draws 1-4, all below 0
+    assert r["verdict_half_tolerance"] == "inconclusive"                          # draw 0 (0.02 >= 0.015) joins
+    assert r["verdict_twice_tolerance"] == "reproduces"                           # draws 1-3 (>= 0.06): still 3
+    # exactly 3 decidable draws have an interval; 2 or none: inconclusive with the mean (NaN for none)
+    few = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.0, 4: 0.0}), quick=False)
+    assert few["n_decidable"] == 3 and np.isfinite(few["lo"]) and np.isfinite(few["hi"])
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                                             # no 'mean of empty slice'
+        none = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({t: 0.0 for t in range(5)}), quick=False)
+    assert none["statistic"].endswith("(0 of 5); exp of it: nanx")
+    assert none["verdict"] == "inconclusive" and np.isnan(none["estimate"]) and np.isnan(none["lo"])
+    two = rollout_spectrum.paired_row("c", "d", runs, 1.0, pd.Series({0: 0.5, 1: 0.5, 2: 0.0, 3: 0.0, 4: 0.0}), quick=False)
+    assert two["verdict"] == "inconclusive" and two["estimate"] == pytest.approx(
+        np.mean([np.mean(np.log(ratios[t])) for t in (0, 1)])) and np.isnan(two["hi"])
+
+
+def test_by_draw_is_the_seed_mean_and_sample_sd_per_draw():
+    frame = pd.DataFrame(dict(task_seed=[0, 0, 0, 1, 1, 1], seed=[0, 1, 2, 0, 1, 2], kl=[1.0, 2.0, 4.0, 3.0, 3.0, 6.0]))
+    out = rollout_spectrum.by_draw(frame, lambda g: g.kl.mean())
+    assert out.value.tolist() == pytest.approx([7 / 3, 4.0])
+    assert out.noise.tolist() == pytest.approx([np.std([1, 2, 4], ddof=1), np.std([3, 3, 6], ddof=1)])
+
+
+def test_e1_fkl_rows_state_their_claim_condition_and_statistic():
+    """The E1 FKL rows (tabular, capacity-limited, tiny Qwen2) say what they claim, where, and what they
+    measure: the max over alpha of KL(q || A) (the spread, max - min, for the capacity-limited student)."""
+    frame = _draws({})
+    plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
+                  & ~frame.importance].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
+    v, _ = rollout_spectrum.verdicts(frame, neural=plain.assign(student="neural"))
+    fkl = v[v.claim == "E1 FKL is flat across the rollout spectrum"].set_index("condition").statistic
+    expect = {"tabular, K = 2, full conditionals": "max over alpha of KL(q || A) per position; ",
+              "capacity-limited log-linear student (4 shared features)": "max - min over alpha of KL(q || A) per position; ",
+              "tiny Qwen2 (shared parameters), K = 2, full conditionals": "max over alpha of KL(q || A) per position; "}
+    assert set(fkl.index) == set(expect)
+    for cond, start in expect.items():
+        assert fkl[cond].startswith(start), cond
