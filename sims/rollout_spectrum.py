@@ -460,18 +460,22 @@ def verdicts(df, convergence=None, quick=False, neural=None):
     sep_fp = {est: pick("tabular", 2, est, 0.0).groupby("task_seed").sep_fp_l.first().reindex(draws)
               for est in TASKS["weighted"]}
 
-    def row(claim, condition, statistic, stats, separation, at_most=True, tolerance=TOL, properties=None, tree=True):
-        """One claim's row over the task draws; the separation is always told apart at TOL (a KL). The
-        tree task's separations are candidate conditions of the tree rows only (``tree``): a loop draw
-        is another task."""
-        stats = stats.reindex(draws)
-        props = ({"A-mixture separation": draw_sep.sep_A_mixture.to_numpy(), "l separation": draw_sep.sep_l.to_numpy()}
+    def row(claim, condition, statistic, stats, separation, at_most=True, tolerance=TOL, properties=None, tree=True,
+            units=None):
+        """One claim's row over the task draws (``units``: the draws its student ran, all by default); the
+        separation is always told apart at TOL (a KL). The tree task's separations are candidate
+        conditions of the tree rows only (``tree``): a loop draw is another task."""
+        units = draws if units is None else units
+        stats, sep = stats.reindex(units), draw_sep.reindex(units)
+        if isinstance(separation, pd.Series):
+            separation = separation.reindex(units)
+        props = ({"A-mixture separation": sep.sep_A_mixture.to_numpy(), "l separation": sep.sep_l.to_numpy()}
                  if tree else {}) | (properties or {})
         r, table = draw_row(claim, condition, statistic, stats.value.to_numpy(), tolerance, at_most,
                             separation=np.asarray(separation, dtype=float), noise=stats.noise.to_numpy(),
                             properties=props, quick=quick, separation_tolerance=TOL)
         rows.append(r)
-        tables.append(table.assign(claim=claim, condition=condition, task_seed=draws))
+        tables.append(table.assign(claim=claim, condition=condition, task_seed=units))
 
     def spread(column):
         return lambda g: g[column].max() - g[column].min()
@@ -482,10 +486,13 @@ def verdicts(df, convergence=None, quick=False, neural=None):
     row("E1 FKL is flat across the rollout spectrum", "capacity-limited log-linear student (4 shared features)",
         "max - min over alpha of KL(q || A) per position", by_draw(pick("capacity", 2, "fkl"), spread("kl_arithmetic")), ab)
     if (t.student == "neural").any():     # the same trees: the tasks' separations hold for the neural draws
+        ran = sorted(t[t.student == "neural"].task_seed.unique())
         row("E1 FKL is flat across the rollout spectrum", "tiny Qwen2 (shared parameters), K = 2, full conditionals",
-            "max over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "fkl"), lambda g: g.kl_arithmetic.max()), ab)
+            "max over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "fkl"), lambda g: g.kl_arithmetic.max()),
+            ab, units=ran)
         row("E1 SFT is flat across the rollout spectrum", "tiny Qwen2 (shared parameters), K = 2, against A",
-            "max - min over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "sft"), spread("kl_arithmetic")), ab)
+            "max - min over alpha of KL(q || A) per position", by_draw(pick("neural", 2, "sft"), spread("kl_arithmetic")),
+            ab, units=ran)
     row("E1 SFT is flat across the rollout spectrum", "control: one teacher (K = 1), separation of the K = 2 draw",
         "max - min over alpha of KL(q || A) per position", by_draw(pick("tabular", 1, "sft"), spread("kl_arithmetic")), ab)
     row("E1 SFT is flat across the rollout spectrum", "K = 2, against A",

@@ -200,6 +200,11 @@ def test_neural_rows_read_the_neural_student_on_the_tasks_draws():
     v, _ = rollout_spectrum.verdicts(close, neural=neural)
     assert v[v.condition.str.startswith("tiny Qwen2")].n_decidable.tolist() == [2, 2]
     assert not rollout_spectrum.verdicts(frame)[0].condition.str.startswith("tiny Qwen2").any()
+    # a row counts the draws its student ran, not the tasks' draws
+    v, table = rollout_spectrum.verdicts(frame, neural=neural[neural.task_seed < 3])
+    row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tiny Qwen2")].iloc[0]
+    assert (row.n_draws, row.n_decidable, row.n_hold, row.verdict) == (3, 3, 0, "does not reproduce")
+    assert table[table.condition.str.startswith("tiny Qwen2")].task_seed.tolist() == [0, 1, 2] * 2
 
 
 def test_quick_verdicts_decide_nothing_and_the_per_draw_table_matches():
