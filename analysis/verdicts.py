@@ -209,17 +209,16 @@ def draw_row(claim, condition, statistic, values, tolerance, at_most=True, separ
     verdict, n, hold, cond = draw_verdict(table, properties, min_decidable)
     shown = table.value[table.decidable] if n else table.value
     shown = shown[~np.isnan(shown)]
-    est, lo, hi = ((np.median(shown), shown.min(), shown.max()) if len(shown) else (np.nan, np.nan, np.nan))
+    est, lo, hi = shown.median(), shown.min(), shown.max()             # NaN when there is nothing to show
     sens = [draw_verdict(decide_draws(values, f * tolerance, at_most, separation, noise, multiple, f * sep_tol),
                          properties, min_decidable)[0] for f in (0.5, 2.0)]
-    plural = unit
     rule = (f"a {unit} decides when the candidate targets are >= {multiple:g} x {sep_tol:g} apart and the seed "
-            f"s.d. < {tolerance:g}; on the decidable {plural}s (>= {min_decidable}): every one {side} {tolerance:g}: "
+            f"s.d. < {tolerance:g}; on the decidable {unit}s (>= {min_decidable}): every one {side} {tolerance:g}: "
             f"reproduces; none: does not; some: under stated conditions if a stated property separates them, "
             f"else mixed; fewer: inconclusive")
     row = dict(claim=claim, condition=condition,
-               statistic=f"{statistic}; {hold} of {n} decidable {plural}s {side} {tolerance:g} ({len(table)} {plural}s); "
-                         f"median [min, max] over the decidable {plural}s",
+               statistic=f"{statistic}; {hold} of {n} decidable {unit}s {side} {tolerance:g} ({len(table)} {unit}s); "
+                         f"median [min, max] over the decidable {unit}s",
                estimate=float(est), lo=float(lo), hi=float(hi), rule=rule, verdict=QUICK if quick else verdict,
                n_draws=len(table), n_decidable=n, n_hold=hold, stated_condition=cond,
                verdict_half_tolerance=QUICK if quick else sens[0], verdict_twice_tolerance=QUICK if quick else sens[1])

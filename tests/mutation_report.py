@@ -27,6 +27,20 @@ _FALSY = ("an argument None in place of False: the callee reads it only for trut
 _NAN_SEPARATION = ("separation None in place of np.nan: row() passes np.asarray(None, dtype=float), which is NaN, "
                    "the same 'no candidates named' as np.nan")
 EQUIVALENT = {
+    "analysis.verdicts.x_decide_draws__mutmut_4": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_6": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_21": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_23": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_37": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_39": _FLOAT_ARRAY,
+    "analysis.verdicts.x_decide_draws__mutmut_9": "None given: np.asarray(None, dtype=float) broadcasts to NaN, the same as np.full(n, nan)",
+    "analysis.verdicts.x_decide_draws__mutmut_25": "None given: np.asarray(None, dtype=float) broadcasts to NaN, the same as np.full(n, nan)",
+    "analysis.verdicts.x_separating_condition__mutmut_10": _FLOAT_ARRAY,
+    "analysis.verdicts.x_separating_condition__mutmut_12": _FLOAT_ARRAY,
+    "analysis.verdicts.x_separating_condition__mutmut_3": "held is built from comparisons (bool) or 0/1 floats, read only for truth: dtype None keeps the same truth values",
+    "analysis.verdicts.x_separating_condition__mutmut_5": "held is built from comparisons (bool) or 0/1 floats, read only for truth: dtype None keeps the same truth values",
+    "analysis.verdicts.x_draw_verdict__mutmut_26": _FLOAT_ARRAY,
+    "analysis.verdicts.x_draw_verdict__mutmut_28": _FLOAT_ARRAY,
     "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,
     "analysis.statistics.x__window__mutmut_5": _FLOAT_ARRAY,
     "analysis.statistics.x_fit_slope__mutmut_13": _FLOAT_ARRAY,

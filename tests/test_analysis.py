@@ -484,3 +484,39 @@ def test_clusters_for_power_searches_for_the_first_count_exactly_and_briefly(mon
     for sd in (0.0, -1.0, np.inf, np.nan):
         with pytest.raises(ValueError, match="sd = "):
             verdicts.clusters_for_power(sd, 1.0)
+
+
+def test_draw_row_sensitivity_uses_the_same_noise_separation_tolerance_properties_and_minimum():
+    """The verdicts at half and twice the tolerance are the same rule with everything else kept: the
+    seed noise, the separation's own tolerance, the properties that may separate the draws and the
+    minimum number of decidable draws."""
+    def row(values, **kw):
+        return verdicts.draw_row("c", "x", "s", values, 0.01, **kw)[0]
+    sep, low = [0.2] * 4, [0.001] * 4
+    # twice the tolerance (0.02): three of four hold, a property separates them (not 3x: all would hold)
+    r = row([0.015, 0.015, 0.015, 0.025], separation=sep, noise=low, properties={"p": [1.0, 1.0, 1.0, 2.0]})
+    assert (r["verdict"], r["verdict_half_tolerance"]) == ("does not reproduce", "does not reproduce")
+    assert r["verdict_twice_tolerance"] == "reproduces under stated conditions"
+    # the noise counts at twice the tolerance too: the noisy fourth draw cannot decide there
+    r = row([0.015, 0.015, 0.015, 0.025], separation=sep, noise=[0.001, 0.001, 0.001, 0.03])
+    assert r["verdict_twice_tolerance"] == "reproduces"
+    # a ratio statistic (tolerance 1) whose candidates are told apart at 0.01: half of that decides
+    r = verdicts.draw_row("c", "x", "s", [0.5] * 4, 1.0, separation=[0.04] * 4, separation_tolerance=0.01)[0]
+    assert (r["verdict"], r["verdict_half_tolerance"]) == ("reproduces", "reproduces") and r["n_decidable"] == 4
+    # the minimum number of decidable draws holds at every tolerance
+    r = row([0.001, 0.001], separation=[0.2, 0.2], min_decidable=2)
+    assert (r["verdict"], r["verdict_half_tolerance"]) == ("reproduces", "reproduces")
+    # nothing to show: NaN, not an error
+    r = row([np.nan, np.nan], separation=[0.2, 0.2])
+    assert np.isnan(r["estimate"]) and np.isnan(r["lo"]) and r["verdict"] == "inconclusive"
+
+
+def test_decide_draws_returns_its_inputs_and_effect_verdict_edges():
+    table = verdicts.decide_draws([0.001, 0.02], 0.01, separation=[0.1, 0.1], noise=[0.002, 0.003])
+    assert table.noise.tolist() == [0.002, 0.003] and table.separation.tolist() == [0.1, 0.1]
+    assert table.decidable.tolist() == [True, True] and table.held.tolist() == [1.0, 0.0]
+    # an interval that ends exactly at the margin still holds effects that matter; one starting at 0 holds 0
+    assert verdicts.effect_verdict(-1.0, 0.5, 1, 0.5) == "inconclusive"
+    assert verdicts.effect_verdict(0.0, 1.0) == "inconclusive"
+    with pytest.raises(ValueError, match="sign = 2 must be"):
+        verdicts.effect_verdict(0.0, 1.0, sign=2)
