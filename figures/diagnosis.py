@@ -53,15 +53,20 @@ def strip_figure(positions, rows=None):
     return fig
 
 
+def _empty(fig, ax, message):
+    """An empty table's figure: the message in the middle, no axes."""
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return fig
+
+
 @paper
 def veto_figure(vetoes, n=15):
     """The most often vetoed tokens (positions x teachers), coloured by kind (end, template, other)."""
     fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
     ax = fig.subplots()
     if vetoes.empty:
-        ax.text(0.5, 0.5, "no vetoes", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return fig
+        return _empty(fig, ax, "no vetoes")
     label = vetoes.token_text.fillna("").astype(str).where(vetoes.token_text.fillna("").astype(str) != "",
                                                           vetoes.token.astype(str))
     counts = (vetoes.assign(label=label).groupby(["label", "kind"]).size().reset_index(name="count")
@@ -87,9 +92,7 @@ def flip_figure(flips):
     fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
     ax = fig.subplots()
     if flips.empty:
-        ax.text(0.5, 0.5, "no flip estimates", ha="center", va="center", transform=ax.transAxes)
-        ax.set_axis_off()
-        return fig
+        return _empty(fig, ax, "no flip estimates")
     x_max = max(float(flips.margin.max()), 0.5) * 1.05
     xs = np.linspace(0, x_max, 50)
     horizons = sorted(int(h) for h in str(flips.horizons.iloc[0]).split(",") if int(h) > 0)
