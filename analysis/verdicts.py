@@ -42,7 +42,7 @@ QUICK = "not decided (quick run)"
 
 def _interval(lo, hi):
     lo, hi = float(lo), float(hi)
-    if not (lo <= hi) or math.isnan(lo) or math.isnan(hi):
+    if not lo <= hi:                                      # False when either is NaN
         raise ValueError(f"interval [{lo}, {hi}] must have lo <= hi, both numbers")
     return lo, hi
 
@@ -251,7 +251,7 @@ def t_power(effect, se, df, level=0.95):
     from scipy.integrate import quad
     tail = lambda v: (stats.norm.cdf(nc - crit * math.sqrt(v / df)) + stats.norm.cdf(-nc - crit * math.sqrt(v / df))) \
         * stats.chi2.pdf(v, df)                                                                   # noqa: E731
-    return float(quad(tail, 0, math.inf, limit=200)[0])
+    return float(quad(tail, 0, math.inf)[0])
 
 
 def t_mde_80(se, df, level=0.95, power_target=0.8):
@@ -261,14 +261,16 @@ def t_mde_80(se, df, level=0.95, power_target=0.8):
     if not se >= 0:
         raise ValueError(f"se = {se!r} must be >= 0")
     df = _df(df)
-    if not level / 2 < power_target < 1:
-        raise ValueError(f"power_target = {power_target!r} must lie in ({level / 2}, 1)")
+    if not 1 - level < power_target < 1:
+        raise ValueError(f"power_target = {power_target!r} must lie in ({1 - level:g}, 1): above the test's size, "
+                         f"its power at effect 0")
     if se == 0:
         return 0.0
-    hi = stats.t.ppf(0.5 + level / 2, df) + stats.t.ppf(power_target, df) + 1.0
-    while t_power(hi, 1.0, df, level) < power_target:
+    short = lambda d: t_power(d, 1.0, df, level) - power_target                                    # noqa: E731
+    hi = 1.0
+    while short(hi) < 0:                      # power increases with the effect: double until it brackets the root
         hi *= 2
-    return float(brentq(lambda d: t_power(d, 1.0, df, level) - power_target, 0.0, hi, xtol=1e-12) * se)
+    return float(brentq(short, 0.0, hi) * se)
 
 
 def fieller(num, den, se_num, se_den, cov=0.0, df=None, level=0.95):

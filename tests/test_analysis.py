@@ -238,12 +238,12 @@ def test_verdict_edges_defaults_and_tost_scaling():
 # ------------------------------------------------------------------------------------------------
 # the test a row uses: t over clusters, Fieller, margins
 # ------------------------------------------------------------------------------------------------
-def _t_rejections(mu, n, reps=40_000, seed=0):
-    """The share of two-sided one-sample t-tests (n draws of N(mu, 1), level 0.95) that reject 0."""
+def _t_rejections(mu, n, reps=40_000, seed=0, level=0.95):
+    """The share of two-sided one-sample t-tests (n draws of N(mu, 1), at ``level``) that reject 0."""
     from scipy import stats
     x = np.random.default_rng(seed).normal(mu, 1.0, size=(reps, n))
     t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
-    return float((np.abs(t) > stats.t.ppf(0.975, n - 1)).mean())
+    return float((np.abs(t) > stats.t.ppf(0.5 + level / 2, n - 1)).mean())
 
 
 @pytest.mark.parametrize("n", [4, 8])
@@ -269,6 +269,24 @@ def test_t_mde_tends_to_the_z_mde_with_many_clusters_and_refuses_bad_input():
                        (lambda: verdicts.t_power(1.0, 1.0, float("inf")), "df")):
         with pytest.raises(ValueError, match=name):
             call()
+
+
+def test_t_mde_at_another_level_and_power_and_its_range():
+    """At level 0.9 the simulated t-test at the MDE rejects 80% of the time; a low power target (0.1) gives
+    an MDE below one se; the MDE scales with se; a power target at or below the test's size (its power at
+    effect 0) or at or above 1 is refused."""
+    se = 1 / np.sqrt(8)
+    mde = verdicts.t_mde_80(se, 7, level=0.9)
+    assert _t_rejections(mde, 8, seed=4, level=0.9) == pytest.approx(0.8, abs=0.01)
+    assert mde < verdicts.t_mde_80(se, 7)
+    low = verdicts.t_mde_80(1.0, 7, power_target=0.1)
+    assert 0 < low < 1 and verdicts.t_power(low, 1.0, 7) == pytest.approx(0.1, abs=1e-9)
+    assert verdicts.t_mde_80(3.0, 7) == pytest.approx(3 * verdicts.t_mde_80(1.0, 7), rel=1e-9)
+    assert verdicts.t_mde_80(1.0, 7, power_target=0.06) < low
+    for target, level in ((0.5, 0.5), (0.04, 0.95), (1.0, 0.95), (1.5, 0.95)):      # 1 - 0.5 is exact in floats
+        with pytest.raises(ValueError, match="power_target"):
+            verdicts.t_mde_80(1.0, 7, level=level, power_target=target)
+    assert verdicts.effect_verdict(0.2, 0.2) == "reproduces"                   # a point interval is an interval
 
 
 def _fieller_by_inversion(num, den, se_num, se_den, cov, q, grid):

@@ -18,7 +18,6 @@ from llm_bridge.partition import log_mean_exp_stats
 from llm_bridge.tabular import TabularLM
 from llm_bridge.teachers import Teacher, Teachers
 
-pytestmark = pytest.mark.integration
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HORIZONS = [0, 1, 2, 4, 8, 16, 32]
@@ -132,6 +131,7 @@ def tiny_llama(vocab=64):
     return LlamaForCausalLM(cfg).eval()
 
 
+@pytest.mark.integration
 def test_batched_left_padded_factors_equal_full_recomputation():
     """Tiny Llama, two personas of different template lengths plus a temperature twin sharing a
     forward pass, contexts of different lengths (left padding), several batches: each sampled path's

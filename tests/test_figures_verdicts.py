@@ -1,0 +1,102 @@
+"""figures.verdicts: the verdict tables of the study pages and the gallery, generated from the committed
+docs/verdicts/*.csv (fast tier: these tests are what `make mutate` runs against figures/verdicts.py)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import figures
+from conftest import ROOT
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdict tables of the study pages and the gallery (docs/)
+# ------------------------------------------------------------------------------------------------
+def test_study_pages_verdict_blocks_are_the_tables_of_the_committed_verdicts():
+    """Each study page's block between the markers is exactly what ``python -m figures --gallery``
+    generates from its docs/verdicts/<study>.csv, and every verdict there comes from a committed CSV."""
+    from figures.verdicts import BEGIN, END, markdown_table, replace_block
+    frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
+    assert set(frames) == set(figures.VERDICT_STUDIES) == set(figures.VERDICT_PAGES)
+    for study, page in figures.VERDICT_PAGES.items():
+        text = (ROOT / page).read_text()
+        assert replace_block(text, markdown_table({study: frames[study]})) == text, page
+        block = text[text.index(BEGIN):text.index(END)]
+        assert block.count("\n| `") == len(frames[study]) > 0
+
+
+def test_gallery_page_is_generated_from_the_committed_verdicts():
+    """The gallery page's block is what ``python -m figures --gallery`` generates: every caption that
+    states a verdict reads it from docs/verdicts/*.csv, and every figure it shows is committed."""
+    from figures.verdicts import GALLERY_BEGIN, GALLERY_END, gallery_table, replace_block
+    frames = figures.verdict_frames(ROOT / figures.VERDICTS_DIR)
+    text = (ROOT / figures.GALLERY_PAGE).read_text()
+    assert replace_block(text, gallery_table(figures.GALLERY_CAPTIONS, frames, figures.GALLERY_LINKS),
+                         GALLERY_BEGIN, GALLERY_END) == text
+    page_dir = (ROOT / figures.GALLERY_PAGE).parent
+    for stem, _, picks in figures.GALLERY_CAPTIONS:
+        assert (page_dir / figures.GALLERY_LINKS / f"{stem}.png").exists()
+        assert (ROOT / figures.GALLERY_DIR / f"{stem}.png").exists()
+        assert all(study in frames for study, _, _ in picks)
+
+
+def test_write_verdict_pages_regenerates_every_block(tmp_path):
+    """What --gallery writes: stale blocks on the study pages and the gallery page are replaced by the
+    tables generated from the verdict copies."""
+    from figures.verdicts import BEGIN, END, GALLERY_BEGIN, GALLERY_END
+    pages = {study: tmp_path / f"{study}.md" for study in figures.VERDICT_STUDIES}
+    for page in pages.values():
+        page.write_text(f"head\n{BEGIN}\nstale\n{END}\ntail\n")
+    gallery = tmp_path / "gallery.md"
+    gallery.write_text(f"{GALLERY_BEGIN}\nstale\n{GALLERY_END}\n")
+    figures.write_verdict_pages(ROOT / figures.VERDICTS_DIR, pages, gallery)
+    for study, page in pages.items():
+        assert "stale" not in page.read_text()
+        assert page.read_text().count("\n| `" + study + "` |") == len(pd.read_csv(ROOT / figures.VERDICTS_DIR / f"{study}.csv"))
+    assert "stale" not in gallery.read_text() and "](figures/spectrum.png)" in gallery.read_text()
+
+
+def test_gallery_captions_follow_the_verdict_rows():
+    from figures.verdicts import gallery_table, row_caption
+    frame = pd.DataFrame([dict(claim="E9 x holds", condition="tabular, K = 2", verdict="reproduces", estimate=0.1,
+                               lo=0.05, hi=0.2, rule="r", statistic="KL; 7 of 8 task draws <= 0.01; median"),
+                          dict(claim="E9 y holds", condition="neural", verdict="inconclusive", estimate=0.1, lo=-0.05,
+                               hi=0.2, rule="r", statistic="a difference")])
+    assert row_caption(frame, "E9 x", "tabular") == \
+        "E9 x holds (tabular, K = 2): **reproduces**, 7 of 8 task draws <= 0.01"
+    assert row_caption(frame, "E9 y") == "E9 y holds (neural): **inconclusive**, 0.1 [-0.05, 0.2]"
+    decided = frame.assign(statistic=["KL; 3 of 5 decidable task draws <= 0.01 (8 task draws); median", "x"])
+    assert row_caption(decided, "E9 x") == \
+        "E9 x holds (tabular, K = 2): **reproduces**, 3 of 5 decidable task draws <= 0.01 (8 task draws)"
+    flipped = frame.assign(verdict=["does not reproduce", "inconclusive"])
+    table = gallery_table([("a", "shows x", (("s", "E9 x", ""),)), ("b", "plain", ())], {"s": flipped}, "figs")
+    assert table.splitlines()[2] == ("| ![a](figs/a.png) shows x. E9 x holds (tabular, K = 2): **does not reproduce**, "
+                                     "7 of 8 task draws <= 0.01 | ![b](figs/b.png) plain |")
+    with pytest.raises(ValueError, match="no verdict row"):
+        row_caption(frame, "E9 z")
+
+
+def test_markdown_table_and_replace_block():
+    from figures.verdicts import BEGIN, END, markdown_table, replace_block
+    frame = pd.DataFrame([dict(claim="c", condition="k", statistic="a | E[w](H)", estimate=0.00123, lo=1e-5,
+                               hi=float("nan"), rule="r", verdict="inconclusive")])
+    table = markdown_table({"study": frame})
+    assert table.splitlines()[2] == "| `study` | c | k | a \\| E\\[w](H) | 0.0012 [1e-05, ] | **inconclusive** |"
+    text = f"head\n{BEGIN}\nold\n{END}\ntail"
+    assert replace_block(text, "new") == f"head\n{BEGIN}\nnew\n{END}\ntail"
+    with pytest.raises(ValueError, match="markers"):
+        replace_block("no markers", "new")
+
+
+def test_verdict_text_states_the_condition_and_where_the_tolerance_matters():
+    from figures.verdicts import verdict_text
+    row = pd.DataFrame([dict(verdict="reproduces under stated conditions", stated_condition="sep > 0.03",
+                             verdict_half_tolerance="reproduces under stated conditions",
+                             verdict_twice_tolerance="reproduces under stated conditions"),
+                        dict(verdict="mixed", stated_condition=np.nan, verdict_half_tolerance="mixed",
+                             verdict_twice_tolerance="reproduces"),
+                        dict(verdict="inconclusive", stated_condition=np.nan, verdict_half_tolerance=np.nan,
+                             verdict_twice_tolerance=np.nan)])
+    texts = [verdict_text(r) for r in row.itertuples(index=False)]
+    assert texts == ["**reproduces under stated conditions** (sep > 0.03)",
+                     "**mixed**; at half the tolerance: mixed, at twice: reproduces", "**inconclusive**"]
