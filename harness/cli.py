@@ -4,6 +4,7 @@ stderr, never a traceback; it is caught before any work starts)."""
 import argparse
 import os
 import socket
+import sys
 from urllib.parse import urlparse
 
 
@@ -24,11 +25,24 @@ class Parser(argparse.ArgumentParser):
                 check(ns)
             except UsageError as exc:
                 self.error(str(exc))
+        sys.excepthook = quiet_interrupt
         return ns
 
     def add_check(self, check):
         """Run ``check(namespace)`` after parsing; a UsageError it raises becomes the one-line exit 2."""
         self._checks = [*getattr(self, "_checks", ()), check]
+
+
+def quiet_interrupt(kind, value, traceback, default=sys.__excepthook__):
+    """The excepthook of a parsed command line: Ctrl-C anywhere (the imports, a figure rebuild) prints one
+    line and exits 130, the shell's status for SIGINT; inside :func:`harness.run_cells` the line also counts
+    the cells kept. Any other uncaught exception keeps its traceback."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return default(kind, value, traceback)
+    sys.stdout.flush()
+    print("interrupted; every finished cell is kept: rerun the same command to resume", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def int_at_least(minimum, what):

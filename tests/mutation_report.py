@@ -102,7 +102,9 @@ def main(patterns=()):
         print(f"| `{module}` | " + " | ".join(str(counts.get(k, 0)) for k in kinds) + " |")
     survivors = sorted(n for n, st in status.items() if st == "survived")
     unexplained = [n for n in survivors if n not in EQUIVALENT]
-    print(f"\n{len(status)} mutants; {len(survivors)} survived, {len(unexplained)} of them unexplained.\n")
+    unchecked = sum(st in ("not checked", "suspicious") for st in status.values())
+    print(f"\n{len(status)} mutants; {len(survivors)} survived, {len(unexplained)} of them unexplained"
+          + (f"; INCOMPLETE: {unchecked} not checked or undecided (rerun `make mutate`).\n" if unchecked else ".\n"))
     for name in survivors:
         print(f"- `{name}`: {EQUIVALENT.get(name, 'unexplained')}")
     return 0

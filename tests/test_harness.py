@@ -161,6 +161,37 @@ def test_ctrl_c_prints_one_line_with_the_cells_kept_and_exits_130(tmp_path):
     assert rerun.stdout.strip() == "[0, 1, 2, 3]" and "(2 resumed)" in rerun.stderr, rerun.stderr
 
 
+# After the command line is parsed, outside run_cells (a heavy import, a figure rebuild): Ctrl-C arrives
+# while the script sleeps; with "fail" it raises another error instead.
+INTERRUPTED_ELSEWHERE = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from harness.cli import Parser
+Parser(prog="demo").parse_args([])
+print("parsed", flush=True)
+if sys.argv[1] == "fail":
+    raise RuntimeError("a real error")
+time.sleep(120)
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["sleep", "fail"])
+def test_ctrl_c_outside_run_cells_prints_one_line_and_other_errors_keep_their_traceback(mode):
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_ELSEWHERE, mode], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "parsed"
+    if mode == "sleep":
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if mode == "sleep":
+        assert proc.returncode == 130, err
+        assert err.strip().splitlines() == ["interrupted; every finished cell is kept: rerun the same command to resume"]
+    else:
+        assert proc.returncode == 1 and "Traceback" in err and "RuntimeError: a real error" in err
+
+
 # ------------------------------------------------------------------------------------------------
 # the command line: Parser, UsageError, int_at_least, experiment_parser
 # ------------------------------------------------------------------------------------------------
