@@ -2,12 +2,13 @@
 ``python sims/diagnose.py`` writes: ``positions.csv`` (one row per prompt x response x position),
 ``vetoes.csv`` (one row per vetoed token) and ``flip.csv`` (one row per prompt)."""
 
+import math
 import os
 
 import numpy as np
 import pandas as pd
 
-from .style import BLUE, GREEN, ORANGE, TWO_COLUMNS, VERMILLION, figure, paper
+from .style import BLUE, GREEN, ORANGE, TWO_COLUMNS, VERMILLION, figure, legend_below, paper
 
 KIND_COLOURS = {"end": VERMILLION, "template": ORANGE, "text": "k"}
 KIND_LABELS = {"end": "end token vetoed", "template": "template token vetoed", "text": "other token vetoed"}
@@ -26,7 +27,8 @@ def strip_rows(positions, n=8):
 def strip_figure(positions, rows=None):
     """One strip per (prompt, response): KL(A || l) at each position (bars, nats), a cross where the
     targets' argmaxes differ, and a mark above each position with a veto (red: the end token, orange: a
-    chat-template token, black: another token). Tick labels are the response's tokens."""
+    chat-template token, black: another token). Tick labels are the response's tokens (escaped, as the
+    veto figure prints them; every other one, or sparser, past 90 positions)."""
     rows = strip_rows(positions) if rows is None else rows
     fig = figure(TWO_COLUMNS, 1.25 * max(len(rows), 1) + 0.5)
     axes = np.atleast_1d(fig.subplots(max(len(rows), 1), 1, squeeze=False).ravel())
@@ -43,20 +45,31 @@ def strip_figure(positions, rows=None):
             v = p[n > 0]
             ax.plot(v.position, np.full(len(v), 1.12 * top), "v", color=colour, ms=4, label=KIND_LABELS[kind])
         ax.set_ylim(-0.15 * top, 1.25 * top)
-        ax.set_xticks(x)
-        ax.set_xticklabels([str(t)[:8] for t in p.token_text.fillna("")], rotation=90, fontsize=5)
+        step = math.ceil(len(x) / 90) if len(x) else 1
+        ax.set_xticks(x[::step])
+        ax.set_xticklabels([_label(t)[:8] for t in p.token_text.fillna("")[::step]], rotation=90, fontsize=5)
         ax.set_xlim(-0.7, max(len(x), 1) - 0.3)
         ax.set_ylabel("nats", fontsize=7)
         ax.set_title(f"prompt {pid}, response of {resp}", fontsize=7, loc="left")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper right", ncol=5)
+    legend_below(fig, handles, labels, ncol=5)
+    fig.suptitle(f"A and l teach different tokens at {int(positions.argmax_differs.sum())} of {len(positions)} positions; "
+                 f"{int(positions.end_vetoes.sum())} end-token and {int(positions.template_vetoes.sum())} template-token "
+                 f"vetoes;\nKL(A || l) along the {len(rows)} responses with the most end and template vetoes, then "
+                 "vetoes, then KL", fontsize=8)
     return fig
 
 
-def _empty(fig, ax, message):
-    """An empty table's figure: the message in the middle, no axes."""
+def _label(token):
+    """A token's text as a label: escaped (a newline prints as \\n), without its quotes."""
+    return repr(str(token))[1:-1]
+
+
+def _empty(fig, ax, message, claim):
+    """An empty table's figure: the message in the middle, no axes, the claim as the suptitle."""
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
+    fig.suptitle(claim, fontsize=8)
     return fig
 
 
@@ -66,20 +79,23 @@ def veto_figure(vetoes, n=15):
     fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
     ax = fig.subplots()
     if vetoes.empty:
-        return _empty(fig, ax, "no vetoes")
+        return _empty(fig, ax, "no vetoes", "No teacher vetoes a token\nthe reference gives mass")
     label = vetoes.token_text.fillna("").astype(str).where(vetoes.token_text.fillna("").astype(str) != "",
                                                           vetoes.token.astype(str))
     counts = (vetoes.assign(label=label).groupby(["label", "kind"]).size().reset_index(name="count")
               .sort_values("count", ascending=False).head(n).iloc[::-1])
     ax.barh(np.arange(len(counts)), counts["count"], color=[KIND_COLOURS[k] for k in counts.kind])
     ax.set_yticks(np.arange(len(counts)))
-    ax.set_yticklabels([repr(t)[1:-1][:20] for t in counts.label], fontsize=6)
+    ax.set_yticklabels([_label(t)[:20] for t in counts.label], fontsize=6)
     ax.set_xlabel("vetoes (positions x teachers)")
     from matplotlib.patches import Patch
-    ax.legend(handles=[Patch(color=c, label=KIND_LABELS[k]) for k, c in KIND_COLOURS.items()], loc="lower right",
-              fontsize=6)
-    ax.set_title("tokens a teacher vetoes where the reference gives mass", fontsize=7)
+    fig.legend(handles=[Patch(color=c, label=KIND_LABELS[k]) for k, c in KIND_COLOURS.items()],
+               loc="outside lower center", ncol=3, fontsize=6)
+    ax.set_title(f"the {len(counts)} tokens vetoed most often", fontsize=7)
     ax.grid(True, axis="x")
+    kinds = vetoes.kind.value_counts()
+    fig.suptitle(f"Teachers veto {len(vetoes)} times where the reference gives mass:\n{kinds.get('end', 0)} end-token, "
+                 f"{kinds.get('template', 0)} template-token and {kinds.get('text', 0)} other vetoes", fontsize=8)
     return fig
 
 
@@ -89,10 +105,10 @@ def flip_figure(flips):
     flip boundary drift = m / H for each measured H > 0 (a prompt above the line of H would flip by H);
     red rings: a flip measured; red bars: where none was, the smallest drift the design detects at 80%
     power (no flip is detectable below it)."""
-    fig = figure(TWO_COLUMNS / 2 + 0.5, 2.8)
+    fig = figure(TWO_COLUMNS / 2 + 0.5, 3.4)
     ax = fig.subplots()
     if flips.empty:
-        return _empty(fig, ax, "no flip estimates")
+        return _empty(fig, ax, "no flip estimates", "Prefix flip risk (T8):\nno prompt has a flip estimate")
     x_max = max(float(flips.margin.max()), 0.5) * 1.05
     xs = np.linspace(0, x_max, 50)
     horizons = sorted(int(h) for h in str(flips.horizons.iloc[0]).split(",") if int(h) > 0)
@@ -115,9 +131,10 @@ def flip_figure(flips):
     ax.set_xlim(min(float(flips.margin.min()), 0) - 0.1, x_max)
     ax.set_xlabel("pooled margin m (nats)")
     ax.set_ylabel("drift of D(H) per token (nats)")
-    ax.set_title("prefix flip risk (T8)", fontsize=7)
-    ax.legend(fontsize=5, loc="upper left")
+    fig.legend(loc="outside lower center", ncol=3, fontsize=6)
     ax.grid(True)
+    fig.suptitle(f"Prefix flip risk (T8): {int(flips.flip.sum())} of {len(flips)} prompts flip measurably by H = "
+                 f"{max(horizons, default=0)};\nred bars: no flip is detectable below them (80% power)", fontsize=8)
     return fig
 
 
