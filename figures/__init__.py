@@ -52,7 +52,8 @@ KINDS = (
     Kind("forgetting", _exists("loglinear.csv"), _module("forgetting")),
     Kind("rlvr", _exists("curves.csv"), _module("rlvr")),
     Kind("flip_horizon", _exists("flip_questions.csv", "flip_validation.csv"), _module("flip_horizon")),
-    Kind("diagnosis", _exists("vetoes.csv"), _module("diagnosis")),
+    Kind("diagnosis", lambda folder: _exists("positions.csv")(folder) and _exists("vetoes.csv")(folder),
+         _module("diagnosis")),             # docs/diagnose/* keeps vetoes.csv without the per-position table
 )
 
 # The headline figures kept under version control (docs/figures/), refreshed only by --gallery.

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT
 from figure_checks import TAB10, colours_used, states_its_claim, text_problems
+import figures
 from figures import diagnosis as fd
 from figures import flip_horizon as ff
 from figures import probe as fp
@@ -237,3 +238,11 @@ def test_the_claim_and_palette_checks_can_fail():
     ax.plot([0, 1], [1, 0], "o")               # matplotlib's default cycle outside the house style: tab:blue
     ax.fill_between([0, 1], 0, 1, color="tab:orange")
     assert colours_used(fig) & TAB10 == {"#1f77b4", "#ff7f0e"}
+
+
+def test_rebuild_skips_a_diagnosis_folder_without_its_per_position_table(tmp_path):
+    """docs/diagnose/* keeps the report and vetoes.csv, not positions.csv: `python -m figures` over docs/
+    must pass it by, not fail on the missing table."""
+    folder = ROOT / "docs" / "diagnose" / "end_veto"
+    assert (folder / "vetoes.csv").exists() and not (folder / "positions.csv").exists()
+    assert figures.rebuild(str(folder), fig_dir=str(tmp_path)) == []
