@@ -26,6 +26,12 @@ _FALSY = ("an argument None in place of False: the callee reads it only for trut
           "and None is falsy")
 _NAN_SEPARATION = ("separation None in place of np.nan: row() passes np.asarray(None, dtype=float), which is NaN, "
                    "the same 'no candidates named' as np.nan")
+_MDE_BRACKET = ("t_mde_80's search bracket: brentq finds the one root of power(d) - target on [0, hi] from any hi "
+                "with power(hi) >= target (power increasing in the effect), to its tolerance of 2e-12")
+_TEN_THOUSAND = ("the switch from .2g to .3g at 1e4: |x| in [1e4, 10001) prints as 1e+04 in both formats, so "
+                 "`< 1e4`, `<= 1e4` and `< 10001` print alike")
+_RATIO_FLOAT = ("np.asarray(log_ratios, dtype=float) -> dtype=None or no dtype: log_ratios are read only by len() and "
+                "analysis.mean_interval, which casts to float itself")
 EQUIVALENT = {
     "analysis.verdicts.x_decide_draws__mutmut_4": _FLOAT_ARRAY,
     "analysis.verdicts.x_decide_draws__mutmut_6": _FLOAT_ARRAY,
@@ -76,6 +82,43 @@ EQUIVALENT = {
     "analysis.verdicts.x_clusters_for_power__mutmut_30": _BRACKET + " (lo = 2: read only after enough(2) failed)",
     "analysis.verdicts.x_clusters_for_power__mutmut_31": _BRACKET + " (hi = 3)",
     "analysis.verdicts.x_clusters_for_power__mutmut_36": _BRACKET + " (tripling instead of doubling)",
+    # forgetting / analysis / figures.verdicts (issues 28, 29)
+    "analysis.statistics.x_fit_exponent__mutmut_13": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_exponent__mutmut_15": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_exponent__mutmut_22": _FLOAT_ARRAY,
+    "analysis.statistics.x_fit_exponent__mutmut_24": _FLOAT_ARRAY,
+    "analysis.statistics.x_mean_interval__mutmut_5": ("np.asarray(values, dtype=float) -> dtype=None or no dtype: "
+                                                      "values are read only through .mean and .std, float for int "
+                                                      "or bool input alike"),
+    "analysis.statistics.x_mean_interval__mutmut_7": ("np.asarray(values, dtype=float) -> dtype=None or no dtype: "
+                                                      "values are read only through .mean and .std, float for int "
+                                                      "or bool input alike"),
+    "analysis.verdicts.x_fieller__mutmut_14": _Q_SQUARED,
+    "analysis.verdicts.x_fieller__mutmut_23": _Q_SQUARED,
+    "analysis.verdicts.x_clusters_for_power__mutmut_32": _BRACKET + " (hi = 3)",
+    "analysis.verdicts.x_clusters_for_power__mutmut_37": _BRACKET + " (tripling instead of doubling)",
+    "analysis.verdicts.x_t_mde_80__mutmut_33": _MDE_BRACKET + " (hi = 2)",
+    "analysis.verdicts.x_t_mde_80__mutmut_35": _MDE_BRACKET + " (doubling also while power(hi) == target exactly)",
+    "analysis.verdicts.x_t_mde_80__mutmut_39": _MDE_BRACKET + " (tripling instead of doubling)",
+    "figures.verdicts.x__number__mutmut_9": _TEN_THOUSAND,
+    "figures.verdicts.x__number__mutmut_10": _TEN_THOUSAND,
+    "figures.verdicts.x_gallery_table__mutmut_18": ("len % 2 -> len / 2: an even count of captions then gets an empty "
+                                                    "one appended at an even index, which zip(captions[::2], "
+                                                    "captions[1::2]) drops; odd counts append as before"),
+    "figures.verdicts.x_markdown_table__mutmut_5": "itertuples(index=None): pandas reads the falsy None as False",
+    "figures.verdicts.x_markdown_table__mutmut_6": ("itertuples(index=True) adds an Index field, but the rows are read "
+                                                    "by column name only"),
+    "figures.verdicts.x_replace_block__mutmut_9": ("stop <= start: stop == start needs the end marker found where the "
+                                                   "begin marker is, one a prefix of the other, and no pair of markers "
+                                                   "(BEGIN/END, GALLERY_BEGIN/GALLERY_END) is"),
+    "figures.verdicts.x_verdict_text__mutmut_5": ("stated_condition default None for '': both fail "
+                                                  "`isinstance(condition, str) and condition`"),
+    "sims.forgetting.x_ratio_row__mutmut_3": _RATIO_FLOAT,
+    "sims.forgetting.x_ratio_row__mutmut_5": _RATIO_FLOAT,
+    "sims.forgetting.x_frontier_rows__mutmut_5": "groupby(sort=None): pandas reads the falsy None as False",
+    "sims.forgetting.x_verdicts__mutmut_16": ("shares(..., student=None): the student column only labels the table; "
+                                              "verdicts() reads its term, share, lo, hi and seeds"),
+    "sims.forgetting.x_precision_rows__mutmut_55": _FALSY + " (bound_verdict: `if not at_most`)",
 }
 
 

@@ -538,3 +538,37 @@ def test_decide_draws_returns_its_inputs_and_effect_verdict_edges():
     assert verdicts.effect_verdict(0.0, 1.0) == "inconclusive"
     with pytest.raises(ValueError, match="sign = 2 must be"):
         verdicts.effect_verdict(0.0, 1.0, sign=2)
+
+
+def test_fit_exponent_of_exact_power_laws_and_its_seed_interval():
+    """Two seeds of exact power laws R = c T^k (k = 1/2 and 1, c = 1e-3 so that every R < 1): the exponents
+    exactly, their mean and the Student-t interval over the two seeds (scipy's, 1 df) at the default
+    level; a regret of 0 in the window (no logarithm) gives NaN."""
+    from scipy import stats
+    t = np.arange(1, 1001)
+    regret = 1e-3 * np.stack([t ** 0.5, t ** 1.0])
+    assert analysis.fit_exponent(t, regret[0]) == pytest.approx((0.5, 0.5, 0.5), abs=1e-12)
+    lo, hi = stats.t.interval(0.95, 1, loc=0.75, scale=stats.sem([0.5, 1.0]))
+    assert analysis.fit_exponent(t, regret) == pytest.approx((0.75, lo, hi), abs=1e-10)
+    zero = regret.copy()
+    zero[1, -1] = 0.0
+    assert np.isnan(analysis.fit_exponent(t, zero)).all()
+
+
+def test_mean_interval_is_scipys_t_interval_per_column():
+    """Two seeds (the fewest with an interval) and two columns of different spread: per column the mean
+    and scipy's Student-t interval with 1 df; one seed: the mean thrice."""
+    from scipy import stats
+    values = np.array([[1.0, 10.0], [3.0, 40.0]])
+    mean, lo, hi = analysis.mean_interval(values)
+    ref = [stats.t.interval(0.95, 1, loc=v.mean(), scale=stats.sem(v)) for v in values.T]
+    np.testing.assert_allclose(mean, [2.0, 25.0], rtol=1e-12)
+    np.testing.assert_allclose(np.stack([lo, hi], axis=1), ref, rtol=1e-12)
+    for got in analysis.mean_interval(values[:1]):
+        np.testing.assert_array_equal(got, [1.0, 10.0])
+
+
+def test_t_mde_80_names_the_admissible_power_targets():
+    """The refusal states the open range (size, 1): (0.05, 1) at level 0.95."""
+    with pytest.raises(ValueError, match=r"must lie in \(0\.05, 1\)"):
+        verdicts.t_mde_80(1.0, 7, power_target=0.04)

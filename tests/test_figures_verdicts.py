@@ -100,3 +100,39 @@ def test_verdict_text_states_the_condition_and_where_the_tolerance_matters():
     texts = [verdict_text(r) for r in row.itertuples(index=False)]
     assert texts == ["**reproduces under stated conditions** (sep > 0.03)",
                      "**mixed**; at half the tolerance: mixed, at twice: reproduces", "**inconclusive**"]
+
+
+def test_numbers_keep_three_figures_from_1e4_on():
+    """Below 1e4 two significant figures, from 1e4 on three (a ratio of 12345 prints 1.23e+04)."""
+    from figures.verdicts import markdown_table
+    frame = pd.DataFrame([dict(claim="c", condition="k", statistic="s", estimate=12345.0, lo=-23456.0, hi=1234.0,
+                               rule="r", verdict="reproduces")])
+    assert markdown_table({"s": frame}).splitlines()[2] == \
+        "| `s` | c | k | s | 1.23e+04 [-2.35e+04, 1.2e+03] | **reproduces** |"
+
+
+def test_gallery_table_pairs_captions_and_links_docs_figures_by_default():
+    """Three figures: two rows, the third caption beside an empty cell; the images under docs/figures."""
+    from figures.verdicts import gallery_table
+    table = gallery_table([("a", "one", ()), ("b", "two", ()), ("c", "three", ())], {})
+    assert table.splitlines() == ["| | |", "|---|---|",
+                                  "| ![a](docs/figures/a.png) one | ![b](docs/figures/b.png) two |",
+                                  "| ![c](docs/figures/c.png) three |  |"]
+
+
+def test_replace_block_replaces_the_first_block_only_and_says_why_it_cannot():
+    """Two blocks with the same markers: the first is replaced, the second and the text between are kept;
+    no markers: the error names them."""
+    from figures.verdicts import BEGIN, END, replace_block
+    text = f"head\n{BEGIN}\nold\n{END}\nmiddle\n{BEGIN}\nold 2\n{END}\ntail"
+    assert replace_block(text, "new") == f"head\n{BEGIN}\nnew\n{END}\nmiddle\n{BEGIN}\nold 2\n{END}\ntail"
+    with pytest.raises(ValueError, match=r"^the generated block's markers are missing or out of order$"):
+        replace_block(f"{END}\n{BEGIN}", "new")
+
+
+def test_verdict_text_reads_a_missing_half_tolerance_verdict_as_the_verdict():
+    """A row with a verdict at twice the tolerance but none at half: at half it is the verdict itself."""
+    import collections
+    from figures.verdicts import verdict_text
+    row = collections.namedtuple("Row", "verdict verdict_twice_tolerance")("mixed", "reproduces")
+    assert verdict_text(row) == "**mixed**; at half the tolerance: mixed, at twice: reproduces"

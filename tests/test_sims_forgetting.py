@@ -201,3 +201,163 @@ def test_precision_rows_read_each_storage_and_the_served_copy():
     assert v.loc["loglinear, bf16 storage (no master weights)", "verdict"] == "reproduces"
     assert v.loc["loglinear, mixed precision: the float32 master weights", "verdict"] == "does not reproduce"
     assert v.loc["loglinear, mixed precision: the bf16 copy it serves", "verdict"] == "reproduces"
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdict helpers on hand-built tables (issues 28, 29: mutation testing)
+# ------------------------------------------------------------------------------------------------
+def _committed_rows(student):
+    """The rows of the committed default run (docs/verdicts/forgetting.csv, from which the docs are
+    generated) for ``student``, in their order."""
+    from conftest import ROOT
+    doc = pd.read_csv(ROOT / "docs" / "verdicts" / "forgetting.csv")
+    return doc[doc.condition.str.startswith(f"{student}, ")].reset_index(drop=True)
+
+
+def _masked(statistic):
+    """A statistic with its data-dependent two-decimal means (the sparsity at each rate) masked."""
+    import re
+    return re.sub(r"\b\d+\.\d\d\b", "#", statistic)
+
+
+def _default_design(seeds=3):
+    """The default loglinear design's learning rates, alpha at 0 and 1 and the three objectives (in
+    FACTORS' order), the other factors fixed; quality on B falls with the learning rate, below LEARNED at
+    0.018 and 0.1 only; forgetting grows with it. Every number is made up: only the texts are compared."""
+    from sims import forgetting
+    rng = np.random.default_rng(1)
+    quality = dict(zip(forgetting.FACTORS["lr"], (0.5, 0.2, 0.05, 0.005, 0.001)))
+    return pd.DataFrame([dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective=objective, clip=False,
+                              storage="float32", seed=seed, quality=quality[lr] * (1 + 0.1 * rng.random()),
+                              forgetting=lr * (1 + 0.1 * alpha) * (1 + 0.05 * rng.random()), sparsity=0.5,
+                              sparsity_bf16=0.5)
+                         for seed in range(seeds) for lr in forgetting.FACTORS["lr"] for alpha in (0.0, 1.0)
+                         for objective in forgetting.FACTORS["objective"]])
+
+
+def test_e3_verdict_rows_state_the_committed_claims_conditions_statistics_and_rules():
+    """On the default design's factors with three seeds, verdicts() writes the rows of the committed run,
+    in its order (objectives as the design lists them, FKL, RKL, PG1), with its claim, condition,
+    statistic and rule texts word for word."""
+    from sims import forgetting
+    got = pd.DataFrame(forgetting.verdicts(_default_design(), "loglinear"))
+    doc = _committed_rows("loglinear")
+    doc = doc[~doc.statistic.str.startswith("share of parameters moved")].reset_index(drop=True)
+    for column in ("claim", "condition", "statistic", "rule"):
+        assert list(got[column]) == list(doc[column]), column
+
+
+def test_precision_rows_state_the_committed_texts():
+    """The sparsity rows: the committed claim, condition and rule texts, and its statistic up to the
+    two-decimal sparsities it quotes."""
+    from sims import forgetting
+    rows = [dict(lr=lr, storage=storage, seed=seed, alpha=alpha, sparsity=0.5, sparsity_bf16=0.4)
+            for seed in range(3) for lr in (1e-4, 1e-1) for alpha in (0.0, 1.0)
+            for storage in ("float32", "bf16", "bf16-master")]
+    got = pd.DataFrame(forgetting.precision_rows(pd.DataFrame(rows)))
+    doc = _committed_rows("loglinear")
+    doc = doc[doc.statistic.str.startswith("share of parameters moved")].reset_index(drop=True)
+    for column in ("claim", "condition", "rule"):
+        assert list(got[column]) == list(doc[column]), column
+    assert list(got.statistic.map(_masked)) == list(doc.statistic.map(_masked))
+
+
+def test_e3_verdicts_skip_what_the_design_does_not_vary():
+    """alpha fixed at 1: no share row for alpha (it is not a factor of the design) and no alpha-ratio or
+    frontier rows (they need runs at alpha = 0 and at alpha = 1)."""
+    from sims import forgetting
+    df = _default_design()
+    rows = forgetting.verdicts(df[df.alpha == 1.0], "loglinear")
+    assert {r["claim"] for r in rows} == {"E3 the learning rate governs forgetting (share >= 0.5)"}
+    assert len(rows) == 2                                           # the full design and the rates that learn B
+
+
+def test_shares_read_log10_outcomes_on_the_log_scale_and_fractions_as_they_are():
+    """A 2 x 2 design over lr (i = 0, 1) and alpha (j = 0, 1): forgetting = 10^(i + j) and quality =
+    10^-(2 + i + 2j) are additive in log10 (shares 1/2, 1/2 and 1/5, 4/5, no interaction); sparsity
+    = 0.1 + 0.2 i + 0.4 j is additive as it is (1/5, 4/5). Only the varied factors are terms; each row is
+    labelled with its student, outcome and scale; one index over all outcomes."""
+    from sims import forgetting
+    rows = [dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective="fkl", clip=False,
+                 storage="float32", seed=seed, forgetting=10.0 ** (i + j), quality=10.0 ** -(2 + i + 2 * j),
+                 sparsity=0.1 + 0.2 * i + 0.4 * j, sparsity_bf16=0.1 + 0.3 * i + 0.3 * j)
+            for seed in range(2) for i, lr in enumerate((1e-3, 1e-1)) for j, alpha in enumerate((0.0, 1.0))]
+    table = forgetting.shares(pd.DataFrame(rows), forgetting.FACTORS, "neural")
+    assert list(table.index) == list(range(len(table)))
+    assert (table.student == "neural").all()
+    assert dict(zip(table.outcome, table.scale)) == forgetting.OUTCOMES
+    assert set(table.term) == {"lr", "alpha", "lr x alpha", "higher order"}
+    share = table.set_index(["outcome", "term"]).share
+    expected = {"forgetting": (0.5, 0.5), "quality": (0.2, 0.8), "sparsity": (0.2, 0.8), "sparsity_bf16": (0.5, 0.5)}
+    for outcome, (lr, alpha) in expected.items():
+        assert share[(outcome, "lr")] == pytest.approx(lr, abs=1e-12), outcome
+        assert share[(outcome, "alpha")] == pytest.approx(alpha, abs=1e-12), outcome
+        assert share[(outcome, "lr x alpha")] == pytest.approx(0.0, abs=1e-12), outcome
+
+
+def test_learning_rates_that_learn_b_have_mean_quality_strictly_below_learned():
+    from sims import forgetting
+    df = pd.DataFrame(dict(lr=[1e-3, 1e-3, 1e-2, 1e-2, 1e-1], quality=[0.01, 0.01, 0.001, 0.003, 0.5]))
+    assert forgetting.learning_rates_that_learn(df) == [1e-2]           # a mean of exactly LEARNED does not learn
+
+
+def _ratio(log_ratios, margin):
+    from sims import forgetting
+    return forgetting.ratio_row("claim", "condition", "stat", log_ratios, margin)
+
+
+def test_ratio_row_maps_the_seed_interval_of_log_ratios_to_a_verdict():
+    """Two seeds (the fewest with an interval); the interval [exp lo, exp hi] of the mean log ratio
+    (scipy's t-interval, 1 df) within 1 +- margin, ends included: reproduces; wholly outside: does not;
+    across either end, or one seed: inconclusive."""
+    from scipy import stats
+    tight = _ratio([0.001, -0.001], 0.05)
+    lo, hi = stats.t.interval(0.95, 1, loc=0.0, scale=stats.sem([0.001, -0.001]))
+    assert (tight["estimate"], tight["lo"], tight["hi"]) == pytest.approx((1.0, np.exp(lo), np.exp(hi)), rel=1e-12)
+    assert tight["verdict"] == "reproduces"
+    assert tight["statistic"] == "stat over 2 seeds, 95% t-interval"
+    assert tight["rule"] == "interval within 1 +- 0.05: reproduces; outside it: does not; else inconclusive"
+    assert _ratio([0.0], 0.05)["verdict"] == "inconclusive"                       # one seed: no interval
+    assert _ratio([np.log(1.3), np.log(1.31)], 0.05)["verdict"] == "does not reproduce"
+    assert _ratio([np.log(0.7), np.log(0.71)], 0.05)["verdict"] == "does not reproduce"
+    low = _ratio(np.log([0.93, 0.95, 0.97, 0.99]), 0.05)                           # across 1 - margin only
+    assert low["lo"] < 0.95 < low["hi"] < 1.05 and low["verdict"] == "inconclusive"
+    high = _ratio(np.log([1.01, 1.03, 1.05, 1.07]), 0.05)                          # across 1 + margin only
+    assert 0.95 < high["lo"] < 1.05 < high["hi"] and high["verdict"] == "inconclusive"
+
+
+def test_ratio_row_includes_the_ends_of_1_pm_margin():
+    """An interval ending exactly at 1 - margin or 1 + margin: inside (reproduces) when it is a point
+    there, and only touching (inconclusive, not 'does not reproduce') when it reaches beyond the other
+    way. 1 - (1 - x) == x exactly for x in [0.5, 2], so the margins are exact."""
+    below = _ratio([np.log(0.8)] * 2, 0.05)["lo"]
+    assert _ratio([np.log(0.8)] * 2, 1 - below)["verdict"] == "reproduces"
+    above = _ratio([np.log(1.2)] * 2, 0.05)["hi"]
+    assert _ratio([np.log(1.2)] * 2, above - 1)["verdict"] == "reproduces"
+    wide = np.log([0.70, 0.72, 0.74, 0.76])
+    wide_below = _ratio(wide, 0.05)
+    assert wide_below["lo"] < wide_below["hi"] < 1
+    assert _ratio(wide, 1 - wide_below["hi"])["verdict"] == "inconclusive"
+    wide = np.log([1.20, 1.22, 1.24, 1.26])
+    wide_above = _ratio(wide, 0.05)
+    assert 1 < wide_above["lo"] < wide_above["hi"]
+    assert _ratio(wide, wide_above["lo"] - 1)["verdict"] == "inconclusive"
+
+
+def _step_frontiers(alpha1):
+    """Two seeds, one objective: alpha = 0 one run at (quality 0.001, forgetting 1); alpha = 1 the runs
+    ``alpha1`` (quality, forgetting)."""
+    return pd.DataFrame([dict(lr=0.1, schedule="constant", warmup=False, alpha=a, objective="fkl", clip=False,
+                              storage="float32", seed=seed, quality=q, forgetting=f)
+                         for seed in range(2) for a, runs in ((0.0, [(0.001, 1.0)]), (1.0, alpha1))
+                         for q, f in runs])
+
+
+def test_frontier_ratio_is_read_at_nine_log_spaced_qualities_up_to_learned():
+    """The alpha = 1 frontier halves at quality 10^(-3 + 7.5/8), between the last two of the nine points
+    10^(-3 + k/8), k = 0..8, of geomspace(0.001, LEARNED = 0.01, 9): the geometric mean ratio is
+    0.5^(1/9). The best quality both reach at exactly LEARNED: no quality to compare at, no row."""
+    from sims import forgetting
+    (row,) = forgetting.frontier_rows(_step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)]), "loglinear")
+    assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9)
+    assert forgetting.frontier_rows(_step_frontiers([(0.01, 1.0)]), "loglinear") == []
