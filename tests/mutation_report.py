@@ -77,11 +77,6 @@ EQUIVALENT = {
     "sims.estimators.x_growth_slopes__mutmut_17": "Series.to_numpy(None) for float: polyfit casts H to float itself",
     "sims.estimators.x_growth_slopes__mutmut_18": "Series.to_numpy(None) for float: ln E[w^2] is a float column already",
     "analysis.verdicts.x_count_verdict__mutmut_6": _FLOAT_ARRAY,
-    "analysis.verdicts.x_fieller__mutmut_13": _Q_SQUARED,
-    "analysis.verdicts.x_fieller__mutmut_22": _Q_SQUARED,
-    "analysis.verdicts.x_clusters_for_power__mutmut_30": _BRACKET + " (lo = 2: read only after enough(2) failed)",
-    "analysis.verdicts.x_clusters_for_power__mutmut_31": _BRACKET + " (hi = 3)",
-    "analysis.verdicts.x_clusters_for_power__mutmut_36": _BRACKET + " (tripling instead of doubling)",
     # forgetting / analysis / figures.verdicts (issues 28, 29)
     "analysis.statistics.x_fit_exponent__mutmut_13": _FLOAT_ARRAY,
     "analysis.statistics.x_fit_exponent__mutmut_15": _FLOAT_ARRAY,
