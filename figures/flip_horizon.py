@@ -10,6 +10,21 @@ import pandas as pd
 from .style import BLUE, PALETTE, TWO_COLUMNS, VERMILLION, figure, paper
 
 
+CONTROL = "tempered-after-correct"       # sims/flip_horizon.py's positive controls are named CONTROL-<T2>
+
+
+def _flips(questions):
+    """'k of n eligible questions' over the real configurations, then the positive control's count apart."""
+    eligible = questions[questions.teachers_prefer_correct]
+    control = eligible.config.str.startswith(CONTROL)
+    text = f"{int(eligible[~control].flip.sum())} of {int((~control).sum())} eligible questions"
+    return text + (f" (positive control: {int(eligible[control].flip.sum())} of {int(control.sum())})" if control.any() else "")
+
+
+def _count(n, noun):
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 @paper
 def flip_figure(questions, partitions):
     """One panel per teacher configuration: each question's pooled margin m (x) against the drift of
@@ -36,7 +51,7 @@ def flip_figure(questions, partitions):
         flipped = grp[grp.flip]
         if len(flipped):
             ax.plot(flipped.margin, flipped.drift, "o", ms=5, mfc="none", mec=VERMILLION, label="flip measured")
-        ax.set_title(f"{config}: {int(grp.flip.sum())} flips, {int(grp.teachers_prefer_correct.sum())} eligible")
+        ax.set_title(f"{config}: {_count(int(grp.flip.sum()), 'flip')}, {int(grp.teachers_prefer_correct.sum())} eligible")
         ax.set_xlabel("pooled margin m = Σ w_k ln p_k(C)/p_k(I)  (nats)")
         ax.set_ylabel("drift of D(H) per token (nats)")
         lo = min(float(questions.drift_lo.min()), -0.05)
@@ -48,8 +63,7 @@ def flip_figure(questions, partitions):
         ax.set_visible(False)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4)
-    eligible = questions[questions.teachers_prefer_correct]
-    fig.suptitle(f"Prefix flips on a real model (T8): {int(eligible.flip.sum())} of {len(eligible)} eligible questions "
+    fig.suptitle(f"Prefix flips on a real model (T8): {_flips(questions)} "
                  f"flip measurably by H = {int(partitions.horizon.max())};\na question is predicted to flip by H where "
                  "its drift lies above the boundary m / H (dashed)", fontsize=8)
     return fig
@@ -109,9 +123,7 @@ def curves_figure(questions, partitions, y_max=3.0):
         ax.grid(True)
     for ax in axes[len(configs):]:
         ax.set_visible(False)
-    eligible = questions[questions.teachers_prefer_correct]
-    fig.suptitle(f"Measured flips (T8): g's margin m - D(H) falls below 0 for {int(eligible.flip.sum())} of "
-                 f"{len(eligible)} eligible questions by H = {int(partitions.horizon.max())};\nred, with its 95% band: "
+    fig.suptitle(f"Measured flips (T8): g's margin m - D(H) falls below 0 for {_flips(questions)} by H = {int(partitions.horizon.max())};\nred, with its 95% band: "
                  f"a flip (the band's upper end below 0); grey: no flip; cut at {y_max:g} nats", fontsize=8)
     return fig
 

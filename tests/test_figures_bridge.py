@@ -73,9 +73,10 @@ def probe_folder(folder, question=None):
 
 
 def flip_tables(configs):
-    """The committed control run's flip_questions / flip_partitions, repeated under each name of ``configs``."""
-    q = pd.read_csv(FLIP / "control" / "flip_questions.csv")
-    p = pd.read_csv(FLIP / "control" / "flip_partitions.csv")
+    """The committed default run's flip_questions / flip_partitions (its first configuration), repeated under
+    each name of ``configs``."""
+    q = pd.read_csv(FLIP / "flip_questions.csv")
+    p = pd.read_csv(FLIP / "flip_partitions.csv")
     first = q.config.iloc[0]
     rename = lambda df, c: df[df.config == first].assign(config=c)       # noqa: E731
     return (pd.concat([rename(q, c) for c in configs], ignore_index=True),
@@ -141,10 +142,9 @@ CASES = {
     "probe, untitled": lambda tmp: fp.figures_from(probe_folder(tmp)),
     "probe, seven teachers, NaN intervals": lambda tmp: {"probe": fp.probe_figure(probe_margins(
         teachers=[f"persona-with-a-long-name-{k}" for k in range(7)], horizons=(0, 1, 4, 16, 64, 256), se=np.nan))},
-    # the flip-horizon study: the committed control run and validation; the default run's six configurations
-    # (the longest names), five (one panel hidden) with a long run's curves, one
-    "flip horizon, committed control run": lambda tmp: ff.figures_from(str(FLIP / "control")),
-    "flip horizon, committed validation": lambda tmp: ff.figures_from(str(FLIP)),
+    # the flip-horizon study: the committed default run (its questions, partitions and validation); six
+    # configurations of one table (the longest names), five (one panel hidden) with a long run's curves, one
+    "flip horizon, committed default run": lambda tmp: ff.figures_from(str(FLIP)),
     "flip horizon, the default run's six configurations": lambda tmp: ff.figures_from(write(
         tmp, **dict(zip(("flip_questions", "flip_partitions"), flip_tables(CONFIG_NAMES))))),
     "flip horizon, five configurations and a long run of three": lambda tmp: ff.figures_from(write(
@@ -166,8 +166,7 @@ CASES = {
     "diagnosis, no flip estimates": lambda tmp: {"diagnosis_flip": fd.flip_figure(pd.DataFrame())},
 }
 STEMS = {"topk": {"topk_bias"}, "probe": {"probe"},
-         "flip horizon, committed control run": {"flip_horizon", "flip_curves"},
-         "flip horizon, committed validation": {"flip_validation"},
+         "flip horizon, committed default run": {"flip_horizon", "flip_curves", "flip_validation"},
          "flip horizon, five configurations and a long run of three": {"flip_horizon", "flip_curves", "flip_long_curves"},
          "diagnosis": {"diagnosis_strips", "diagnosis_vetoes", "diagnosis_flip"}}
 
@@ -246,3 +245,21 @@ def test_rebuild_skips_a_diagnosis_folder_without_its_per_position_table(tmp_pat
     folder = ROOT / "docs" / "diagnose" / "end_veto"
     assert (folder / "vetoes.csv").exists() and not (folder / "positions.csv").exists()
     assert figures.rebuild(str(folder), fig_dir=str(tmp_path)) == []
+
+
+def test_flip_titles_count_the_positive_control_apart():
+    """The suptitles count the real configurations' flips and the positive control's separately (a pooled
+    count would credit the control's flips to the real teachers); a panel of one flip says 'flip'."""
+    q = pd.read_csv(FLIP / "flip_questions.csv")
+    e = q[q.teachers_prefer_correct]
+    control = e.config.str.startswith("tempered-after-correct")
+    expected = (f"{int(e[~control].flip.sum())} of {int((~control).sum())} eligible questions (positive control: "
+                f"{int(e[control].flip.sum())} of {int(control.sum())})")
+    figs = ff.figures_from(str(FLIP))
+    for stem in ("flip_horizon", "flip_curves"):
+        assert expected in figs[stem]._suptitle.get_text(), stem
+    one = q[q.config == q.config.iloc[0]].assign(flip=False)
+    one.loc[one.index[0], ["flip", "teachers_prefer_correct"]] = True
+    p = pd.read_csv(FLIP / "flip_partitions.csv")
+    title = ff.flip_figure(one, p[p.config == one.config.iloc[0]]).axes[0].get_title()
+    assert ": 1 flip," in title
