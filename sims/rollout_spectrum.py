@@ -528,11 +528,11 @@ def verdicts(df, convergence=None, quick=False, neural=None):
         by_draw(pick("tabular", 2, "k1", 0.0), lambda g: g.max_logit.max()), np.nan, at_most=False,
         tolerance=0.8 * evaluation.DIVERGED_LOGIT)
     if convergence is not None:
-        convergence_rows(convergence, functools.partial(row, tree=False), rows, tables, quick)
+        convergence_rows(convergence, functools.partial(row, tree=False), rows, quick)
     return pd.DataFrame(rows, columns=list(DRAW_COLUMNS)), pd.concat(tables, ignore_index=True)
 
 
-def convergence_rows(c, row, rows, tables, quick):
+def convergence_rows(c, row, rows, quick):
     """E5's rows (``verdicts``) from the 'convergence' experiment on the looping machine: per draw the
     separation is the unweighted fixed point's from l (solved for k2, k3: the columns sep_unweighted_<est>;
     measured on unweighted runs for pg0): where the unweighted runs already sit near l there is nothing for

@@ -2,6 +2,8 @@
 routes (autograd over every token, enumeration of every response), not by distillation.moments."""
 
 import itertools
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -232,3 +234,42 @@ def test_growth_slopes_fit_from_growth_from_inclusive_against_polyfit():
     keep = H >= estimators.GROWTH_FROM
     assert keep.sum() >= 3 and H[keep].min() == estimators.GROWTH_FROM
     assert estimators.growth_slopes(frame).iloc[0] == pytest.approx(np.polyfit(H[keep], y[keep], 1)[0], rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# the texts the verdict rows write are those of the committed default run (docs/verdicts/estimators.csv
+# builds the study page and the gallery: a text the code no longer writes is a broken page)
+# ------------------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _template(text):
+    """A statistic's text with every free-standing number (counts of pairs, horizons) replaced by '#'."""
+    return _NUMBER.sub("#", text)
+
+
+def test_verdict_rows_write_the_claims_conditions_rules_and_statistics_of_the_committed_run():
+    """Every (claim, condition) of docs/verdicts/estimators.csv in its order (the synthetic frames have
+    IS_MACHINES machines, as the default run), each with the same rule (side, tolerance, unit) and the
+    same statistic text up to its numbers."""
+    values, grads, topk, horizon = _estimator_frames()
+    horizon = pd.DataFrame([dict(machine=m, teacher=t, H=h, log_second_moment=0.5 * h)
+                            for m in range(estimators.IS_MACHINES) for t in range(2) for h in estimators.HORIZONS])
+    v = estimators.verdicts(values, grads, topk, horizon)
+    doc = pd.read_csv(Path(__file__).resolve().parents[1] / "docs" / "verdicts" / "estimators.csv", dtype=str,
+                      keep_default_na=False)
+    assert list(zip(v.claim, v.condition)) == list(zip(doc.claim, doc.condition))
+    assert v.rule.tolist() == doc.rule.tolist()
+    assert [_template(s) for s in v.statistic] == [_template(s) for s in doc.statistic]
+
+
+def test_rows_over_every_spread_state_a_spread_that_separates_and_the_growth_row_none():
+    """k1 biased on every pair of spread 2 only: 'k1 is unbiased' holds under the stated condition spread
+    <= 1.5 (midway between 1 and 2); the growth row has no spread: one machine without growth is 'mixed'."""
+    values, grads, topk, horizon = _estimator_frames()
+    biased = values.assign(bias=np.where((values.estimator == "k1") & (values.spread == 2.0), 0.01, values.bias))
+    row = _estimator_row((biased, grads, topk, horizon), "k1 is unbiased")
+    assert (row.verdict, row.n_hold, row.stated_condition) == ("reproduces under stated conditions", 8, "spread <= 1.5")
+    flat = horizon.assign(log_second_moment=np.where(horizon.machine == 0, 5.0, horizon.log_second_moment))
+    row = _estimator_row((values, grads, topk, flat), "the sequence importance weight")
+    assert (row.verdict, row.n_draws, row.n_hold, row.stated_condition) == ("mixed", 8, 6, "")

@@ -2,6 +2,8 @@
 figures."""
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -462,7 +464,10 @@ def _e5_split():
     c.loc[pu, "kl_local"] += 16 * 0.5 * (1 - c.step[pu] / 1000)
     c["log_w2_sequence_slope"] = c.task_seed.map(dict(enumerate([0.05, 0.5, 1.5, 2.0, 3.0])))
     c["log_w2_token"] = c.task_seed.map(dict(enumerate([33.0, 31.995, 29.0, 27.0, 20.0])))   # 2 x 16 minus: -1 .. 12
-    return sep, rollout_spectrum.verdicts(_draws({}, draws=5), c)
+    # the tree draws' separations split the draws as k3's do: a loop draw is another task, so no E5 row
+    # may state them as its condition
+    tree = _draws({}, draws=5, sep={"sep_A_mixture": [0.1, 0.3, 0.1, 0.3, 0.1], "sep_l": [0.1, 0.3, 0.1, 0.3, 0.1]})
+    return sep, rollout_spectrum.verdicts(tree, c)
 
 
 def test_e5_rows_state_their_conditions_statistics_separations_and_split_by_the_unweighted_distance():
@@ -608,3 +613,171 @@ def test_e1_fkl_rows_state_their_claim_condition_and_statistic():
     assert set(fkl.index) == set(expect)
     for cond, start in expect.items():
         assert fkl[cond].startswith(start), cond
+
+
+# ------------------------------------------------------------------------------------------------
+# the texts the verdict rows write are those of the committed default run (the study pages and the
+# gallery are built from docs/verdicts/*.csv: a text the code no longer writes is a broken page)
+# ------------------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _template(text):
+    """A statistic's text with every free-standing number (counts of draws, evaluations, steps, shares,
+    the paired rows' ratio) replaced by '#': the template the row states, not the run's numbers."""
+    return _NUMBER.sub("#", text)
+
+
+def _committed(name):
+    path = Path(__file__).resolve().parents[1] / "docs" / "verdicts" / f"{name}.csv"
+    return pd.read_csv(path, dtype=str, keep_default_na=False)
+
+
+def _every_spectrum_row():
+    """Synthetic 'tasks', 'neural' and 'convergence' frames that produce every row of the default run:
+    pg0 has no derived fixed point (sep_fp_l NaN, as with_separations writes it), the neural student
+    runs the tabular configurations of FKL and SFT on the same draws."""
+    frame = _draws({})
+    frame.loc[frame.objective == "pg0", "sep_fp_l"] = np.nan
+    plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
+                  & ~frame.importance].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
+    return frame, _convergence({}), plain.assign(student="neural")
+
+
+def test_verdict_rows_write_the_claims_conditions_rules_and_statistics_of_the_committed_run():
+    """Every (claim, condition) of docs/verdicts/rollout_spectrum.csv in its order, each with the same rule
+    (its side, tolerance, multiple and unit) and the same statistic text up to its numbers."""
+    frame, conv, neural = _every_spectrum_row()
+    v, _ = rollout_spectrum.verdicts(frame, conv, neural=neural)
+    doc = _committed("rollout_spectrum")
+    assert list(zip(v.claim, v.condition)) == list(zip(doc.claim, doc.condition))
+    assert v.rule.tolist() == doc.rule.tolist()
+    assert [_template(s) for s in v.statistic] == [_template(s) for s in doc.statistic]
+
+
+def test_each_tree_row_counts_the_draws_its_own_candidates_tell_apart():
+    """Each row reads its own separation: A vs the mixture (E1, SFT's ends), l vs the nearest other target
+    (reaches l), the estimator's fixed point vs l (needs, biased, restore), none (k1); the K = 1 control
+    reads the K = 2 draw's separation (with one teacher A, the mixture and l coincide: 0 apart)."""
+    frame = _draws({}, sep={"sep_A_mixture": [0.1, 0.02, 0.1, 0.02], "sep_l": [0.1, 0.02, 0.1, 0.1],
+                            "sep_fp_l": [0.1, 0.1, 0.02, 0.02]})
+    frame.loc[frame.K == 1, ["sep_A_mixture", "sep_l"]] = 0.0
+    v, _ = rollout_spectrum.verdicts(frame)
+    expect = {("E1 FKL is flat across the rollout spectrum", "tabular"): 2,
+              ("E1 FKL is flat across the rollout spectrum", "capacity"): 2,
+              ("E1 SFT is flat across the rollout spectrum", "control"): 2,
+              ("E1 SFT is flat across the rollout spectrum", "K = 2"): 2,
+              ("SFT is FKL to the sequence-level mixture", "K = 2"): 2,
+              ("E2 k2 reaches l on its own samples", "K = 2"): 3,
+              ("E2 k2 needs student rollouts", "K = 2"): 2,
+              ("E2 k2 on teacher samples is a biased fixed point", "K = 2"): 2,
+              ("importance weights restore k2", "K = 2"): 2,
+              ("k1 as a loss", "K = 2"): 4}
+    for (claim, condition), n in expect.items():
+        row = v[v.claim.str.startswith(claim) & v.condition.str.startswith(condition)]
+        assert len(row) == 1 and row.n_decidable.iloc[0] == n, (claim, condition)
+
+
+def test_tree_rows_state_the_estimators_own_fixed_point_separation():
+    """k2's draws split by its unweighted fixed point's separation from l (0.1 on draws 0, 2; 0.2 on 1, 3)
+    and by no tree separation: the 'needs', 'biased' and 'restore' rows state that split (midway, 0.15)."""
+    k2 = ("tabular", 2, "k2", 0.0)
+    frame = _draws({(*k2, False, "kl_local"): [0.03, 0.005, 0.03, 0.005],
+                    (*k2, False, "kl_fixed_point"): [0.001, 0.05, 0.001, 0.05],
+                    (*k2, True, "kl_local"): [0.002, 0.05, 0.002, 0.05]}, sep={"sep_fp_l": [0.1, 0.2, 0.1, 0.2]})
+    v, _ = rollout_spectrum.verdicts(frame)
+    for claim, cond in (("E2 k2 needs", "k2's unweighted fixed point's separation from l <= 0.15"),
+                        ("E2 k2 on teacher samples is a biased", "k2's unweighted fixed point's separation from l <= 0.15"),
+                        ("importance weights restore k2", "k2's unweighted distance from l <= 0.15")):
+        row = v[v.claim.str.startswith(claim)].iloc[0]
+        assert (row.verdict, row.n_decidable, row.n_hold, row.stated_condition) == \
+            ("reproduces under stated conditions", 4, 2, cond), claim
+
+
+def test_tree_rows_read_their_own_alpha_whatever_the_row_order():
+    """Teacher samples are alpha 0, the student's own alpha 1: the fixed point's separation (0 at alpha 1,
+    where the fixed point is l), the 'biased' and 'restore' rows read alpha 0, 'reaches l' alpha 1, in a
+    frame whose rows come in reverse order (alpha 1 first) and with weighted runs at alpha 1 too."""
+    k2 = ("tabular", 2, "k2")
+    frame = _draws({(*k2, 0.0, False, "kl_local"): 0.03, (*k2, 1.0, False, "kl_fixed_point"): 0.05})
+    frame.loc[frame.alpha == 1.0, "sep_fp_l"] = 0.0
+    weighted = frame[frame.importance].assign(alpha=1.0, kl_local=3 * 0.05)
+    frame = pd.concat([frame, weighted], ignore_index=True).iloc[::-1]
+    v, _ = rollout_spectrum.verdicts(frame)
+
+    def row(claim):
+        return v[v.claim.str.startswith(claim)].iloc[0]
+    assert (row("E2 k2 needs").verdict, row("E2 k2 needs").n_decidable) == ("reproduces", 4)   # 0.03 > 0.01
+    assert row("E2 k2 on teacher samples is a biased").verdict == "reproduces"                  # 0.001, not 0.05
+    assert row("E2 k2 reaches l").verdict == "reproduces"                                       # 0.001, not 0.03
+    assert row("importance weights restore k2").verdict == "reproduces"                         # 0.001, not 0.05
+
+
+def test_restore_row_without_a_derived_fixed_point_reads_the_unweighted_runs_distance():
+    """pg0 has no derived fixed point (sep_fp_l NaN): its 'restore' row's separation is the distance of its
+    unweighted runs at alpha 0 from l, draw by draw (0.02 < 3 x 0.01 cannot decide), not alpha 1's."""
+    pg0 = ("tabular", 2, "pg0", 0.0, False, "kl_local")
+    frame = _draws({pg0: [0.1, 0.04, 0.02, 0.1]})
+    frame.loc[frame.objective == "pg0", "sep_fp_l"] = np.nan
+    v, table = rollout_spectrum.verdicts(frame)
+    row = v[v.claim == "importance weights restore pg0 on teacher samples"].iloc[0]
+    assert (row.verdict, row.n_decidable, row.n_hold) == ("reproduces", 3, 3)
+    per_draw = table[table.claim == "importance weights restore pg0 on teacher samples"]
+    assert per_draw.separation.tolist() == pytest.approx([0.1, 0.04, 0.02, 0.1])
+    needs = v[v.claim == "E2 pg0 needs student rollouts"].iloc[0]                   # decided by the noise alone
+    assert (needs.verdict, needs.n_decidable) == ("reproduces", 4)
+
+
+def test_a_draw_without_a_configurations_runs_is_undecidable_and_the_others_keep_their_labels():
+    """k1's runs missing on draw 0: its row still has 4 draws, draw 0 without a value; k2's unweighted runs
+    missing on draw 0 and holding on draw 1 only: 'mixed' over draws 1-3, no property read off by one."""
+    frame = _draws({("tabular", 2, "k2", 0.0, False, "kl_local"): [0.03, 0.03, 0.005, 0.005]})
+    gone = (frame.task_seed == 0) & ~frame.importance & (frame.alpha == 0.0) & frame.objective.isin(["k1", "k2"])
+    v, table = rollout_spectrum.verdicts(frame[~gone])
+    k1 = v[v.claim.str.startswith("k1 as a loss")].iloc[0]
+    assert (k1.n_draws, k1.n_decidable, k1.verdict) == (4, 3, "reproduces")
+    per_draw = table[table.claim.str.startswith("k1 as a loss")]
+    assert per_draw.task_seed.tolist() == [0, 1, 2, 3] and np.isnan(per_draw.value.iloc[0])
+    needs = v[v.claim == "E2 k2 needs student rollouts"].iloc[0]
+    assert (needs.verdict, needs.n_draws, needs.n_decidable, needs.n_hold) == ("mixed", 4, 3, 1)
+
+
+def test_a_neural_row_on_some_draws_reads_those_draws_separations():
+    """The neural student on draws 1-3, failing on draw 1: its row's l separation is draws 1-3's (0.05,
+    0.2, 0.2: it holds above 0.125), not the first three draws'."""
+    frame = _draws({}, sep={"sep_l": [0.3, 0.05, 0.2, 0.2]})
+    plain = frame[(frame.student == "tabular") & (frame.K == 2) & frame.objective.isin(["fkl", "sft"])
+                  & ~frame.importance & (frame.task_seed > 0)].drop(columns=["sep_A_mixture", "sep_l", "sep_fp_l"])
+    fail = (plain.objective == "fkl") & (plain.alpha == 1.0) & (plain.step == 300) & (plain.task_seed == 1)
+    neural = plain.assign(student="neural", kl_arithmetic=np.where(fail, 0.05 * 3, plain.kl_arithmetic))
+    v, _ = rollout_spectrum.verdicts(frame, neural=neural)
+    row = v[v.claim.str.startswith("E1 FKL") & v.condition.str.startswith("tiny Qwen2")].iloc[0]
+    assert (row.verdict, row.n_draws, row.n_hold, row.stated_condition) == \
+        ("reproduces under stated conditions", 3, 2, "l separation > 0.125")
+
+
+def test_a_quick_run_with_convergence_decides_nothing_in_any_row():
+    v, _ = rollout_spectrum.verdicts(_draws({}), _convergence({}), quick=True)
+    assert v.claim.str.startswith("E5 truncating").any()
+    for column in ("verdict", "verdict_half_tolerance", "verdict_twice_tolerance"):
+        assert set(v[column]) == {QUICK}, column
+
+
+def test_per_seed_keeps_the_last_evaluation_of_a_run_with_a_missing_key():
+    """A student frame without a key column (here 'switch', NaN after the concatenation) is still one run
+    per (student, ..., seed): its last evaluation is kept, not dropped with the NaN key."""
+    frame = _draws({})
+    extra = frame[(frame.objective == "fkl") & (frame.student == "tabular") & (frame.K == 2)].assign(
+        student="neural").drop(columns="switch")
+    t = rollout_spectrum.per_seed(pd.concat([frame, extra], ignore_index=True))
+    kept = t[t.student == "neural"]
+    assert len(kept) == len(extra) / 2 and (kept.step == 300).all()       # one of its two evaluations per run
+
+
+def test_a_tree_row_states_the_a_mixture_separation_by_its_name():
+    """E1 FKL failing where A and the mixture are nearer (0.1 on draws 1, 3; 0.2 on 0, 2, all decidable):
+    the stated condition names that property as the rows' readers know it, midway at 0.15."""
+    fkl = ("tabular", 2, "fkl", 1.0, False, "kl_arithmetic")
+    frame = _draws({fkl: [0.001, 0.05, 0.001, 0.05]}, sep={"sep_A_mixture": [0.2, 0.1, 0.2, 0.1]})
+    row = _verdict(frame, "E1 FKL", "tabular")
+    assert (row.verdict, row.stated_condition) == ("reproduces under stated conditions", "A-mixture separation > 0.15")
