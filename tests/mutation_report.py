@@ -163,6 +163,48 @@ EQUIVALENT = {
     "sims.estimators.x_verdicts__mutmut_179": "Series.astype(None) of booleans: numpy's dtype(None) is float64",
     "sims.estimators.x_verdicts__mutmut_344": _DRAW_ORDER,
     "sims.estimators.x_verdicts__mutmut_346": _DRAW_ORDER,
+    # sims.rlvr (issue 29)
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": ("groupby(sort=None): pandas reads the falsy None as sort=False, the "
+                                         "order of first appearance")
+       for f, n in (("verdicts", 5), ("e4_table", 5), ("e4_table", 47), ("_e6_rows", 3), ("_reverse_rows", 3),
+                    ("e6_table", 8), ("e6_runs", 44), ("e6_runs", 51))},
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": ("np.asarray without dtype=float: the values are floats (OOD accuracies, "
+                                         "log cost ratios, token costs) or ints that enter true division, np.log, a "
+                                         "groupby mean or a comparison, which give the same floats")
+       for f, n in (("task_clustered", 5), ("task_clustered", 7), ("_share_row", 7), ("_share_row", 9),
+                    ("_share_row", 13), ("_share_row", 15), ("crossing_cost", 3), ("crossing_cost", 5),
+                    ("crossing_cost", 7), ("crossing_cost", 9))},
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": 'float("NAN") for float("nan"): Python reads both as NaN'
+       for f, n in (("task_clustered", 23), ("crossing_cost", 17), ("_last_at_most", 12))},
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": ("effect_verdict(lo, hi, 1) without its margin 0.0: the default margin "
+                                         "is 0.0")
+       for f, n in (("verdicts", 122), ("_e6_rows", 83))},
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": ("at_most=None for False: bound_verdict and count_verdict read it only "
+                                         "for truth, and None is falsy")
+       for f, n in (("_share_row", 88), ("_reverse_rows", 20))},
+    **{f"sims.rlvr.x_{f}__mutmut_{n}": ("a test on one task (n = 1) as if it had more: task_clustered's se is "
+                                         "NaN there (the std of one task mean), so `se > 0` is False all the same")
+       for f, n in (("verdicts", 63), ("_t_tests", 12))},
+    **{f"sims.rlvr.x_task_clustered__mutmut_{n}": ("the std of the task means at one task: pandas' std(ddof=1) "
+                                                    "of one value is NaN, the same as the NaN written for it")
+       for n in (13, 19)},
+    "sims.rlvr.x_verdicts__mutmut_69": ("clusters_for_power at an edge of exactly 0 returns None itself (no number of "
+                                        "tasks detects it): the guard `if est != 0` changes nothing"),
+    "sims.rlvr.x_verdicts__mutmut_77": ("est != 1 for est != 0: at est = 0 clusters_for_power returns None itself; an "
+                                        "edge of exactly 1 needs every task mean at 1 (accuracies lie in [0, 1]), "
+                                        "so se = 0 and the design is not written"),
+    "sims.rlvr.x_verdicts__mutmut_186": ("lo >= 0 for lo > 0 after TOST: lo = est - t se is exactly 0 only with se = 0 "
+                                         "and est = 0 (short of a rounding coincidence), and then TOST (se floored at "
+                                         "1e-12) finds equivalence first"),
+    "sims.rlvr.x_verdicts__mutmut_333": ("a proper subset for a subset: curves always carry stage, step, method, task "
+                                         "and seed besides the five E6 columns"),
+    "sims.rlvr.x__reverse_rows__mutmut_16": ("to_numpy(dtype=None) for float: the bool column's count (count_verdict "
+                                             "casts it to float) and mean are the same"),
+    **{f"sims.rlvr.x__share_row__mutmut_{n}": ("np.cov without ddof=1 or with ddof=None: np.cov's default (bias=False) "
+                                               "normalises by N - 1 as well")
+       for n in (34, 37)},
+    "sims.rlvr.x_e6_table__mutmut_54": ("_interval of no values: the mean of an empty array is NaN (with a "
+                                        "RuntimeWarning), the same NaN triple as the else branch"),
 }
 
 

@@ -1,6 +1,8 @@
 """sims/rlvr.py: the E4 and E6 tables on synthetic curves with known answers, and the script end to end."""
 
 import itertools
+import pathlib
+import re
 
 import numpy as np
 import pandas as pd
@@ -14,10 +16,11 @@ from conftest import assert_usage_error, run_script
 # ------------------------------------------------------------------------------------------------
 # the E4 and E6 tables on synthetic curves with known answers
 # ------------------------------------------------------------------------------------------------
-def _synthetic_curves(edge_distil, edge_rl, n=12, tasks=2, noise_sd=0.005, rl_noise_sd=None):
+def _synthetic_curves(edge_distil, edge_rl, n=12, tasks=2, noise_sd=0.005, rl_noise_sd=None,
+                      conditions=("shared", "unshared")):
     rng = np.random.default_rng(0)
     rows = []
-    for condition in ("shared", "unshared"):
+    for condition in conditions:
         for task_id, seed in itertools.product(range(tasks), range(n // tasks)):
             base = 0.3 + 0.1 * rng.normal(size=2)
             for method in ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL"):
@@ -304,3 +307,419 @@ def test_the_reverse_direction_asks_whether_the_offline_arm_ever_reaches_the_on_
                                  student_tokens=student, kl_arithmetic=kl, kl_local=1.0, id_accuracy=0.5))
     runs = rlvr.e6_runs(pd.DataFrame(rows)).set_index(["task", "method"])
     assert runs.loc[(0, "on-policy FKL"), "offline_reaches_kl"] and not runs.loc[(1, "on-policy FKL"), "offline_reaches_kl"]
+
+
+# ------------------------------------------------------------------------------------------------
+# the verdict code's texts, columns, order and branches on hand-built curves (issue 29)
+# ------------------------------------------------------------------------------------------------
+_NUMBER = re.compile(r"[-+]?(?:inf|\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?)")
+
+
+def _template(text):
+    """A statistic or rule with its numbers replaced by '#' and its objective by 'KL' (the committed run shows some
+    kinds of statistic for one objective only): what a run's numbers cannot change."""
+    return _NUMBER.sub("#", re.sub(r"\b[FR]KL\b", "KL", text))
+
+
+@pytest.fixture(scope="module")
+def committed_verdicts():
+    return pd.read_csv(pathlib.Path(__file__).resolve().parents[1] / "docs" / "verdicts" / "rlvr.csv")
+
+
+def _with_fresh(curves, fresh):
+    """The fresh-teacher control arms: the offline arms' curves with ``fresh`` added after distillation."""
+    control = curves[curves.method.str.startswith("offline")].assign(
+        method=lambda d: d.method.str.replace("offline", "fresh-teacher"),
+        ood_accuracy=lambda d: d.ood_accuracy + np.where(d.stage == "distil", fresh, 0.0))
+    return pd.concat([curves, control], ignore_index=True)
+
+
+def _arm(method, objective, teacher, student_tokens, kl, acc, task=0, seed=0, condition="shared",
+         student="loglinear", other_kl=9.0):
+    """One run's distillation curve, a checkpoint per entry: tokens, the KL to its objective's target (the other
+    KL column holds ``other_kl``, which no row may read) and the ID accuracy."""
+    fkl = objective == "fkl"
+    return [dict(student=student, condition=condition, task=task, seed=seed, method=method, objective=objective,
+                 stage="distil", step=step, teacher_tokens=t, student_tokens=s, kl_arithmetic=k if fkl else other_kl,
+                 kl_local=other_kl if fkl else k, id_accuracy=a, ood_accuracy=0.1)
+            for step, (t, s, k, a) in enumerate(zip(teacher, student_tokens, kl, acc))]
+
+
+def test_verdict_texts_are_those_of_the_committed_run(committed_verdicts):
+    """The study page and gallery are generated from docs/verdicts/rlvr.csv: every (claim, condition) that
+    verdicts() writes must be one of its pairs, every rule and statistic one of its texts up to the numbers."""
+    from sims import rlvr
+    frames = [rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6), 0.1)),
+              rlvr.verdicts(_with_fresh(_synthetic_curves(-0.05, 0.0, n=12, tasks=6), 0.0)),
+              rlvr.verdicts(_e6_curves((0.5, 0.5, 2.0)).assign(ood_accuracy=0.1)).query("claim.str.startswith('E6')")]
+    share = rlvr._share_row([-0.0003, -0.0021, 0.0102, 0.0312, -0.0107, 0.0159],
+                            [-0.0049, -0.0084, 0.0008, 0.0144, -0.0102, 0.0058], np.arange(6),
+                            "loglinear, shared, FKL", "fresh-teacher FKL", "on-policy FKL", "offline FKL")
+    v = pd.concat(frames + [pd.DataFrame([share])], ignore_index=True)
+    pairs = set(zip(committed_verdicts.claim, committed_verdicts.condition))
+    rules = set(committed_verdicts.rule.map(_template))
+    statistics = set(committed_verdicts.statistic.map(_template))
+    assert len(v) > 40
+    for row in v.itertuples():
+        assert (row.claim, row.condition) in pairs, (row.claim, row.condition)
+        assert isinstance(row.rule, str) and _template(row.rule) in rules, row.rule
+        assert isinstance(row.statistic, str) and _template(row.statistic) in statistics, row.statistic
+    assert list(v.columns) == list(rlvr.VERDICT_COLUMNS)
+
+
+def _task_means(curves, condition, on, off, stage):
+    """The per-task means of on minus off OOD accuracy at the last step of ``stage``, from the curves."""
+    c = curves[(curves.condition == condition) & (curves.stage == stage)]
+    c = c[c.step == c.step.max()].set_index(["task", "seed", "method"]).ood_accuracy.unstack("method")
+    return (c[on] - c[off]).groupby(level="task").mean()
+
+
+def test_e4_verdicts_state_the_design_the_tost_and_the_tests_of_each_row():
+    """The edge row's between-task s.d. and the tasks 80% power needs, the survival row's TOST p with tasks - 1
+    df, and the margin, df and MDE of every E4 row, each from the task means computed here."""
+    from sims import rlvr
+    curves = _with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6, noise_sd=0.05, rl_noise_sd=0.08), 0.05)
+    v = rlvr.verdicts(curves)
+    t975 = stats.t.ppf(0.975, 5)
+    for condition in ("shared", "unshared"):
+        for objective, (on, off) in rlvr.PAIRS.items():
+            where = f"loglinear, {condition}, {objective.upper()}"
+            rows = v[v.condition == where].set_index("claim")
+            edge = rows.loc["E4 an on-policy edge in OOD accuracy exists after distillation"]
+            m = _task_means(curves, condition, on, off, "distil")
+            sd, est = m.std(ddof=1), m.mean()
+            assert edge.estimate == pytest.approx(est, rel=1e-9)
+            need = verdicts.clusters_for_power(sd, est)
+            assert edge.statistic.endswith(f"; between-task s.d. of the task means {sd:.3f}: 80% power at this edge "
+                                           f"needs {need:,} tasks at 2 seeds each"), edge.statistic
+            assert edge.margin == 0.0 and edge.df == 5
+            assert edge.mde_80 == pytest.approx(verdicts.t_mde_80(sd / np.sqrt(6), 5), rel=1e-6)
+            survive = rows.loc["E4 the edge does not survive RL"]
+            r = _task_means(curves, condition, on, off, "rl")
+            se, margin = r.std(ddof=1) / np.sqrt(6), 0.5 * est
+            p = max(stats.t.sf((r.mean() + margin) / se, 5), stats.t.cdf((r.mean() - margin) / se, 5))
+            assert f"TOST p = {p:.2g}; t-test with 5 df: " in survive.statistic, (p, survive.statistic)
+            assert survive.verdict == ("reproduces" if p < 0.05 else "does not reproduce"
+                                       if survive.lo > 0 else "inconclusive")
+            assert (survive.hi - survive.lo) / 2 == pytest.approx(t975 * se, rel=1e-9)
+            for claim in ("E4 control: fresh teacher traces carry an OOD edge over the pool (data freshness)",
+                          "E4 control: on-policy sampling carries an OOD edge beyond fresh teacher data"):
+                control = rows.loc[claim]
+                assert control.margin == pytest.approx(margin, rel=1e-12) and control.df == 5
+                half = (control.hi - control.lo) / 2
+                assert control.mde_80 == pytest.approx(verdicts.t_mde_80(half / t975, 5), rel=1e-6)
+                assert control.rule == (f"interval above 0: reproduces; below +{margin:.2g} (0.5 x the edge "
+                                        f"{est:+.3f}) throughout: does not; else inconclusive")
+
+
+def test_e4_controls_without_a_positive_edge_have_margin_zero():
+    from sims import rlvr
+    curves = _with_fresh(_synthetic_curves(-0.05, 0.0, n=12, tasks=6), 0.0)
+    v = rlvr.verdicts(curves)
+    controls = v[v.claim.str.startswith("E4 control") & ~v.claim.str.contains("share")]
+    assert len(controls) == 8 and (controls.margin == 0.0).all()
+    edges = v[v.claim.str.contains("exists")].estimate.repeat(2).to_numpy()
+    assert list(controls.rule) == [f"interval above 0: reproduces; below +0 (no positive edge: {e:+.3f}) throughout: "
+                                   f"does not; else inconclusive" for e in edges]
+
+
+def test_e4_with_one_task_decides_nothing_and_with_two_tasks_tests():
+    """One task: no between-task spread, so no interval, test, power or Fieller set: every E4 row inconclusive,
+    its df NaN. Two tasks: the same rows with 1 df."""
+    from sims import rlvr
+    one = rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=2, tasks=1), 0.1))
+    assert len(one) == 2 * 2 * 5 and (one.verdict == "inconclusive").all() and one.df.isna().all()
+    assert one.mde_80.isna().all()
+    survive = one[one.claim.str.contains("survive")]
+    assert (survive.statistic == "the same difference after RL; one task: no task-level interval, power or TOST").all()
+    assert (survive.rule == "TOST within +-margin: reproduces; interval above 0: does not; else inconclusive").all()
+    edge = one[one.claim.str.contains("exists")]
+    assert (edge.statistic == "on-policy minus offline OOD accuracy, mean of 1 task means, 95% t-interval over "
+                              "tasks").all()
+    assert ((edge.lo == edge.estimate) & (edge.hi == edge.estimate) & (edge.estimate > 0.05)).all()
+    share = one[one.claim.str.contains("share")]
+    assert share.statistic.str.endswith("; one task: no Fieller set").all() and share.estimate.isna().all()
+    two = rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=4, tasks=2), 0.1))
+    assert (two.df == 1).all() and two.mde_80[~two.claim.str.contains("share")].notna().all()
+    assert (two[two.claim.str.contains("exists")].verdict == "reproduces").all()
+    assert two[two.claim.str.contains("exists")].statistic.str.contains("between-task s.d.").all()
+    assert two[two.claim.str.contains("survive")].statistic.str.contains("TOST p = ").all()
+    assert (two[two.claim.str.contains("data freshness")].verdict == "reproduces").all()
+    assert two[two.claim.str.contains("share")].statistic.str.contains("Fieller 95% set").all()
+
+
+def _exact_e4_curves(on_distil, on_rl, tasks=2, seeds=2):
+    """Offline arms at OOD accuracy 0.25, on-policy at 0.25 + on_*[task]: binary fractions, so the differences
+    are exact."""
+    rows = []
+    for task, seed, (method, on) in itertools.product(range(tasks), range(seeds), (
+            ("offline FKL", False), ("on-policy FKL", True), ("offline RKL", False), ("on-policy RKL", True))):
+        for stage, edge in (("distil", on_distil[task]), ("rl", on_rl[task])):
+            rows.append(dict(student="loglinear", condition="shared", task=task, seed=seed, method=method,
+                             stage=stage, step=10, ood_accuracy=0.25 + (edge if on else 0.0), id_accuracy=0.5))
+    return pd.DataFrame(rows)
+
+
+def test_e4_rows_when_the_task_means_do_not_spread_or_cancel():
+    """Identical task means: se = 0, no t-test (df and MDE NaN) and no power design; task means +-0.125: an edge
+    of exactly 0, which no number of tasks detects; an interval [0, 0] neither above nor below 0."""
+    from sims import rlvr
+    same = rlvr.verdicts(_exact_e4_curves([0.125, 0.125], [0.0, 0.0]))
+    edge = same[same.claim.str.contains("exists")]
+    assert (edge.estimate == 0.125).all() and (edge.lo == 0.125).all() and edge.df.isna().all()
+    assert edge.mde_80.isna().all() and edge.statistic.str.endswith("95% t-interval over tasks").all()
+    cancel = rlvr.verdicts(_exact_e4_curves([0.125, -0.125], [0.0, 0.0]))
+    edge = cancel[cancel.claim.str.contains("exists")]
+    assert (edge.estimate == 0.0).all() and edge.statistic.str.endswith(
+        "80% power at this edge needs more than 10^6 tasks at 2 seeds each").all()
+    e4 = rlvr.e4_table(_exact_e4_curves([0.0, 0.0], [0.0, 0.0]))
+    diffs = e4[e4.comparison.str.contains(" - ")]
+    assert (diffs.lo == 0).all() and (diffs.hi == 0).all()
+    assert (diffs.verdict == "no edge after distillation (includes 0)").all()
+
+
+def test_verdicts_skip_an_objective_without_both_arms_and_keep_the_columns():
+    from sims import rlvr
+    curves = _synthetic_curves(0.1, 0.0, n=4, tasks=2)
+    rkl = rlvr.verdicts(curves[curves.method != "on-policy FKL"])
+    assert len(rkl) == 2 * 2 and rkl.condition.str.endswith(", RKL").all()
+    fkl = rlvr.verdicts(curves[curves.method != "offline RKL"])
+    assert len(fkl) == 2 * 2 and fkl.condition.str.endswith(", FKL").all()
+    for none in (curves[curves.method == "offline FKL"],
+                 _e6_curves().assign(ood_accuracy=0.1).query("method == 'offline FKL'")):
+        v = rlvr.verdicts(none)
+        assert v.empty and list(v.columns) == list(rlvr.VERDICT_COLUMNS)
+
+
+def test_the_tables_and_verdicts_keep_the_order_of_the_curves():
+    """Rows follow the order in which students, conditions and methods first appear in the curves, not the
+    alphabet."""
+    from sims import rlvr
+    curves = _synthetic_curves(0.1, 0.0, n=4, tasks=2, conditions=("unshared", "shared"))
+    curves = pd.concat([curves[curves.method == m] for m in
+                        ("on-policy RKL", "offline RKL", "on-policy FKL", "offline FKL")], ignore_index=True)
+    curves = curves.sort_values("condition", ascending=False, kind="stable")
+    e4 = rlvr.e4_table(curves)
+    per_method = e4[~e4.comparison.str.contains(" - ")]
+    assert list(per_method.condition.unique()) == ["unshared", "shared"]
+    assert list(per_method.comparison.unique()) == ["on-policy RKL", "offline RKL", "on-policy FKL", "offline FKL"]
+    assert list(e4[e4.comparison.str.contains(" - ")].condition.unique()) == ["unshared", "shared"]
+    v = rlvr.verdicts(curves)
+    assert [c.split(", ")[1] for c in v.condition.unique()] == ["unshared"] * 2 + ["shared"] * 2
+    e6 = []
+    for condition in ("unshared", "shared"):
+        for task in (1, 0):
+            for method, objective in (("on-policy RKL", "rkl"), ("offline RKL", "rkl"), ("on-policy FKL", "fkl"),
+                                      ("offline FKL", "fkl")):
+                off = method.startswith("off")
+                e6 += _arm(method, objective, [1000] * 3 if off else [0, 500, 1000], [0] * 3 if off else [0, 100, 200],
+                           [1.0, 0.5, 0.25] if off else [1.0, 0.4, 0.2], [0.5] * 3 if off else [0.1, 0.3, 0.6],
+                           task=task, condition=condition)
+    e6 = pd.DataFrame(e6)
+    runs = rlvr.e6_runs(e6)
+    assert list(zip(runs.condition, runs.task, runs.method)) == [
+        (c, t, m) for c in ("unshared", "shared") for t in (1, 0)
+        for m in ("on-policy RKL", "offline RKL", "on-policy FKL", "offline FKL")]
+    table = rlvr.e6_table(e6)
+    assert list(zip(table.condition, table.method)) == [
+        (c, m) for c in ("unshared", "shared")
+        for m in ("on-policy RKL", "offline RKL", "on-policy FKL", "offline FKL")]
+    v = rlvr.verdicts(e6)
+    e6_rows = v[v.claim.str.startswith("E6")]
+    arms = e6_rows.condition.str.extract(r"^loglinear, (\w+), .*(on-policy [FR]KL)")
+    assert list(dict.fromkeys(zip(arms[0], arms[1]))) == [
+        (c, m) for c in ("unshared", "shared") for m in ("on-policy RKL", "on-policy FKL")]
+    reverse = e6_rows[e6_rows.claim.str.contains("offline arm reaches")]
+    assert list(reverse.condition) == [f"loglinear, {c}, {m}'s offline arm (1,024 traces)" for c in
+                                       ("unshared", "shared") for m in ("on-policy RKL", "on-policy FKL")]
+
+
+def test_e4_table_columns_and_intervals_from_the_runs():
+    """Per method and stage, the mean and 95% t-interval over its runs; per pair, the task-clustered difference."""
+    from sims import rlvr
+    curves = _synthetic_curves(0.1, 0.05, n=4, tasks=2, noise_sd=0.05)
+    e4 = rlvr.e4_table(curves)
+    assert list(e4.columns) == ["student", "condition", "comparison", "stage", "ood_accuracy", "lo", "hi", "runs",
+                                "tasks", "verdict"]
+    expected = []
+    for condition in ("shared", "unshared"):
+        for method in ("offline FKL", "on-policy FKL", "offline RKL", "on-policy RKL"):
+            for stage in ("distil", "rl"):
+                x = curves[(curves.condition == condition) & (curves.method == method) & (curves.stage == stage)]
+                half = stats.t.ppf(0.975, len(x) - 1) * x.ood_accuracy.std(ddof=1) / np.sqrt(len(x))
+                expected.append(("loglinear", condition, method, stage, x.ood_accuracy.mean(), half, len(x)))
+    per_method = e4[~e4.comparison.str.contains(" - ")]
+    assert len(per_method) == len(expected)
+    for row, (student, condition, method, stage, mean, half, runs) in zip(per_method.itertuples(), expected):
+        assert (row.student, row.condition, row.comparison, row.stage, row.runs) == (student, condition, method,
+                                                                                     stage, runs)
+        assert (row.ood_accuracy, row.lo, row.hi) == pytest.approx((mean, mean - half, mean + half), rel=1e-9)
+        assert np.isnan(row.tasks)
+    diffs = e4[e4.comparison.str.contains(" - ")]
+    expected = [(c, f"{on} - {off}", stage, _task_means(curves, c, on, off, stage))
+                for c in ("shared", "unshared") for on, off in rlvr.PAIRS.values() for stage in ("distil", "rl")]
+    assert len(diffs) == len(expected)
+    for row, (condition, comparison, stage, m) in zip(diffs.itertuples(), expected):
+        half = stats.t.ppf(0.975, 1) * m.std(ddof=1) / np.sqrt(2)
+        assert (row.student, row.condition, row.comparison, row.stage, row.runs, row.tasks) == (
+            "loglinear", condition, comparison, stage, 4, 2)
+        assert (row.ood_accuracy, row.lo, row.hi) == pytest.approx((m.mean(), m.mean() - half, m.mean() + half),
+                                                                   rel=1e-9)
+
+
+def test_e6_runs_columns_read_the_end_of_distillation_only():
+    """One row per distilled run with its own end point; RL checkpoints (after distillation) change nothing; RKL
+    reads kl_local; an offline arm whose KL equals the run's final KL at a checkpoint reaches it."""
+    from sims import rlvr
+    rows = (_arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3)
+            + _arm("on-policy FKL", "fkl", [0, 400, 800], [0, 100, 200], [1.0, 0.5, 0.25], [0.1, 0.3, 0.6])
+            + _arm("offline RKL", "rkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.3], [0.5] * 3, seed=3)
+            + _arm("on-policy RKL", "rkl", [0, 400, 800], [0, 100, 200], [1.0, 0.5, 0.2], [0.1, 0.3, 0.6], seed=3))
+    distil = pd.DataFrame(rows)
+    rl = distil.assign(stage="rl", step=distil.step + 3, student_tokens=distil.student_tokens + 5000,
+                       kl_arithmetic=0.001, kl_local=0.001, id_accuracy=0.9)
+    runs = rlvr.e6_runs(pd.concat([distil, rl], ignore_index=True), student_token_cost=3.0)
+    assert list(runs.columns) == [
+        "student", "condition", "task", "seed", "method", "objective", "cost", "teacher_tokens", "student_tokens",
+        "kl_target", "id_accuracy", "kl_at_offline_cost", "cost_to_offline_kl", "cost_to_offline_accuracy",
+        "offline_cost", "offline_reaches_kl", "student_token_cost"]
+    runs = runs.set_index("method")
+    on, rkl = runs.loc["on-policy FKL"], runs.loc["on-policy RKL"]
+    assert (on.seed, on.objective, on.teacher_tokens, on.student_tokens, on.cost) == (0, "fkl", 800, 200, 1400)
+    assert (on.kl_target, on.id_accuracy, on.student_token_cost, on.offline_cost) == (0.25, 0.6, 3.0, 1000)
+    assert on.offline_reaches_kl                                   # the offline arm's 0.25 equals it: reached
+    assert (rkl.seed, rkl.objective, rkl.kl_target) == (3, "rkl", 0.2) and not rkl.offline_reaches_kl
+    assert runs.loc["offline RKL", "kl_target"] == 0.3
+
+
+def test_e6_table_columns_with_one_run_per_method():
+    from sims import rlvr
+    rows = (_arm("offline RKL", "rkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3)
+            + _arm("on-policy RKL", "rkl", [0, 400, 800], [0, 100, 200], [1.0, 0.5, 0.2], [0.1, 0.3, 0.6]))
+    table = rlvr.e6_table(pd.DataFrame(rows), student_token_cost=0.5)
+    cols = ["cost", "teacher_tokens", "student_tokens", "kl_target", "id_accuracy", "kl_at_offline_cost",
+            "cost_to_offline_kl", "cost_to_offline_accuracy"]
+    expected = ["student", "condition", "method", "objective", "runs", "student_token_cost"]
+    for col in cols:
+        expected += [col, f"{col}_lo", f"{col}_hi"] + (
+            ["reached_offline_kl"] if col == "cost_to_offline_kl" else
+            ["reached_offline_accuracy"] if col == "cost_to_offline_accuracy" else [])
+    assert list(table.columns) == expected
+    on = table.set_index("method").loc["on-policy RKL"]
+    assert (on.student, on.condition, on.objective, on.runs, on.student_token_cost) == ("loglinear", "shared", "rkl",
+                                                                                        1, 0.5)
+    assert (on.cost, on.cost_lo, on.cost_hi) == (900, 900, 900)
+    assert on.reached_offline_kl == "1/1" and on.reached_offline_accuracy == "1/1"
+
+
+def test_e6_verdicts_against_each_pool_use_that_pool():
+    """A second offline arm of 4,096 traces that costs 4x the first: the on-policy arm's cost ratios against it are
+    a quarter of those against the 1,024-trace arm; its KL (0.01, never reached by the on-policy arm) leaves the
+    KL claim censored in every run, which decides nothing, and it reaches the on-policy arm's final KL in every run
+    (always) while the 1,024-trace arm never does."""
+    from sims import rlvr
+    curves = _e6_curves((0.5, 0.5, 0.5))
+    big = curves[curves.method == "offline FKL"].assign(method="offline FKL, 4096 traces", teacher_tokens=4000,
+                                                        kl_arithmetic=0.01)
+    v = rlvr.verdicts(pd.concat([curves, big], ignore_index=True).assign(ood_accuracy=0.1))
+    for f in (0.0, 1.0, 3.0):
+        at = v[v.student_token_cost == f]
+        acc = at[at.claim.str.contains("final ID accuracy")].set_index("condition").estimate
+        small = acc[f"loglinear, shared, f = {f:g}, on-policy FKL against its offline arm (1,024 traces)"]
+        assert acc[f"loglinear, shared, f = {f:g}, on-policy FKL against its offline arm (4,096 traces)"] == \
+            pytest.approx(small / 4, rel=1e-12)
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & v.condition.str.contains("4,096")]
+    assert len(kl) == 3 and (kl.verdict == "inconclusive").all() and (kl.hi == np.inf).all()
+    assert kl.statistic.str.endswith("(the other 3 at their budget: the estimate is at least the geometric mean "
+                                     "shown; never reached: the verdict may not rest on censored runs alone); "
+                                     "one-sided 95% t lower bound over 3 task means").all()
+    reverse = v[v.claim.str.contains("offline arm reaches")].set_index("condition")
+    always = reverse.loc["loglinear, shared, on-policy FKL's offline arm (4,096 traces)"]
+    never = reverse.loc["loglinear, shared, on-policy FKL's offline arm (1,024 traces)"]
+    assert always.verdict == "reproduces" and "3 of 3 runs (always);" in always.statistic
+    assert never.verdict == "does not reproduce" and "0 of 3 runs (never);" in never.statistic
+    assert (always.estimate, always.lo, always.hi, never.estimate, never.lo, never.hi) == (1, 1, 1, 0, 0, 0)
+
+
+def test_e6_censored_runs_reproduce_when_the_lower_bound_clears_1_with_a_run_reached():
+    """On-policy at 500 teacher tokens a step: two tasks reach the offline KL between steps 4 and 5 (ratio about
+    2.2), one never (its budget, 5000 / 1000): the one-sided lower bound on the log ratio is above 0 (below 1):
+    reproduces."""
+    from sims import rlvr
+    curves = _e6_curves((0.5, 0.5, 2.0))
+    on = curves.method == "on-policy FKL"
+    curves.loc[on, "teacher_tokens"] = 500 * curves.loc[on, "step"]
+    curves.loc[on, "student_tokens"] = 0
+    v = rlvr.verdicts(curves.assign(ood_accuracy=0.1))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
+    reached = _log_linear_crossing(2000, 2500, 0.5 / 5, 0.5 / 6, 1 / 11) / 1000
+    logs = np.log([reached, reached, 5.0])
+    bound = logs.mean() - stats.t.ppf(0.95, 2) * logs.std(ddof=1) / np.sqrt(3)
+    assert 0 < bound < 1 and kl.lo == pytest.approx(np.exp(bound)) and kl.hi == np.inf
+    assert kl.verdict == "reproduces" and "reached in 2 of 3 runs (the other 1 at their budget" in kl.statistic
+
+
+def test_e6_a_ratio_of_exactly_1_is_not_a_higher_cost():
+    """Two tasks: one reaches the offline arm's final KL at its checkpoint costing exactly the offline arm's 1000
+    tokens, the other never does and its budget is 1000: every log ratio is 0, the lower bound 0, not above."""
+    from sims import rlvr
+    rows = (_arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3)
+            + _arm("on-policy FKL", "fkl", [0, 1000, 2000], [0] * 3, [1.0, 0.25, 0.2], [0.1, 0.5, 0.6])
+            + _arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3, task=1)
+            + _arm("on-policy FKL", "fkl", [0, 500, 1000], [0] * 3, [1.0, 0.5, 0.3], [0.1, 0.5, 0.6], task=1))
+    v = rlvr.verdicts(pd.DataFrame(rows))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
+    assert (kl.estimate, kl.lo, kl.hi) == (1.0, 1.0, np.inf) and kl.verdict == "inconclusive"
+
+
+def test_e6_with_one_task_decides_nothing_and_two_tasks_make_an_interval():
+    from sims import rlvr
+    one = rlvr.verdicts(_e6_curves((0.5,)).assign(ood_accuracy=0.1))
+    e6 = one[one.claim.str.startswith("E6") & one.student_token_cost.notna()]
+    assert len(e6) == 6 and (e6.verdict == "inconclusive").all() and e6.df.isna().all()
+    assert e6.lo.isna().all() and e6.hi.isna().all() and e6.statistic.str.endswith("; one task: no interval").all()
+    two = rlvr.verdicts(_e6_curves((0.5, 0.5)).assign(ood_accuracy=0.1))
+    e6 = two[two.claim.str.startswith("E6") & two.student_token_cost.notna()]
+    assert len(e6) == 6 and (e6.df == 1).all() and np.isfinite(e6.lo).all() and np.isfinite(e6.hi).all()
+    assert e6.statistic.str.endswith("; geometric mean of 2 task means, 95% t-interval over tasks").all()
+
+
+def test_e6_a_run_at_its_target_from_no_cost_has_no_interval():
+    """A run at the offline arm's final KL already at its first checkpoint, which costs nothing: a ratio of 0, an
+    infinite log ratio, no interval: inconclusive."""
+    from sims import rlvr
+    curves = _e6_curves((0.5, 0.5, 0.5))
+    first = (curves.method == "on-policy FKL") & (curves.task == 0)
+    curves.loc[first, "kl_arithmetic"] = 0.01
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = rlvr.verdicts(curves.assign(ood_accuracy=0.1))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL")]
+    assert len(kl) == 3 and (kl.verdict == "inconclusive").all() and kl.lo.isna().all() and kl.hi.isna().all()
+
+
+def test_crossing_cost_interpolates_from_the_first_checkpoint_and_the_last_value_within_budget():
+    from sims import rlvr
+    # from cost 0.5 (value 1) to cost 2 (value 0): 0.5 is reached halfway in log cost, at cost 1
+    assert rlvr.crossing_cost([0.5, 2.0, 8.0], [1.0, 0.0, -1.0], 0.5) == pytest.approx(1.0, rel=1e-12)
+    assert rlvr.crossing_cost([2.0, 8.0, 32.0], [1.0, 0.0, -1.0], 0.5) == pytest.approx(4.0, rel=1e-12)
+    assert rlvr._last_at_most([3.0, 2.0, 1.0], [0.0, 10.0, 20.0], 10.0) == 2.0          # a checkpoint at the budget
+    assert np.isnan(rlvr._last_at_most([3.0, 2.0], [5.0, 10.0], 4.0))                   # even the first costs more
+
+
+def test_the_freshness_share_of_one_task_or_a_whole_line_decides_nothing_and_a_resolved_set_is_its_interval():
+    from sims import rlvr
+    one = rlvr._share_row([0.1, 0.2], [0.2, 0.2], [0, 0], "w", "fresh", "on", "off")
+    assert one["statistic"].endswith("; one task: no Fieller set") and one["verdict"] == "inconclusive"
+    assert np.isnan(one["estimate"]) and np.isnan(one["df"])
+    line = rlvr._share_row([0.0035, 0.0082, 0.0033, -0.013], [0.0091, 0.0045, -0.0054, 0.0058], np.arange(4), "w",
+                           "fresh", "on", "off")
+    assert line["statistic"].endswith("; Fieller 95% set the whole line: not resolved")
+    assert line["verdict"] == "inconclusive" and (line["lo"], line["hi"]) == (-np.inf, np.inf)
+    num, den = np.array([0.06, 0.08, 0.07, 0.09]), np.array([0.1, 0.12, 0.09, 0.11])
+    two = rlvr._share_row(np.repeat(num[:2], 2), np.repeat(den[:2], 2), [0, 0, 1, 1], "w", "f", "on", "off")
+    assert "Fieller 95% set" in two["statistic"] and two["df"] == 1
+    row = rlvr._share_row(num, den, np.arange(4), "w", "fresh", "on", "off")
+    se = lambda x: x.std(ddof=1) / 2                                               # noqa: E731
+    est, lo, hi, kind = verdicts.fieller(num.mean(), den.mean(), se(num), se(den), np.cov(num, den)[0, 1] / 4, df=3)
+    assert kind == "interval" and (row["estimate"], row["lo"], row["hi"]) == pytest.approx((est, lo, hi))
+    assert row["verdict"] == ("reproduces" if lo > 0.5 else "does not reproduce" if hi < 0.5 else "inconclusive")
