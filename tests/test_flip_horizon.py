@@ -136,7 +136,7 @@ def test_flip_figure_draws_a_boundary_per_horizon():
     boundary = next(line for line in axes[0].get_lines() if line.get_label() == "boundary H = 8")
     x, y = boundary.get_data()
     np.testing.assert_allclose(y, np.asarray(x) / 8)
-    assert "1 flips" in axes[0].get_title()
+    assert ": 1 flip," in axes[0].get_title()
     v = pd.DataFrame(dict(machine=["spec", "random", "random"], samples=[8, 300, 8], drift=[0.5, 0.1, 0.2],
                           drift_lo=[0.5, 0.05, 0.0], drift_hi=[0.5, 0.15, 0.3], exact_drift=[0.5, 0.12, 0.31],
                           covered=[True, True, False]))
