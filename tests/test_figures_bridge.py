@@ -142,7 +142,7 @@ CASES = {
     "probe, untitled": lambda tmp: fp.figures_from(probe_folder(tmp)),
     "probe, seven teachers, NaN intervals": lambda tmp: {"probe": fp.probe_figure(probe_margins(
         teachers=[f"persona-with-a-long-name-{k}" for k in range(7)], horizons=(0, 1, 4, 16, 64, 256), se=np.nan))},
-    # the flip-horizon study: the committed default run (its questions, partitions and validation); six
+    # the flip-horizon study: the committed default run (questions, partitions, --long tables, validation); six
     # configurations of one table (the longest names), five (one panel hidden) with a long run's curves, one
     "flip horizon, committed default run": lambda tmp: ff.figures_from(str(FLIP)),
     "flip horizon, the default run's six configurations": lambda tmp: ff.figures_from(write(
@@ -166,7 +166,7 @@ CASES = {
     "diagnosis, no flip estimates": lambda tmp: {"diagnosis_flip": fd.flip_figure(pd.DataFrame())},
 }
 STEMS = {"topk": {"topk_bias"}, "probe": {"probe"},
-         "flip horizon, committed default run": {"flip_horizon", "flip_curves", "flip_validation"},
+         "flip horizon, committed default run": {"flip_horizon", "flip_curves", "flip_long_curves", "flip_validation"},
          "flip horizon, five configurations and a long run of three": {"flip_horizon", "flip_curves", "flip_long_curves"},
          "diagnosis": {"diagnosis_strips", "diagnosis_vetoes", "diagnosis_flip"}}
 
