@@ -384,7 +384,9 @@ def _e6_rows(runs, pool, f):
                     f"(interpolated log-linearly between checkpoints) over the offline arm's; reached in "
                     f"{int(reached.sum())} of {len(g)} runs")
             if n < 2 or not np.isfinite(se):
-                verdict, said, lo, hi = "inconclusive", "; one task: no interval", np.nan, np.nan
+                said = ("; one task: no interval" if n < 2 else
+                        "; a target reached at no cost makes a log ratio infinite: no interval")
+                verdict, lo, hi = "inconclusive", np.nan, np.nan
             elif censored:
                 lo, hi = est - stats.t.ppf(0.95, n - 1) * se, np.inf
                 verdict = "reproduces" if lo > 0 and reached.any() else "inconclusive"

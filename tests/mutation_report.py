@@ -61,6 +61,13 @@ EQUIVALENT = {
     "analysis.statistics.x_fit_slope__mutmut_15": _FLOAT_ARRAY,
     "analysis.statistics.x_fit_slope__mutmut_19": _FLOAT_ARRAY,
     "analysis.statistics.x_fit_slope__mutmut_21": _FLOAT_ARRAY,
+    "analysis.statistics.x_log_grid__mutmut_28": ("arange up to top + 1 instead of top + 1e-12: the points added "
+                                                  "exceed n_rounds (or round to it, which unique() merges) and "
+                                                  "`pts <= n_rounds` drops them"),
+    **{f"distillation.continual.x_outcome_row__mutmut_{n}": (
+        "Evaluator(B, fixed_points=True/None/default): fixed_points adds only kl_fixed_point to the evaluation "
+        "(a solve, then unused); outcome_row reads kl_<objective's target>, kl_arithmetic and accuracy")
+       for n in (9, 11, 12)},
     "analysis.statistics.x_variance_shares__mutmut_25": "groupby(as_index=None): pandas reads the falsy None as False",
     "analysis.verdicts.x_count_verdict__mutmut_4": _FLOAT_ARRAY,
     "sims.rollout_spectrum.x_steps_to__mutmut_5": "pd.Series(dtype=None): np.where(..., np.inf) is float64 already",

@@ -97,6 +97,10 @@ def test_log_grid_and_cell_seeds():
     g = analysis.log_grid(1000)
     assert g[0] == 1 and g[-1] == 1000 and np.all(np.diff(g) > 0)
     assert analysis.log_grid(1234)[-1] == 1234
+    assert g.dtype == np.int64 and analysis.log_grid(1).tolist() == [1]               # rounds are integers
+    assert analysis.log_grid(100, 2).tolist() == [1, 3, 10, 32, 100]                 # round(10^0.5) = 3
+    with pytest.raises(ValueError, match=r"n_rounds = 0 must be an integer >= 1"):
+        analysis.log_grid(0)
     a, b = cell_seeds(0, "x", 3), cell_seeds(0, "x", 5)
     assert np.array_equal(a, b[:3]) and len(set(b.tolist())) == 5
     assert not np.array_equal(cell_seeds(0, "y", 3), a)

@@ -143,6 +143,25 @@ def test_forgetting_on_a_student_that_cannot_tell_the_tasks_apart_equals_its_clo
     assert out.quality < 1e-3
 
 
+def test_outcome_row_with_its_own_evaluator_reads_each_objectives_target_on_b():
+    """outcome_row without an evaluator builds one on B: quality is the KL per position to the objective's own
+    target (SFT's fixed point at its alpha for 'sft', the pool for 'fkl'), from an independent Evaluator call."""
+    pair = tasks.make_pair(0)
+    B, rng = pair.B, np.random.default_rng(5)
+    q_b = np.log(rng.dirichlet(np.ones(B.teachers.n), size=(B.horizon, B.teachers.S)))
+    q_a0, q_a1 = (np.log(rng.dirichlet(np.ones(B.teachers.n), size=B.teachers.S)) for _ in range(2))
+    for objective, target in (("sft", "kl_sft"), ("fkl", "kl_arithmetic")):
+        config = _config(objective=objective, alpha=0.3)
+        row = continual.outcome_row(pair, config, 7, q_a0, q_a1, q_b, 0.25, 0.5)
+        ref = evaluation.Evaluator(B)(q_b, config.spectrum())
+        before, after = evaluation.loss_on(pair.A, q_a0), evaluation.loss_on(pair.A, q_a1)
+        assert row["quality"] == pytest.approx(ref[target] / B.horizon, rel=1e-12) and row["quality"] > 0
+        assert row["kl_arithmetic_b"] == pytest.approx(ref["kl_arithmetic"] / B.horizon, rel=1e-12)
+        assert (row["seed"], row["loss_a_before"], row["loss_a_after"]) == (7, before, after)
+        assert row["forgetting"] == after - before and before != after
+        assert (row["accuracy_b"], row["sparsity"], row["sparsity_bf16"]) == (ref["accuracy"], 0.25, 0.5)
+
+
 @pytest.mark.parametrize("bad", [dict(storage="fp8"), dict(objective="mse"), dict(alpha=1.5), dict(schedule="step"),
                                  dict(lr=-0.1), dict(learning_rate=0.1)])
 def test_phase_two_configs_refuse_bad_fields_naming_them(bad):

@@ -270,6 +270,10 @@ def test_e3_verdicts_skip_what_the_design_does_not_vary():
     rows = forgetting.verdicts(df[df.alpha == 1.0], "loglinear")
     assert {r["claim"] for r in rows} == {"E3 the learning rate governs forgetting (share >= 0.5)"}
     assert len(rows) == 2                                           # the full design and the rates that learn B
+    # one learning rate: no share row for lr, and the alpha share row after it is still written
+    one = forgetting.verdicts(df[df.lr == forgetting.FACTORS["lr"][-1]], "loglinear")
+    alpha_share = "E3 the rollouts (alpha) do not govern forgetting (share <= 0.05)"
+    assert [r["claim"] for r in one if r["statistic"].startswith("share of the variance")] == [alpha_share]
 
 
 def test_shares_read_log10_outcomes_on_the_log_scale_and_fractions_as_they_are():
@@ -361,3 +365,8 @@ def test_frontier_ratio_is_read_at_nine_log_spaced_qualities_up_to_learned():
     (row,) = forgetting.frontier_rows(_step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)]), "loglinear")
     assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9)
     assert forgetting.frontier_rows(_step_frontiers([(0.01, 1.0)]), "loglinear") == []
+    # seed 0 never learns (its best quality both reach is at LEARNED): skipped, the seeds after it still read
+    mixed = _step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)])
+    mixed = pd.concat([mixed[mixed.seed == 0].assign(quality=0.02), mixed.assign(seed=mixed.seed + 1)])
+    (row,) = forgetting.frontier_rows(mixed, "loglinear")
+    assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9) and "over 2 seeds" in row["statistic"]

@@ -695,6 +695,8 @@ def test_e6_a_run_at_its_target_from_no_cost_has_no_interval():
         v = rlvr.verdicts(curves.assign(ood_accuracy=0.1))
     kl = v[v.claim.str.contains("to reach the offline arm's final KL")]
     assert len(kl) == 3 and (kl.verdict == "inconclusive").all() and kl.lo.isna().all() and kl.hi.isna().all()
+    assert kl.statistic.str.endswith("; a target reached at no cost makes a log ratio infinite: no interval").all()
+    assert (kl.df == 2).all() and (kl.estimate == 0).all()
 
 
 def test_crossing_cost_interpolates_from_the_first_checkpoint_and_the_last_value_within_budget():
