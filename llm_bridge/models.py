@@ -124,7 +124,7 @@ FILE_KEYS = ("format", "teachers")                             # the keys of a t
 TEACHER_KEYS = ("name", "system", "weight", "temperature")     # the keys of one teacher in it
 
 
-def _unknown_key(key, valid, where, other=()):
+def unknown_key(key, valid, where, other=()):
     """The message for an unknown key: the nearest valid one (difflib), else the nearest key of the other
     level (a per-teacher key at the top level, or the reverse), else the valid keys."""
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
@@ -135,6 +135,34 @@ def _unknown_key(key, valid, where, other=()):
         return f"unknown key {key!r} in {where} (did you mean {near[0]!r}, a key of " \
                f"{'each teacher' if where == 'the file' else 'the file'}?)"
     return f"unknown key {key!r} in {where} (valid keys: {', '.join(valid)})"
+
+
+def read_jsonl(path, what, keys, item):
+    """The (line number, object) pairs of a JSONL file of ``what`` (e.g. 'prompts'), blank lines skipped. A
+    ValueError names the file and line of an unreadable file, a line that is not one JSON object, an unknown
+    key (``item`` names one object, e.g. 'a prompt'; :func:`unknown_key`), or a file with no objects."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{what} file {path}: {exc.strerror or exc}") from None
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{what} file {path} line {i}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: must be a JSON object")
+        for key in obj:
+            if key not in keys:
+                raise ValueError(f"{where}: {unknown_key(key, keys, item)}")
+        out.append((i, obj))
+    if not out:
+        raise ValueError(f"{what} file {path} has no {what}")
+    return out
 
 
 def read_teachers_file(path):
@@ -150,7 +178,7 @@ def read_teachers_file(path):
         raise ValueError(f"teachers file {path}: must hold a JSON object with {', '.join(map(repr, FILE_KEYS))}")
     for key in spec:
         if key not in FILE_KEYS:
-            raise ValueError(f"teachers file {path}: {_unknown_key(key, FILE_KEYS, 'the file', TEACHER_KEYS)}")
+            raise ValueError(f"teachers file {path}: {unknown_key(key, FILE_KEYS, 'the file', TEACHER_KEYS)}")
     fmt = spec.get("format", "chat")
     if fmt not in ("chat", "plain"):
         raise ValueError(f"teachers file {path}: format = {fmt!r} must be 'chat' or 'plain'")
@@ -163,7 +191,7 @@ def read_teachers_file(path):
         for key in p:
             if key not in TEACHER_KEYS:
                 raise ValueError(f"teachers file {path}: "
-                                 f"{_unknown_key(key, TEACHER_KEYS, f'teachers[{i}]', FILE_KEYS)}")
+                                 f"{unknown_key(key, TEACHER_KEYS, f'teachers[{i}]', FILE_KEYS)}")
         for key in ("weight", "temperature"):
             if key in p and (isinstance(p[key], bool) or not isinstance(p[key], (int, float))):
                 raise ValueError(f"teachers file {path}: teachers[{i}].{key} = {p[key]!r} must be a number")

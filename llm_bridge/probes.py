@@ -23,7 +23,7 @@ import pandas as pd
 from aggregation.validate import check_int, check_weights
 from harness import atomic_write, write_csv
 
-from .models import DTYPES, PersonaTeachers, _unknown_key, load_model, read_teachers_file, resolve_model_path
+from .models import DTYPES, PersonaTeachers, load_model, read_jsonl, read_teachers_file, resolve_model_path
 from .partition import Z_95, sequence_geometric_scores
 from .teachers import resolve_device
 
@@ -201,23 +201,8 @@ def read_questions(path):
     """Validated questions: a list of dicts with id, question, options, correct (and optionally kind).
 
     An unknown key (a typo such as ``"optins"``) is a ValueError naming it and the nearest valid key."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"questions file {path}: {exc}") from None
     out, seen = [], set()
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            q = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"questions file {path} line {i}: {exc}") from None
-        if not isinstance(q, dict):
-            raise ValueError(f"questions file {path} line {i}: must be a JSON object")
-        for key in q:
-            if key not in QUESTION_KEYS:
-                raise ValueError(f"questions file {path} line {i}: " + _unknown_key(key, QUESTION_KEYS, "a question"))
+    for i, q in read_jsonl(path, "questions", QUESTION_KEYS, "a question"):
         for key in ("question", "options", "correct"):
             if key not in q:
                 raise ValueError(f"questions file {path} line {i}: missing {key!r}")
@@ -230,8 +215,6 @@ def read_questions(path):
                              f"alphanumeric (with _ or -)")
         seen.add(q["id"])
         out.append(q)
-    if not out:
-        raise ValueError(f"questions file {path} has no questions")
     return out
 
 

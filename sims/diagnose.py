@@ -105,7 +105,8 @@ from harness.cli import UsageError, usable_folder
 from llm_bridge import runs
 from llm_bridge.diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options,
                                   flip_risk, follow, summarise)
-from llm_bridge.models import DTYPES, PersonaTeachers, load_model, read_teachers_file, resolve_model_path
+from llm_bridge.models import (DTYPES, PersonaTeachers, load_model, read_jsonl, read_teachers_file, resolve_model_path,
+                               unknown_key)
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
@@ -119,43 +120,10 @@ RUN_LIBRARIES = {"trl": runs.TRLRun, "verl": runs.VerlRun, "torchrl": runs.Torch
                  "nemo-rl": runs.NeMoRLRun, "tinker-cookbook": runs.TinkerRun, "llm_bridge": runs.OwnRun}
 
 
-def _unknown(key, valid, where):
-    """The one-line error for an unknown key: the nearest valid one, else the list."""
-    import difflib
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
-    return ValueError(f"{where}: unknown key {key!r} ({hint})")
-
-
-def _jsonl(path, what, keys):
-    """The objects of a JSONL file, each key checked (an unknown one names the nearest valid key)."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"{what} file {path}: {exc.strerror or exc}") from None
-    out = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{what} file {path} line {i}: {exc}") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{what} file {path} line {i}: must be a JSON object")
-        for key in obj:
-            if key not in keys:
-                raise _unknown(key, keys, f"{what} file {path} line {i}")
-        out.append((i, obj))
-    if not out:
-        raise ValueError(f"{what} file {path} is empty")
-    return out
-
-
 def read_prompts(path):
     """Validated prompts: dicts with id, prompt, options (None or [C, I] with C the correct one)."""
     prompts, seen = [], set()
-    for i, q in _jsonl(path, "prompts", PROMPT_KEYS):
+    for i, q in read_jsonl(path, "prompts", PROMPT_KEYS, "a prompt"):
         where = f"prompts file {path} line {i}"
         if not isinstance(q.get("prompt"), str) or not q["prompt"].strip():
             raise ValueError(f"{where}: 'prompt' must be a non-empty string")
@@ -181,7 +149,7 @@ def read_prompts(path):
 def read_responses(path, prompt_ids):
     """{prompt id: [response text, ...]} from a JSONL of {"id", "response"}; every id must be a prompt's."""
     out = {}
-    for i, r in _jsonl(path, "responses", RESPONSE_KEYS):
+    for i, r in read_jsonl(path, "responses", RESPONSE_KEYS, "a response"):
         where = f"responses file {path} line {i}"
         if str(r.get("id")) not in prompt_ids:
             raise ValueError(f"{where}: id {r.get('id')!r} is not the id of a prompt")
@@ -233,7 +201,7 @@ def read_run(path, weights):
     valid = ["library"] + [f.name for f in fields(cls)]
     for key in spec:
         if key not in valid:
-            raise _unknown(key, valid, f"{where} (library {library})")
+            raise ValueError(f"{where}: {unknown_key(key, valid, f'a {library} run')}")
     flags = {k: v for k, v in spec.items() if k not in ("library", "weights")}
     given = spec.get("weights")
     if given is not None and (not isinstance(given, list) or len(given) != len(weights) or any(

@@ -315,7 +315,7 @@ def diagnose_files(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"--run": "RUN_KEY"}, "run file RUN_KEY (library trl): unknown key 'betta' (did you mean 'beta'?)"),
+    ({"--run": "RUN_KEY"}, "run file RUN_KEY: unknown key 'betta' in a trl run (did you mean 'beta'?)"),
     ({"--run": "RUN_LIBRARY"}, "unknown library 'trll' (did you mean 'trl'?)"),
     ({"--run": "RUN_VALUE"}, "run file RUN_VALUE: beta = 2 must be <= 1.0"),
     ({"--run": "RUN_WEIGHTS"}, "weights = [0.3, 0.7] must equal the teachers file's [0.5, 0.5]"),
@@ -326,7 +326,7 @@ def diagnose_files(tmp_path):
     ({"--flip-horizons": "0"}, "needs one horizon > 0"),
     ({"--max-tokens": "0"}, "--max-tokens must be >= 1"),
     ({"--device": "tpu"}, "device = 'tpu'"),
-    ({"--prompts": "PROMPT_TYPO"}, "unknown key 'promt' (did you mean 'prompt'?)"),
+    ({"--prompts": "PROMPT_TYPO"}, "line 1: unknown key 'promt' in a prompt (did you mean 'prompt'?)"),
     ({"--prompts": "PROMPT_CORRECT"}, "correct = 'z' is not one of the options"),
     ({"--responses": "RESPONSES_ID"}, "id 'zz' is not the id of a prompt"),
     ({"--teachers": "TEACHER_TYPO"}, "unknown key 'sytem' in teachers[1] (did you mean 'system'?)"),
@@ -379,7 +379,7 @@ def test_run_files_read_as_the_library_names_its_flags(tmp_path):
                                 ("f.json", '{"library": "torchrl", "kl_direction": "sideways"}',
                                  "kl_direction = 'sideways' must be one of"),
                                 ("g.json", '{"library": "trl", "seq_kd": true, "lmbda": 0.0, "colour": 1}',
-                                 "unknown key 'colour' (valid keys: library, trainer, beta, lmbda, seq_kd, temperature, "
+                                 "unknown key 'colour' in a trl run (valid keys: library, trainer, beta, lmbda, seq_kd, temperature, "
                                  "weights, teachers)")):
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=__import__("re").escape(message)):
@@ -507,6 +507,29 @@ def test_diagnose_reads_prompts_and_responses(tmp_path):
     assert prompts == [dict(id="a", prompt="Q?", options=["y", "x"]), dict(id="p3", prompt="R?", options=None)]
     path.write_text('{"id": "a", "response": "one"}\n{"id": "a", "response": "two"}\n')
     assert read_responses(path, {"a", "p3"}) == {"a": ["one", "two"]}
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"prompt": "Q?"}\n\n[1]\n', "prompts file {path} line 3: must be a JSON object"),
+    ('{"prompt": "Q?"\n', "prompts file {path} line 1: Expecting ',' delimiter"),
+    ('{"prompt": "Q?", "optons": []}\n', "line 1: unknown key 'optons' in a prompt (did you mean 'options'?)"),
+    ('{"prompt": "Q?", "colour": 1}\n', "line 1: unknown key 'colour' in a prompt (valid keys: id, prompt, "),
+    ("\n  \n", "prompts file {path} has no prompts"),
+    (None, "prompts file {path}: No such file or directory"),
+])
+def test_jsonl_files_are_refused_with_their_file_and_line(tmp_path, text, message):
+    """One reader serves the prompts, responses and questions files: each refusal names the file and the line."""
+    from llm_bridge.models import read_jsonl
+    from sims.diagnose import PROMPT_KEYS
+    path = tmp_path / "p.jsonl"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=__import__("re").escape(message.format(path=path))):
+        read_jsonl(path, "prompts", PROMPT_KEYS, "a prompt")
+    if text is not None and "[1]" in text:                             # the blank line 2 is skipped, not counted away
+        path.write_text(text.replace("[1]", '{"id": "b", "prompt": "R?"}'))
+        assert read_jsonl(path, "prompts", PROMPT_KEYS, "a prompt") == [(1, {"prompt": "Q?"}),
+                                                                        (3, {"id": "b", "prompt": "R?"})]
 
 
 # ------------------------------------------------------------------------------------------------
