@@ -137,6 +137,14 @@ def unknown_key(key, valid, where, other=()):
     return f"unknown key {key!r} in {where} (valid keys: {', '.join(valid)})"
 
 
+def check_keys(obj, valid, where, item, other=()):
+    """A ValueError '``where``: unknown key ...' (:func:`unknown_key`) for the first key of the mapping ``obj``
+    that is not in ``valid``."""
+    for key in obj:
+        if key not in valid:
+            raise ValueError(f"{where}: {unknown_key(key, valid, item, other)}")
+
+
 def read_jsonl(path, what, keys, item):
     """The (line number, object) pairs of a JSONL file of ``what`` (e.g. 'prompts'), blank lines skipped. A
     ValueError names the file and line of an unreadable file, a line that is not one JSON object, an unknown
@@ -156,9 +164,7 @@ def read_jsonl(path, what, keys, item):
             raise ValueError(f"{where}: {exc}") from None
         if not isinstance(obj, dict):
             raise ValueError(f"{where}: must be a JSON object")
-        for key in obj:
-            if key not in keys:
-                raise ValueError(f"{where}: {unknown_key(key, keys, item)}")
+        check_keys(obj, keys, where, item)
         out.append((i, obj))
     if not out:
         raise ValueError(f"{what} file {path} has no {what}")
@@ -176,9 +182,7 @@ def read_teachers_file(path):
         raise ValueError(f"teachers file {path}: {exc}") from None
     if not isinstance(spec, dict):
         raise ValueError(f"teachers file {path}: must hold a JSON object with {', '.join(map(repr, FILE_KEYS))}")
-    for key in spec:
-        if key not in FILE_KEYS:
-            raise ValueError(f"teachers file {path}: {unknown_key(key, FILE_KEYS, 'the file', TEACHER_KEYS)}")
+    check_keys(spec, FILE_KEYS, f"teachers file {path}", "the file", TEACHER_KEYS)
     fmt = spec.get("format", "chat")
     if fmt not in ("chat", "plain"):
         raise ValueError(f"teachers file {path}: format = {fmt!r} must be 'chat' or 'plain'")
@@ -188,10 +192,7 @@ def read_teachers_file(path):
     for i, p in enumerate(personas):
         if not isinstance(p, dict) or not isinstance(p.get("system", ""), str):
             raise ValueError(f"teachers file {path}: teachers[{i}] must be an object with a 'system' string")
-        for key in p:
-            if key not in TEACHER_KEYS:
-                raise ValueError(f"teachers file {path}: "
-                                 f"{unknown_key(key, TEACHER_KEYS, f'teachers[{i}]', FILE_KEYS)}")
+        check_keys(p, TEACHER_KEYS, f"teachers file {path}", f"teachers[{i}]", FILE_KEYS)
         for key in ("weight", "temperature"):
             if key in p and (isinstance(p[key], bool) or not isinstance(p[key], (int, float))):
                 raise ValueError(f"teachers file {path}: teachers[{i}].{key} = {p[key]!r} must be a number")

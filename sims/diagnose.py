@@ -105,8 +105,8 @@ from harness.cli import UsageError, usable_folder
 from llm_bridge import runs
 from llm_bridge.diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options,
                                   flip_risk, follow, summarise)
-from llm_bridge.models import (DTYPES, PersonaTeachers, load_model, read_jsonl, read_teachers_file, resolve_model_path,
-                               unknown_key)
+from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, load_model, read_jsonl, read_teachers_file,
+                               resolve_model_path)
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
@@ -199,9 +199,7 @@ def read_run(path, weights):
         raise ValueError(f"{where}: unknown library {library!r} ({hint})")
     cls = RUN_LIBRARIES[library]
     valid = ["library"] + [f.name for f in fields(cls)]
-    for key in spec:
-        if key not in valid:
-            raise ValueError(f"{where}: {unknown_key(key, valid, f'a {library} run')}")
+    check_keys(spec, valid, where, f"a {library} run")
     flags = {k: v for k, v in spec.items() if k not in ("library", "weights")}
     given = spec.get("weights")
     if given is not None and (not isinstance(given, list) or len(given) != len(weights) or any(
