@@ -24,6 +24,7 @@ QUICK (a --quick run checks the pipeline, not the claims).
     clusters_for_power the clusters (tasks) a t-test needs for 80% power at an effect, from their spread
 """
 
+import functools
 import math
 
 import numpy as np
@@ -257,20 +258,24 @@ def t_power(effect, se, df, level=0.95):
 def t_mde_80(se, df, level=0.95, power_target=0.8):
     """The smallest true effect that the two-sided t-test of :func:`t_power` detects with probability
     ``power_target`` (the noncentral t, not the normal: with 7 df it is 1.17x the z-test's 2.80 se)."""
-    from scipy.optimize import brentq
     if not se >= 0:
         raise ValueError(f"se = {se!r} must be >= 0")
     df = _df(df)
     if not 1 - level < power_target < 1:
         raise ValueError(f"power_target = {power_target!r} must lie in ({1 - level:g}, 1): above the test's size, "
                          f"its power at effect 0")
-    if se == 0:
-        return 0.0
+    return _unit_mde(df, level, power_target) * se
+
+
+@functools.lru_cache(maxsize=None)
+def _unit_mde(df, level, power_target):
+    """t_mde_80 at se = 1 (the MDE scales with se), computed once per test (a root of the noncentral t)."""
+    from scipy.optimize import brentq
     short = lambda d: t_power(d, 1.0, df, level) - power_target                                    # noqa: E731
     hi = 1.0
     while short(hi) < 0:                      # power increases with the effect: double until it brackets the root
         hi *= 2
-    return float(brentq(short, 0.0, hi) * se)
+    return float(brentq(short, 0.0, hi))
 
 
 def fieller(num, den, se_num, se_den, cov=0.0, df=None, level=0.95):
