@@ -24,7 +24,6 @@ QUICK (a --quick run checks the pipeline, not the claims).
     clusters_for_power the clusters (tasks) a t-test needs for 80% power at an effect, from their spread
 """
 
-import functools
 import math
 
 import numpy as np
@@ -267,15 +266,20 @@ def t_mde_80(se, df, level=0.95, power_target=0.8):
     return _unit_mde(df, level, power_target) * se
 
 
-@functools.lru_cache(maxsize=None)
+_UNIT_MDE = {}
+
+
 def _unit_mde(df, level, power_target):
-    """t_mde_80 at se = 1 (the MDE scales with se), computed once per test (a root of the noncentral t)."""
+    """t_mde_80 at se = 1 (the MDE scales with se), solved once per test (a root of the noncentral t power)."""
     from scipy.optimize import brentq
-    short = lambda d: t_power(d, 1.0, df, level) - power_target                                    # noqa: E731
-    hi = 1.0
-    while short(hi) < 0:                      # power increases with the effect: double until it brackets the root
-        hi *= 2
-    return float(brentq(short, 0.0, hi))
+    key = (df, level, power_target)
+    if key not in _UNIT_MDE:
+        short = lambda d: t_power(d, 1.0, df, level) - power_target                                # noqa: E731
+        hi = 1.0
+        while short(hi) < 0:                  # power increases with the effect: double until it brackets the root
+            hi *= 2
+        _UNIT_MDE[key] = float(brentq(short, 0.0, hi))
+    return _UNIT_MDE[key]
 
 
 def fieller(num, den, se_num, se_den, cov=0.0, df=None, level=0.95):
