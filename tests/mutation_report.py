@@ -185,13 +185,24 @@ EQUIVALENT = {
        for f, n in (("task_clustered", 23), ("crossing_cost", 17), ("_last_at_most", 12))},
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("effect_verdict(lo, hi, 1) without its margin 0.0: the default margin "
                                          "is 0.0")
-       for f, n in (("verdicts", 122), ("_e6_rows", 83))},
+       for f, n in (("verdicts", 122), ("_e6_rows", 95))},
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("at_most=None for False: bound_verdict and count_verdict read it only "
                                          "for truth, and None is falsy")
-       for f, n in (("_share_row", 88), ("_reverse_rows", 20))},
+       for f, n in (("_share_row", 110), ("_reverse_rows", 20))},
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("a test on one task (n = 1) as if it had more: task_clustered's se is "
                                          "NaN there (the std of one task mean), so `se > 0` is False all the same")
        for f, n in (("verdicts", 63), ("_t_tests", 12))},
+    **{f"sims.rlvr.x__share_row__mutmut_{n}": ("np.cov(..., ddof=1) -> ddof=None or no ddof: numpy's default "
+                                               "(bias=False) divides by n - 1 as ddof=1 does")
+       for n in (56, 59)},
+    "sims.rlvr.x_verdicts__mutmut_196": ("'does not reproduce' at lo >= 0 for lo > 0: lo is a t-interval's lower "
+                                         "bound est - t se, exactly 0 only where est = t se to the last bit"),
+    "sims.rlvr.x_verdicts__mutmut_343": ("the E6 columns a proper subset (<) of the curves' columns for a subset "
+                                         "(<=): the curves also hold method, seed, task and step (E4 reads them "
+                                         "above), so the five are never all of them"),
+    **{f"distillation.continual.x_update_sparsity__mutmut_{n}": (
+        "dims = tuple(range(1, ndim)) also at ndim = 1: the empty tuple, and torch's mean over dim=() reduces "
+        "every dimension, as (0,) does for a vector") for n in (16, 23)},
     **{f"sims.rlvr.x_task_clustered__mutmut_{n}": ("the std of the task means at one task: pandas' std(ddof=1) "
                                                     "of one value is NaN, the same as the NaN written for it")
        for n in (13, 19)},

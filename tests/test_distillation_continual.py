@@ -25,6 +25,16 @@ def test_update_sparsity_float32_threshold_on_hand_made_changes():
     assert frac == 0.0 and frac_bf16 == 0.0
 
 
+def test_update_sparsity_reads_both_vectors_as_float32_and_a_change_at_the_threshold_as_none():
+    """Per run (rows): float64 inputs are the float32 parameters they round to. 1 + 1.99e-6 is 17 float32 ulps
+    (2.03e-6) from 1, above the threshold 2e-6 either way round, though 1.99e-6 is below it in float64; a
+    change of exactly the threshold (1e-6 from 0, both in float32) is not above it."""
+    theta0 = np.array([[0.0], [1.0 + 1.99e-6], [1.0]])
+    theta1 = np.array([[1e-6], [1.0], [1.0 + 1.99e-6]])
+    frac, frac_bf16 = continual.update_sparsity(theta0, theta1)
+    assert frac.tolist() == [0.0, 1.0, 1.0] and frac_bf16.tolist() == [1.0, 0.0, 0.0]
+
+
 def test_update_sparsity_bf16_rounding_swallows_updates_below_half_an_ulp():
     # bfloat16 keeps 8 significant bits: the ulp is 2^-7 at 1, 2^-8 at 0.5, 2 at 256
     theta0 = np.array([1.0, 1.0, 256.0, 0.5])

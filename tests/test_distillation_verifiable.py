@@ -42,6 +42,8 @@ def test_distillation_counts_every_token(task, distilled):
     assert torch.equal(W[3], W0[3])                                                 # no distillation: untouched
     last = rows[rows.step == 250].set_index("method")
     assert last.loc["offline FKL", "teacher_tokens"] == teacher[0]
+    assert (rows.seed == 0).all() and (rows.stage == "distil").all()
+    assert sorted(rows.step.unique()) == sorted(verifiable.checkpoints(250))
     assert last.loc["on-policy RKL", "student_tokens"] == student[2]
 
 
@@ -92,6 +94,13 @@ def test_rl_from_scratch_learns_the_task(task):
     before, after = rows[rows.step == 0].id_accuracy.to_numpy(), rows[rows.step == 150].id_accuracy.to_numpy()
     assert (after > before + 0.3).all()
     assert (rows[rows.step == 150].teacher_tokens == 0).all()
+    assert (rows.stage == "rl").all() and sorted(rows[rows.step == 150].seed) == [0, 1, 2]
+
+
+def test_checkpoints_are_step_0_and_the_log_grid_up_to_the_last_step():
+    assert verifiable.checkpoints(0) == {0} and verifiable.checkpoints(1) == {0, 1}
+    assert verifiable.checkpoints(2) == {0, 1, 2}
+    assert verifiable.checkpoints(20) == {0, 1, 2, 3, 4, 5, 6, 8, 10, 13, 16, 20}
 
 
 def test_neural_students_learn_and_runs_stay_independent(task):

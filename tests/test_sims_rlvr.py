@@ -685,10 +685,10 @@ def test_e6_with_one_task_decides_nothing_and_two_tasks_make_an_interval():
 
 
 def test_e6_a_run_at_its_target_from_no_cost_has_no_interval():
-    """A run at the offline arm's final KL already at its first checkpoint, which costs nothing: a ratio of 0, an
-    infinite log ratio, no interval: inconclusive."""
+    """Two tasks, one with a run at the offline arm's final KL already at its first checkpoint, which costs
+    nothing: a ratio of 0, an infinite log ratio, no interval: inconclusive (and not for want of tasks)."""
     from sims import rlvr
-    curves = _e6_curves((0.5, 0.5, 0.5))
+    curves = _e6_curves((0.5, 0.5))
     first = (curves.method == "on-policy FKL") & (curves.task == 0)
     curves.loc[first, "kl_arithmetic"] = 0.01
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -696,7 +696,7 @@ def test_e6_a_run_at_its_target_from_no_cost_has_no_interval():
     kl = v[v.claim.str.contains("to reach the offline arm's final KL")]
     assert len(kl) == 3 and (kl.verdict == "inconclusive").all() and kl.lo.isna().all() and kl.hi.isna().all()
     assert kl.statistic.str.endswith("; a target reached at no cost makes a log ratio infinite: no interval").all()
-    assert (kl.df == 2).all() and (kl.estimate == 0).all()
+    assert (kl.df == 1).all() and (kl.estimate == 0).all()
 
 
 def test_crossing_cost_interpolates_from_the_first_checkpoint_and_the_last_value_within_budget():
@@ -712,6 +712,9 @@ def test_the_freshness_share_of_one_task_or_a_whole_line_decides_nothing_and_a_r
     from sims import rlvr
     one = rlvr._share_row([0.1, 0.2], [0.2, 0.2], [0, 0], "w", "fresh", "on", "off")
     assert one["statistic"].endswith("; one task: no Fieller set") and one["verdict"] == "inconclusive"
+    full = rlvr._share_row([0.1, 0.2], [0.2, 0.3], [0, 1], "w", "fresh", "on", "off")
+    assert (one["claim"], one["condition"], one["rule"]) == (full["claim"], "w", full["rule"])
+    assert one["claim"].startswith("E4 control: data freshness") and full["rule"].startswith("Fieller 95% set")
     assert np.isnan(one["estimate"]) and np.isnan(one["df"])
     line = rlvr._share_row([0.0035, 0.0082, 0.0033, -0.013], [0.0091, 0.0045, -0.0054, 0.0058], np.arange(4), "w",
                            "fresh", "on", "off")
