@@ -87,6 +87,7 @@ gallery: .venv/.installed-test
 
 # Mutation testing of the verdict and statistics code ([tool.mutmut] in pyproject.toml): mutmut mutates these
 # functions, runs the fast tests that cover each mutant, and docs/mutation.md lists what survived and why.
+# All of MUTATE takes more than two hours on 2 cores; a subset: make mutate MUTATE="'sims.rlvr.*'".
 MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rollout_spectrum.x_verdicts*' 'sims.rollout_spectrum.x_convergence_rows*' \
           'sims.rollout_spectrum.x_paired_row*' 'sims.rollout_spectrum.x_by_draw*' 'sims.rollout_spectrum.x_per_seed*' \
