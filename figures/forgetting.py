@@ -128,9 +128,10 @@ def forgetting_figure(loglinear, neural, precision=None):
     d.grid(True)
     e = axes[1, 2]
     for (name, df), ls in zip(students, ("-", "--")):
-        for schedule, col in _by(df, "lr", "schedule", "forgetting").items():
-            e.plot(col.index, np.maximum(col, FLOOR), ls=ls, marker="o", ms=2.5, color=SCHEDULE_COLOURS[schedule],
-                   label=f"{schedule} ({name})")
+        for schedule, col in _by(df, "lr", "schedule", "forgetting").items():   # hollow markers: cosine and
+            marker = {"cosine": "s", "linear": "^"}.get(schedule, "o")             # linear often coincide
+            e.plot(col.index, np.maximum(col, FLOOR), ls=ls, marker=marker, ms=4, mfc="none",
+                   color=SCHEDULE_COLOURS[schedule], label=f"{schedule} ({name})")
     log_scale(e, x=True, y=True)
     e.set_xlabel("peak learning rate")
     e.set_ylabel("forgetting on A (nats)")
