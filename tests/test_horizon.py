@@ -56,6 +56,27 @@ def test_spec_prefix_bias_rows_recover_h_star(p, cont, w, h_star):
     assert exact["first_flip"] == int(np.floor(h_star)) + 1
 
 
+def test_exact_flip_horizon_reads_up_to_h_max_and_returns_the_exact_gap():
+    """Theory section 2's machine (H* = 4.301, D(H) = H x drift exactly): the first flip is 5 when h_max >= 5 and
+    -1 (none) below; h_max defaults to 4 max(horizons); bad input is refused naming it."""
+    import copy
+    p, cont, w, h_star = SPEC_ROWS[0]
+    t = examples.prefix_bias_teachers(p, cont)
+    exact = exact_flip_horizon(t, w, [0, 1, 2])
+    np.testing.assert_allclose(exact["gap"], np.array([0, 1, 2]) * exact["drift"], rtol=1e-9, atol=1e-12)
+    assert exact["h_star"] == pytest.approx(h_star, abs=5e-4) and exact["first_flip"] == 5      # default h_max 8
+    assert exact_flip_horizon(t, w, [0, 1])["first_flip"] == -1                                  # default h_max 4
+    assert exact_flip_horizon(t, w, [0, 1], h_max=5)["first_flip"] == 5
+    assert exact_flip_horizon(t, w, [0, 1, 2], h_max=4)["first_flip"] == -1
+    with pytest.raises(ValueError, match=r"^h_max = -1 must be an integer >= 0$"):
+        exact_flip_horizon(t, w, [0, 1], h_max=-1)
+    for option in (0, 1):                                     # either option ending the response is refused
+        ends = copy.deepcopy(t)
+        ends.next_state[ends.start, option] = -1
+        with pytest.raises(ValueError, match=r"^the options must not end the response$"):
+            exact_flip_horizon(ends, w, [0, 1])
+
+
 def test_random_family_intervals_cover_the_exact_drift():
     """Random prefix machines (3 teachers, sigma = 1): the 95% interval of the drift (hence of H*)
     covers the exact through-origin drift of aggregation's D(H). 10 machines, N = 300: require >= 8
@@ -106,10 +127,23 @@ def test_fit_drift_known_answers():
     assert wide.drift_lo < 0 < wide.drift_hi and wide.h_star_hi == np.inf
     assert wide.h_star_lo == pytest.approx(1.0 / wide.drift_hi)
     assert fit_drift(H, 0.25 * H, np.zeros((5, 5)), margin=-1.0).h_star == 0.0
-    for bad in (dict(horizons=[0, 0]), dict(gap=[0, np.nan]), dict(gap_cov=np.zeros((3, 3)))):
+    # a margin of 0 or below: the pool already prefers I, every H* is 0 (also where the interval reaches 0),
+    # and the drift keeps its fit
+    for margin in (0.0, -1.0):
+        at0 = fit_drift(H, 0.02 * H, S, margin=margin)
+        assert (at0.drift, at0.drift_se, at0.drift_lo, at0.drift_hi) == (wide.drift, wide.drift_se, wide.drift_lo,
+                                                                         wide.drift_hi)
+        assert (at0.h_star, at0.h_star_lo, at0.h_star_hi) == (0.0, 0.0, 0.0)
+    assert fit_drift([0, 1], [0.0, 0.5], np.zeros((2, 2)), margin=1.0).h_star == pytest.approx(2.0)   # H = 1 counts
+    for bad, message in ((dict(horizons=[0, 0]), r"^horizons must be >= 0 with at least one > 0$"),
+                         (dict(horizons=[-1, 1]), r"^horizons must be >= 0 with at least one > 0$"),
+                         (dict(gap=[0, np.nan]), r"^gap\[1\] is not finite$"),
+                         (dict(gap=[0.0, 0.1, 0.2]), r"^horizons \(2,\), gap \(3,\) and gap_cov \(2, 2\) do not match$"),
+                         (dict(gap_cov=np.zeros((3, 3))), r"^horizons \(2,\), gap \(2,\) and gap_cov \(3, 3\) do not match$"),
+                         (dict(margin=np.inf), r"^margin = inf is not finite$")):
         args = dict(horizons=[0, 1], gap=[0.0, 0.1], gap_cov=np.zeros((2, 2)), margin=1.0)
         args.update(bad)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=message):
             fit_drift(**args)
 
 
@@ -288,8 +322,44 @@ def test_ess_floor_extends_the_plain_samples_until_the_floor():
     assert [len(f) for f, _ in capped] == [16, 16, 16]
     assert [len(f) for f, _ in sample_contexts(b, contexts, 1, 2, np.random.default_rng(0))] == [2, 2, 2]
     other = bridge_of(t, [0.3, 0.7], ends=[t.n - 1])
-    with pytest.raises(ValueError, match="after_correct"):
+    twin_message = r"^after_correct must have the teachers' K, weights, vocabulary and end tokens$"
+    with pytest.raises(ValueError, match=twin_message):
         sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), after_correct=other)
+    with pytest.raises(ValueError, match=twin_message):                      # the end tokens alone differ
+        sample_contexts(b, contexts, 4, 4, np.random.default_rng(0), after_correct=bridge_of(t, [0.5, 0.5]))
+
+
+def test_sample_contexts_checks_its_arguments_and_passes_them_on(monkeypatch):
+    """The refusals name their argument; one sample and a floor below 1 are legitimate; the floor is not
+    checked at H = 0 (nothing to weigh) and an ESS exactly at the floor is not below it (ESS = N at H = 1);
+    with ``after_correct`` the even contexts are continued by it, the odd ones by the teachers, and
+    max_rows reaches the sampler (default 512)."""
+    from llm_bridge import horizon
+    t, b = llm_bridge_of(3)
+    contexts = [[t.n, 0], [t.n, 1], [t.n, 0, 5]]
+    rng = np.random.default_rng(0)
+    for kwargs, message in ((dict(n_samples=0), r"^n_samples = 0 must be an integer >= 1$"),
+                            (dict(ess_floor=2, max_samples=3), r"^max_samples = 3 must be an integer >= 4$")):
+        with pytest.raises(ValueError, match=message):
+            sample_contexts(b, contexts, 4, **dict(dict(n_samples=4, rng=rng), **kwargs))
+    assert [len(f) for f, _ in sample_contexts(b, contexts, 2, 1, rng)] == [1, 1, 1]
+    assert [len(f) for f, _ in sample_contexts(b, contexts, 2, 2, rng, ess_floor=0.5)] == [2, 2, 2]
+    assert [f.shape for f, _ in sample_contexts(b, contexts, 0, 2, rng, ess_floor=2.0)] == [(2, 0)] * 3
+    assert [len(f) for f, _ in sample_contexts(b, contexts, 1, 2, rng, ess_floor=2.0)] == [2, 2, 2]
+    calls = []
+
+    def fake(src, ctxs, h, n, rng_, max_rows=512, return_tokens=False):
+        calls.append((src, [tuple(c) for c in ctxs], max_rows))
+        return [np.zeros((n, h))] * len(ctxs), [np.zeros((n, max(h - 1, 0)), dtype=int)] * len(ctxs)
+    monkeypatch.setattr(horizon, "sample_log_factors_many", fake)
+    twin = bridge_of(t, [0.5, 0.5], ends=[t.n - 1])
+    four = contexts + [[t.n, 1, 5]]
+    sample_contexts(b, four, 3, 2, rng, max_rows=7, after_correct=twin)
+    assert [(src is twin, c, rows) for src, c, rows in calls] == [
+        (False, [tuple(four[1]), tuple(four[3])], 7), (True, [tuple(four[0]), tuple(four[2])], 7)]
+    calls.clear()
+    sample_contexts(b, four, 3, 2, rng)
+    assert [(src is b, len(c), rows) for src, c, rows in calls] == [(True, 4, 512)]
 
 
 def tempered(row, t2):
