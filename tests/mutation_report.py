@@ -203,6 +203,18 @@ EQUIVALENT = {
     **{f"distillation.continual.x_update_sparsity__mutmut_{n}": (
         "dims = tuple(range(1, ndim)) also at ndim = 1: the empty tuple, and torch's mean over dim=() reduces "
         "every dimension, as (0,) does for a vector") for n in (16, 23)},
+    # llm_bridge.horizon (issue 30)
+    **{f"llm_bridge.horizon.x_{f}__mutmut_{n}": _FLOAT_ARRAY
+       for f, n in (("fit_drift", 3), ("fit_drift", 5), ("fit_drift", 8), ("fit_drift", 10), ("fit_drift", 13),
+                    ("fit_drift", 15), ("first_significant_flip", 3), ("first_significant_flip", 5),
+                    ("exact_flip_horizon", 5), ("exact_flip_horizon", 7))},
+    **{f"llm_bridge.horizon.x_sample_contexts__mutmut_{n}": (
+        "check_int(n_samples) without its name or minimum: sample_log_factors_many, called with every n, refuses "
+        "the same n_samples with the same message ('n_samples = 0 must be an integer >= 1')") for n in (7, 8)},
+    "llm_bridge.horizon.x_sample_contexts__mutmut_22": ("the default cap 9 n for 8 n: a context's samples double "
+                                                        "(n, 2n, 4n, 8n), so any cap in [8n, 16n) stops at 8n"),
+    "llm_bridge.horizon.x_exact_flip_horizon__mutmut_74": ("m - D(H) <= 0 for < 0: the margin and the exact gap are "
+                                                           "sums of logs, equal to the last bit only by construction"),
     **{f"sims.rlvr.x_task_clustered__mutmut_{n}": ("the std of the task means at one task: pandas' std(ddof=1) "
                                                     "of one value is NaN, the same as the NaN written for it")
        for n in (13, 19)},

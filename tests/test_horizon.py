@@ -68,6 +68,7 @@ def test_exact_flip_horizon_reads_up_to_h_max_and_returns_the_exact_gap():
     assert exact_flip_horizon(t, w, [0, 1])["first_flip"] == -1                                  # default h_max 4
     assert exact_flip_horizon(t, w, [0, 1], h_max=5)["first_flip"] == 5
     assert exact_flip_horizon(t, w, [0, 1, 2], h_max=4)["first_flip"] == -1
+    assert exact_flip_horizon(t, w, [0, 1, 8], h_max=4)["first_flip"] == -1      # gaps past h_max are not read
     with pytest.raises(ValueError, match=r"^h_max = -1 must be an integer >= 0$"):
         exact_flip_horizon(t, w, [0, 1], h_max=-1)
     for option in (0, 1):                                     # either option ending the response is refused
@@ -75,6 +76,9 @@ def test_exact_flip_horizon_reads_up_to_h_max_and_returns_the_exact_gap():
         ends.next_state[ends.start, option] = -1
         with pytest.raises(ValueError, match=r"^the options must not end the response$"):
             exact_flip_horizon(ends, w, [0, 1])
+        to_zero = copy.deepcopy(t)                            # an option leading to state 0 is a state like any
+        to_zero.next_state[to_zero.start, option] = 0
+        assert np.isfinite(exact_flip_horizon(to_zero, w, [0, 1])["margin"])
 
 
 def test_random_family_intervals_cover_the_exact_drift():
