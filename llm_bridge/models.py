@@ -124,7 +124,7 @@ FILE_KEYS = ("format", "teachers")                             # the keys of a t
 TEACHER_KEYS = ("name", "system", "weight", "temperature")     # the keys of one teacher in it
 
 
-def unknown_key(key, valid, where, other=()):
+def _unknown_key(key, valid, where, other=()):
     """The message for an unknown key: the nearest valid one (difflib), else the nearest key of the other
     level (a per-teacher key at the top level, or the reverse), else the valid keys."""
     near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
@@ -138,17 +138,17 @@ def unknown_key(key, valid, where, other=()):
 
 
 def check_keys(obj, valid, where, item, other=()):
-    """A ValueError '``where``: unknown key ...' (:func:`unknown_key`) for the first key of the mapping ``obj``
+    """A ValueError '``where``: unknown key ...' (:func:`_unknown_key`) for the first key of the mapping ``obj``
     that is not in ``valid``."""
     for key in obj:
         if key not in valid:
-            raise ValueError(f"{where}: {unknown_key(key, valid, item, other)}")
+            raise ValueError(f"{where}: {_unknown_key(key, valid, item, other)}")
 
 
 def read_jsonl(path, what, keys, item):
     """The (line number, object) pairs of a JSONL file of ``what`` (e.g. 'prompts'), blank lines skipped. A
     ValueError names the file and line of an unreadable file, a line that is not one JSON object, an unknown
-    key (``item`` names one object, e.g. 'a prompt'; :func:`unknown_key`), or a file with no objects."""
+    key (``item`` names one object, e.g. 'a prompt'; :func:`_unknown_key`), or a file with no objects."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
