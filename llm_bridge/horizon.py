@@ -326,9 +326,14 @@ def running_share(tokens, end_token_ids, horizons):
     1/2 the continuation gap D(H) is saturating (most continuations have ended) and a line through it
     extrapolates nothing."""
     tokens = np.asarray(tokens)
-    ended = np.isin(tokens, list(end_token_ids)) if len(end_token_ids) else np.zeros(tokens.shape, bool)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (n_samples, horizon - 1), got shape {tokens.shape}")
+    if max(horizons) > tokens.shape[1] + 1:
+        raise ValueError(f"horizon {max(horizons)} needs {max(horizons) - 1} tokens per continuation, "
+                         f"got {tokens.shape[1]}")
+    ended = np.isin(tokens, list(end_token_ids))
     before = np.concatenate([np.zeros((tokens.shape[0], 1), bool), np.cumsum(ended, axis=1) > 0], axis=1)
-    return np.array([1.0 - before[:, min(max(h - 1, 0), before.shape[1] - 1)].mean() for h in horizons])
+    return np.array([1.0 - before[:, max(h - 1, 0)].mean() for h in horizons])
 
 
 def is_saturating(running_correct, running_incorrect, share=SATURATION):
@@ -440,8 +445,8 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         _, scores = sample_log_factors_many(teachers, contexts, 0, 1, rng, max_rows, score_last=score_last)
         sampled = sample_contexts(teachers, contexts, max(hs), n_samples, rng, max_rows, ess_floor, max_samples,
                                   after_correct)
-    log_w = np.log(np.where(teachers.weights > 0, teachers.weights, 1.0))
     pos = teachers.weights > 0
+    log_w = np.log(teachers.weights[pos])
     q_rows, h_rows = [], []
     names = teachers.names
     for i, q in enumerate(questions):
@@ -449,7 +454,7 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         seq = np.stack([path_c.sum(1), path_i.sum(1)], axis=1)                  # (K, 2): ln p_k(option | u)
         teacher_margins = seq[:, 0] - seq[:, 1]
         m = float(teachers.weights[pos] @ teacher_margins[pos])
-        mixture = [logsumexp(log_w[pos] + seq[pos, j]) for j in range(2)]
+        mixture = [logsumexp(log_w + seq[pos, j]) for j in range(2)]
         prefer = bool(np.all(teacher_margins > 0))
         (fc, tc), (fi, ti) = sampled[2 * i], sampled[2 * i + 1]
         cc, ci = log_partition_curve(fc, hs), log_partition_curve(fi, hs)

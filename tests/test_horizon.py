@@ -5,6 +5,7 @@ synthetic gaps with known answers."""
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -113,6 +114,22 @@ def test_partition_curve_matches_the_single_horizon_estimate():
     assert c.cov[1, 2] > 0                              # the same rollouts: positively correlated
     with pytest.raises(ValueError, match="exceeds"):
         log_partition_curve(f, [9])
+    assert c.horizons == (0, 2, 8)
+
+
+def test_partition_curve_is_shift_invariant_and_needs_two_samples_for_a_covariance():
+    """ln z <= 0 can be large and negative: the covariance of ln Z_hat is that of W / mean W, unchanged
+    when every continuation's L_H moves by the same amount, however far (no underflow at any H); one
+    sample has no covariance (inf), two have the sample covariance with N - 1."""
+    rng = np.random.default_rng(1)
+    f = -rng.gamma(1.0, 0.3, size=(40, 8))
+    c, far = log_partition_curve(f, [1, 4, 8]), log_partition_curve(f - 300.0, [1, 4, 8])
+    np.testing.assert_allclose(far.cov, c.cov, rtol=1e-9)
+    np.testing.assert_allclose(far.log_partition, c.log_partition - 300.0 * np.array([1, 4, 8]), rtol=1e-12)
+    assert np.isinf(log_partition_curve(f[:1], [1, 4]).cov).all()
+    two = f[:2].cumsum(1)[:, [0, 3]]
+    r = np.exp(two) / np.exp(two).mean(0)
+    np.testing.assert_allclose(log_partition_curve(f[:2], [1, 4]).cov, np.cov(r.T, ddof=1) / 2, rtol=1e-12)
 
 
 def test_fit_drift_known_answers():
@@ -255,8 +272,10 @@ def test_detectable_drift_has_80_percent_power_at_its_best_horizon():
     assert detectable_drift(1.0, [0.0, 0.01, 5.0], [0, 8, 16]) == (pytest.approx((1 + 2.801585218 * 0.01) / 8), 8)
     assert detectable_drift(0.5, [0.0, 0.0], [0, 2]) == (pytest.approx(0.25), 2)          # exact: m / H
     assert detectable_drift(1.0, [0.0, np.inf], [0, 4]) == (np.inf, -1)
-    for bad, msg in ((dict(gap_se=[0.1]), "do not match"), (dict(gap_se=[-0.1, 0.1]), "gap_se must be >= 0"),
-                     (dict(horizons=[-1, 4]), "horizons must be >= 0"), (dict(margin=np.nan), "not finite")):
+    assert detectable_drift(1.0, [0.0, 5.0], [1, 2]) == (1.0, 1)          # H = 1 counts: m / 1 beats 7.5
+    assert detectable_drift(1.0, [0, 1], [2, 4]) == (pytest.approx(0.5), 2)  # integer s.e. (exact at H = 2)
+    for bad, msg in ((dict(gap_se=[0.1]), "do not match"), (dict(gap_se=[-0.1, 0.1]), r"^gap_se must be >= 0$"),
+                     (dict(horizons=[-1, 4]), r"^horizons must be >= 0$"), (dict(margin=np.nan), "not finite")):
         args = dict(margin=1.0, gap_se=[0.1, 0.1], horizons=[0, 4])
         args.update(bad)
         with pytest.raises(ValueError, match=msg):
@@ -276,6 +295,11 @@ def test_first_significant_flip_and_running_share():
     tokens = np.array([[5, end, 3], [5, 5, 5], [end, -1, -1], [5, 5, end]])      # (N, H_max - 1) for H_max = 4
     np.testing.assert_allclose(running_share(tokens, [end], [0, 1, 2, 3, 4]), [1, 1, 0.75, 0.5, 0.25])
     np.testing.assert_allclose(running_share(tokens, [], [0, 4]), [1, 1])
+    np.testing.assert_allclose(running_share(tokens[:, :0], [end], [0, 1]), [1, 1])     # H_max = 1: no tokens
+    with pytest.raises(ValueError, match=r"^horizon 5 needs 4 tokens per continuation, got 3$"):
+        running_share(tokens, [end], [0, 5])
+    with pytest.raises(ValueError, match=r"^tokens must be \(n_samples, horizon - 1\), got shape \(4,\)$"):
+        running_share(tokens[:, 0], [end], [0, 1])
 
 
 def llm_bridge_of(seed, sigma=0.3):
@@ -447,3 +471,154 @@ def test_study_columns_agree_with_the_library_functions():
         assert plain.samples_correct.iloc[0] == 4 and plain.margin.iloc[0] == pytest.approx(r.margin, abs=1e-12)
         if r.samples_correct == r.samples_incorrect == 4:          # no extra samples: the same estimate
             assert plain.drift.iloc[0] == pytest.approx(r.drift, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------
+# every column of the study, rebuilt from the library functions on the same draws
+# ------------------------------------------------------------------------------------------------
+def sharpened_after_correct(machine, t2, n_states=8):
+    """An LLM-like machine whose second teacher is sharpened (logits / t2) in the correct option's
+    region only (states 1..n_states): a positive control with a drift, on noisy continuations."""
+    lp = machine.log_probs.copy()
+    rows = lp[1, 1:1 + n_states] / t2
+    lp[1, 1:1 + n_states] = rows - np.logaddexp.reduce(rows, axis=-1, keepdims=True)
+    return ag.FiniteStateTeachers(machine.next_state, lp)
+
+
+def expected_study(bridge, questions, hs, n, seed, z, **sampling):
+    """flip_horizon_study's two tables rebuilt from the library functions on the same draws: the plain
+    study samples every context together with the option scores; with ``sampling`` (sample_contexts'
+    options) the options are scored at H = 0 (no draws) and the contexts then sampled with the same
+    generator. Every teacher weight is positive here."""
+    keys = ("correct_ids", "incorrect_ids")
+    contexts = [list(q["prompt_ids"]) + list(q[k]) for q in questions for k in keys]
+    last = [len(q[k]) for q in questions for k in keys]
+    rng = np.random.default_rng(seed)
+    if sampling:
+        _, scores = sample_log_factors_many(bridge, contexts, 0, 1, rng, score_last=last)
+        drawn = sample_contexts(bridge, contexts, max(hs), n, rng, **sampling)
+    else:
+        f, tok, scores = sample_log_factors_many(bridge, contexts, max(hs), n, rng, return_tokens=True,
+                                                 score_last=last)
+        drawn = list(zip(f, tok))
+    q_rows, h_rows = [], []
+    for i, q in enumerate(questions):
+        margins = scores[2 * i][0].sum(1) - scores[2 * i + 1][0].sum(1)
+        m, prefer = float(bridge.weights @ margins), bool((margins > 0).all())
+        (fc, tc), (fi, ti) = drawn[2 * i], drawn[2 * i + 1]
+        cc, ci = log_partition_curve(fc, hs), log_partition_curve(fi, hs)
+        rc, ri = running_share(tc, bridge.end_token_ids, hs), running_share(ti, bridge.end_token_ids, hs)
+        gap, cov = ci.log_partition - cc.log_partition, ci.cov + cc.cov
+        se = np.sqrt(np.diag(cov))
+        for j, h in enumerate(hs):
+            row = dict(id=q["id"], horizon=h, gap=gap[j], gap_se=se[j], gap_lo=gap[j] - z * se[j],
+                       gap_hi=gap[j] + z * se[j], margin_g=m - gap[j], margin_g_lo=m - gap[j] - z * se[j],
+                       margin_g_hi=m - gap[j] + z * se[j], flip=prefer and m - gap[j] + z * se[j] < 0,
+                       flip_point=prefer and m - gap[j] < 0)
+            for name, c, r in (("correct", cc, rc), ("incorrect", ci, ri)):
+                s = np.sqrt(c.cov[j, j])
+                row.update({f"log_z_{name}": c.log_partition[j], f"log_z_{name}_lo": c.log_partition[j] - z * s,
+                            f"log_z_{name}_hi": c.log_partition[j] + z * s, f"ess_{name}": c.ess[j],
+                            f"running_{name}": r[j]})
+            h_rows.append(row)
+        fit = fit_drift(hs, gap, cov, m, z)
+        saturating = min(rc[-1], ri[-1]) < 0.5
+        first = first_significant_flip(hs, m - gap + z * se, prefer)
+        need, need_h = detectable_drift(m, se, hs, z)
+        q_rows.append(dict(id=q["id"], margin=m, teachers_prefer_correct=prefer, drift=fit.drift,
+                           drift_se=fit.drift_se, drift_lo=fit.drift_lo, drift_hi=fit.drift_hi,
+                           h_star=np.nan if saturating else fit.h_star,
+                           h_star_lo=np.nan if saturating else fit.h_star_lo,
+                           h_star_hi=np.nan if saturating else fit.h_star_hi, flip=first >= 0, first_flip=first,
+                           detectable_drift=need, detectable_horizon=need_h, samples_correct=len(fc),
+                           samples_incorrect=len(fi), ess_min=min(cc.ess.min(), ci.ess.min()),
+                           running_correct=rc[-1], running_incorrect=ri[-1], saturating=saturating,
+                           tokens_correct=len(q["correct_ids"]), tokens_incorrect=len(q["incorrect_ids"])))
+    return pd.DataFrame(q_rows), pd.DataFrame(h_rows)
+
+
+def test_every_study_column_equals_the_library_functions_on_the_same_draws():
+    """Both tables, column by column, for two questions (the second with a two-token correct option),
+    a z other than 1.96, the plain study, the ESS floor with its cap, and the noisy positive control
+    (continued by ``after_correct``). The draws are chosen so that the checks can fail: some question's
+    first flip differs from where g's *lower* bound first crosses 0, and some H* differs from its bounds."""
+    hs, z = [0, 1, 2, 3, 4, 6, 8], 1.5
+    seen_lower_first, seen_interval = False, False
+    for seed, t2, sampling in [(2, None, {}), (3, None, dict(ess_floor=1e9, max_samples=8)),
+                               (1, 3.0, {}), (5, 3.0, dict(ess_floor=3.5, max_samples=16))]:
+        t = examples.llm_like_prefix_teachers(seed, 0.6 if t2 is None else 0.3)
+        b = bridge_of(t, [0.5, 0.5], ends=[t.n - 1])
+        questions = [dict(id="a", prompt_ids=[t.n], correct_ids=[0], incorrect_ids=[1]),
+                     dict(id="b", prompt_ids=[t.n], correct_ids=[0, 5], incorrect_ids=[1])]
+        if t2 is not None:
+            sampling = dict(sampling, after_correct=bridge_of(sharpened_after_correct(t, t2), [0.5, 0.5],
+                                                              ends=[t.n - 1]))
+        res, h = flip_horizon_study(b, questions, hs, 4, seed=seed, z=z, **sampling)
+        want_q, want_h = expected_study(b, questions, hs, 4, seed, z, **sampling)
+        pd.testing.assert_frame_equal(h[list(want_h.columns)], want_h, check_dtype=False, rtol=1e-12, atol=1e-12)
+        pd.testing.assert_frame_equal(res[list(want_q.columns)], want_q, check_dtype=False, rtol=1e-12, atol=1e-12)
+        assert list(res.tokens_correct) == [1, 2] and list(h.id) == ["a"] * len(hs) + ["b"] * len(hs)
+        if sampling.get("ess_floor") == 1e9:                     # a floor no context reaches: the cap
+            assert (res.samples_correct == 8).all() and (res.samples_incorrect == 8).all()
+        for (_, r), (_, g) in zip(res.iterrows(), h.groupby("id", sort=False)):
+            lower = next((x for x, v in zip(hs, g.margin_g_lo) if v < 0), -1)
+            seen_lower_first |= r.teachers_prefer_correct and lower != r.first_flip
+            seen_interval |= bool(np.isfinite(r.h_star) and r.h_star_lo < r.h_star < r.h_star_hi)
+    assert seen_lower_first and seen_interval
+
+
+def test_study_samples_with_its_generator_and_rows_and_scores_without_draws(monkeypatch):
+    """The study's calls to the sampler: the plain study draws every context once, with the option
+    scores, from ``default_rng(seed)`` and ``max_rows`` (default 512); with the floor or a control the
+    options are scored at H = 0 with one row per context (no draws, nothing to repeat), and every call
+    uses the same generator and max_rows. A second run with the same seed gives the same tables."""
+    from llm_bridge import horizon
+    t = examples.llm_like_prefix_teachers(0)
+    b = bridge_of(t, [0.5, 0.5], ends=[t.n - 1])
+    q = one_question(t)
+    first, _ = flip_horizon_study(b, q, [0, 2, 4], 3, seed=11)
+    again, _ = flip_horizon_study(b, q, [0, 2, 4], 3, seed=11)
+    pd.testing.assert_frame_equal(first, again)
+    calls = []
+    real = horizon.sample_log_factors_many
+
+    def spy(src, ctxs, h, n, rng, max_rows=512, return_tokens=False, score_last=None):
+        calls.append((h, n, rng, max_rows, score_last is not None))
+        return real(src, ctxs, h, n, rng, max_rows, return_tokens, score_last)
+    monkeypatch.setattr(horizon, "sample_log_factors_many", spy)
+    flip_horizon_study(b, q, [0, 2, 4], 3, seed=11)
+    assert [c[:2] + c[3:] for c in calls] == [(4, 3, 512, True)] and isinstance(calls[0][2], np.random.Generator)
+    for extra in (dict(ess_floor=0.5), dict(after_correct=b)):
+        calls.clear()
+        flip_horizon_study(b, q, [0, 2, 4], 3, seed=11, max_rows=7, **extra)
+        assert [c[:2] + c[3:] for c in calls] == [(0, 1, 7, True)] + [(4, 3, 7, False)] * (len(calls) - 1)
+        assert len(calls) == 2 + ("after_correct" in extra)
+        assert all(c[2] is calls[0][2] for c in calls) and isinstance(calls[0][2], np.random.Generator)
+    calls.clear()
+    flip_horizon_study(b, q, [0, 2, 4], 3, seed=11, max_rows=7)
+    assert [c[3] for c in calls] == [7]
+
+
+def test_a_teacher_indifferent_between_the_options_makes_the_question_ineligible():
+    """T8's premise is that every teacher strictly prefers C: a teacher with p(C) = p(I) exactly (margin 0)
+    makes the question ineligible, so neither flips nor point flips are counted though g's margin
+    falls below 0."""
+    t = examples.prefix_bias_teachers([.9, .5], [[.9, .1], [.1, .9]])
+    res, h = flip_horizon_study(bridge_of(t, [.5, .5]), one_question(t), [0, 4, 16], 2, seed=0)
+    assert res.margin_t1.iloc[0] == 0.0 and res.margin_t0.iloc[0] > 0
+    assert not res.teachers_prefer_correct.iloc[0] and (h.margin_g_hi < 0).any()
+    assert not h.flip.any() and not h.flip_point.any() and res.first_flip.iloc[0] == -1
+
+
+def test_study_refusals_word_for_word_and_the_smallest_legitimate_study():
+    t = examples.prefix_bias_teachers([.9, .9], [[.9, .1], [.1, .9]])
+    b = bridge_of(t, [.5, .5])
+    q = one_question(t)
+    for args, message in (((q, [0], 4), r"^horizons needs one horizon > 0 to fit a drift$"),
+                          ((q, [0, 2], 1), r"^n_samples = 1 must be an integer >= 2$"),
+                          (([], [0, 2], 4), r"^questions is empty$")):
+        with pytest.raises(ValueError, match=message):
+            flip_horizon_study(b, *args, seed=0)
+    res, h = flip_horizon_study(b, q, [0, 1], 2, seed=0)                    # H = 1 and two samples suffice
+    assert list(h.horizon) == [0, 1] and res.samples_correct.iloc[0] == 2
+    assert res.drift.iloc[0] == pytest.approx(exact_flip_horizon(t, [.5, .5], [0, 1])["drift"], abs=1e-5)
