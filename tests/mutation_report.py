@@ -107,9 +107,9 @@ EQUIVALENT = {
     "analysis.verdicts.x_fieller__mutmut_23": _Q_SQUARED,
     "analysis.verdicts.x_clusters_for_power__mutmut_32": _BRACKET + " (hi = 3)",
     "analysis.verdicts.x_clusters_for_power__mutmut_37": _BRACKET + " (tripling instead of doubling)",
-    "analysis.verdicts.x_t_mde_80__mutmut_33": _MDE_BRACKET + " (hi = 2)",
-    "analysis.verdicts.x_t_mde_80__mutmut_35": _MDE_BRACKET + " (doubling also while power(hi) == target exactly)",
-    "analysis.verdicts.x_t_mde_80__mutmut_39": _MDE_BRACKET + " (tripling instead of doubling)",
+    "analysis.verdicts.x__unit_mde__mutmut_16": _MDE_BRACKET + " (hi = 2)",
+    "analysis.verdicts.x__unit_mde__mutmut_18": _MDE_BRACKET + " (doubling also while power(hi) == target exactly)",
+    "analysis.verdicts.x__unit_mde__mutmut_22": _MDE_BRACKET + " (tripling instead of doubling)",
     "figures.verdicts.x__number__mutmut_9": _TEN_THOUSAND,
     "figures.verdicts.x__number__mutmut_10": _TEN_THOUSAND,
     "figures.verdicts.x_gallery_table__mutmut_18": ("len % 2 -> len / 2: an even count of captions then gets an empty "

@@ -576,3 +576,40 @@ def test_t_mde_80_names_the_admissible_power_targets():
     """The refusal states the open range (size, 1): (0.05, 1) at level 0.95."""
     with pytest.raises(ValueError, match=r"must lie in \(0\.05, 1\)"):
         verdicts.t_mde_80(1.0, 7, power_target=0.04)
+
+
+def test_growth_labels_exact_regret_curves_over_the_last_two_decades():
+    """growth on curves with known answers, over its default window [t_max / 100, t_max]: c ln t + b is
+    logarithmic with slope c; sqrt t a power (exponent 1/2 exactly); t^0.25 has an exponent below 0.3,
+    so it is not called a power; a constant and c - 1/t (increments that shrink like 1/t) are bounded."""
+    from scipy import stats
+    t = analysis.log_grid(10_000)
+    seeds = np.stack([(3.0 + 0.1 * s) * np.log(t) + 1.0 for s in range(3)])        # slopes 3.0, 3.1, 3.2
+    label, slope, exponent = analysis.growth(t, seeds)
+    half = stats.t.ppf(0.975, 2) * np.std([3.0, 3.1, 3.2], ddof=1) / np.sqrt(3)
+    assert label == "logarithmic" and slope == pytest.approx((3.1, 3.1 - half, 3.1 + half), rel=1e-9)
+    assert exponent == analysis.fit_exponent(t, seeds, window=(100, 10_000))
+    label, slope, exponent = analysis.growth(t, np.sqrt(t))
+    assert label == "power" and exponent == pytest.approx((0.5, 0.5, 0.5), rel=1e-9)
+    assert slope == analysis.fit_slope(t, np.sqrt(t), window=(100, 10_000))          # not (10, 10^4)
+    assert analysis.growth(t, t ** 0.25)[0] == "logarithmic"
+    assert analysis.growth(t, np.full(t.shape, 5.0))[0] == "bounded"
+    assert analysis.growth(t, 5.0 - 1.0 / t)[0] == "bounded"
+    assert analysis.growth(t, np.sqrt(t), decades=3.0)[1] == analysis.fit_slope(t, np.sqrt(t), window=(10, 10_000))
+
+
+def test_decade_slopes_are_the_slopes_on_each_full_decade():
+    """One entry per full decade [10^j, 10^(j+1)] that the grid covers from its start, each fit_slope's
+    95% interval there: on c ln t the same slope on every decade, on sqrt t a growing one."""
+    t = analysis.log_grid(10_000)
+    seeds = np.stack([(3.0 + 0.1 * s) * np.log(t) for s in range(3)])
+    out = analysis.decade_slopes(t, seeds)
+    assert list(out) == [(1.0, 10.0), (10.0, 100.0), (100.0, 1000.0), (1000.0, 10000.0)]
+    for (lo, hi), triple in out.items():
+        assert triple == analysis.fit_slope(t, seeds, level=0.95, window=(lo, hi))
+        assert triple[0] == pytest.approx(3.1, rel=1e-9) and triple[1] < 3.1 < triple[2]
+    assert analysis.decade_slopes(t, seeds, level=0.5)[(1.0, 10.0)] == analysis.fit_slope(t, seeds, level=0.5,
+                                                                                        window=(1, 10))
+    late = analysis.decade_slopes(t[t >= 5], np.sqrt(t[t >= 5]))                   # starts inside the first decade
+    assert list(late) == [(10.0, 100.0), (100.0, 1000.0), (1000.0, 10000.0)]
+    assert np.all(np.diff([v[0] for v in late.values()]) > 0)
