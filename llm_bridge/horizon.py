@@ -365,26 +365,24 @@ def sample_contexts(teachers, contexts, horizon, n_samples, rng, max_rows=512, e
     max_samples = 8 * n_samples if max_samples is None else check_int(max_samples, "max_samples", n_samples)
     if after_correct is not None:
         _check_twin(teachers, after_correct, "after_correct")
+    # the contexts that want more are sampled in rounds of n = n_samples, n_samples, 2 n_samples, 4 n_samples,
+    # ... (each round doubles every context still below the floor), the odd ones then the even ones
+    sources = ((teachers, 1), (after_correct, 0)) if after_correct is not None else ((teachers, None),)
     out = [None] * len(contexts)
-    want = {j: n_samples for j in range(len(contexts))}
+    want, n = list(range(len(contexts))), n_samples
     while want:
-        for src, parity in ((teachers, None), (after_correct, 0)) if after_correct is not None else ((teachers, None),):
-            for n in sorted(set(want.values())):
-                idx = [j for j, k in want.items() if k == n and
-                       (after_correct is None or (j % 2 == 0) == (parity == 0))]
-                if not idx:
-                    continue
-                f, t = sample_log_factors_many(src, [contexts[j] for j in idx], horizon, n, rng, max_rows,
-                                               return_tokens=True)
-                for a, j in enumerate(idx):
-                    out[j] = (f[a], t[a]) if out[j] is None else (np.concatenate([out[j][0], f[a]]),
-                                                                  np.concatenate([out[j][1], t[a]]))
-        want = {}
-        if ess_floor is not None and horizon > 0:
-            for j, (f, _) in enumerate(out):
-                ess = log_mean_exp_stats(np.cumsum(f, axis=1))[2]
-                if ess.min() < ess_floor and 2 * len(f) <= max_samples:
-                    want[j] = len(f)
+        for src, parity in sources:
+            idx = [j for j in want if parity is None or j % 2 == parity]
+            if not idx:
+                continue
+            f, t = sample_log_factors_many(src, [contexts[j] for j in idx], horizon, n, rng, max_rows,
+                                           return_tokens=True)
+            for a, j in enumerate(idx):
+                out[j] = (f[a], t[a]) if out[j] is None else (np.concatenate([out[j][0], f[a]]),
+                                                              np.concatenate([out[j][1], t[a]]))
+        n = len(out[want[0]][0])
+        want = [] if ess_floor is None or horizon == 0 or 2 * n > max_samples else \
+            [j for j in want if log_mean_exp_stats(np.cumsum(out[j][0], axis=1))[2].min() < ess_floor]
     return out
 
 

@@ -26,7 +26,7 @@ _FALSY = ("an argument None in place of False: the callee reads it only for trut
           "and None is falsy")
 _NAN_SEPARATION = ("separation None in place of np.nan: row() passes np.asarray(None, dtype=float), which is NaN, "
                    "the same 'no candidates named' as np.nan")
-_MDE_BRACKET = ("t_mde_80's search bracket: brentq finds the one root of power(d) - target on [0, hi] from any hi "
+_MDE_BRACKET = ("_unit_mde's search bracket (t_mde_80 scales its root): brentq finds the one root of power(d) - target on [0, hi] from any hi "
                 "with power(hi) >= target (power increasing in the effect), to its tolerance of 2e-12")
 _TEN_THOUSAND = ("the switch from .2g to .3g at 1e4: |x| in [1e4, 10001) prints as 1e+04 in both formats, so "
                  "`< 1e4`, `<= 1e4` and `< 10001` print alike")

@@ -389,6 +389,19 @@ def test_sample_contexts_checks_its_arguments_and_passes_them_on(monkeypatch):
     sample_contexts(b, four, 3, 2, rng)
     assert [(src is b, len(c), rows) for src, c, rows in calls] == [(True, 4, 512)]
 
+    def one_heavy_row(src, ctxs, h, n, rng_, max_rows=512, return_tokens=False):
+        # the context ending in C gets one row of weight 1 and n - 1 of weight e^-50 per call (ESS = calls)
+        calls.append((src, [tuple(c) for c in ctxs], n))
+        f = np.array([[np.full(h, -50.0 * (i > 0 and c[-1] == 0)) for i in range(n)] for c in ctxs])
+        return f, np.zeros((len(ctxs), n, max(h - 1, 0)), dtype=int)
+    monkeypatch.setattr(horizon, "sample_log_factors_many", one_heavy_row)
+    calls.clear()
+    out = sample_contexts(b, contexts[:2], 3, 2, rng, ess_floor=1.5, after_correct=twin)
+    assert [len(f) for f, _ in out] == [4, 2]              # only the even context (C, continued by the twin) grows
+    assert [(src is twin, c, n) for src, c, n in calls] == [(False, [tuple(contexts[1])], 2),
+                                                            (True, [tuple(contexts[0])], 2),
+                                                            (True, [tuple(contexts[0])], 2)]
+
 
 def tempered(row, t2):
     x = np.log(np.asarray(row)) / t2
