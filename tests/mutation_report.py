@@ -203,17 +203,51 @@ EQUIVALENT = {
     **{f"distillation.continual.x_update_sparsity__mutmut_{n}": (
         "dims = tuple(range(1, ndim)) also at ndim = 1: the empty tuple, and torch's mean over dim=() reduces "
         "every dimension, as (0,) does for a vector") for n in (16, 23)},
+    # analysis.statistics.growth / decade_slopes (issue 28: first mutated once tests called them)
+    **{f"analysis.statistics.x_{f}__mutmut_{n}": _FLOAT_ARRAY
+       for f, n in (("decade_slopes", 4), ("decade_slopes", 6), ("growth", 4), ("growth", 6), ("growth", 10),
+                    ("growth", 12))},
+    "analysis.statistics.x_decade_slopes__mutmut_21": ("t.min() < lo (1 + 1e-12) for <=: a grid point at lo is "
+                                                       "inside both; t.min() equal to lo (1 + 1e-12) itself only "
+                                                       "by a rounding coincidence"),
+    **{f"analysis.statistics.x_growth__mutmut_{n}": ("fit_slope(...)[1] for [0] on full_mean: one curve (a single "
+                                                      "seed), whose triple is (slope, slope, slope)") for n in (52, 62)},
+    "analysis.statistics.x_growth__mutmut_67": ("early >= 0 for > 0: a least-squares slope is 0 to the last bit only "
+                                                "for R = 0 on the early decade (a constant c != 0 leaves c sum(x - "
+                                                "mean x) ~ 1e-16 c), and R = 0 makes the exponent NaN, so converging "
+                                                "is False either way"),
+    **{f"analysis.statistics.x_growth__mutmut_{n}": ("a threshold test with equality (late <= early / 4, exponent "
+                                                      "<= 0.05, exponent >= 0.3): the two sides are computed "
+                                                      "least-squares slopes, equal to the last bit only by coincidence")
+       for n in (69, 75, 97)},
+    "analysis.statistics.x_growth__mutmut_95": ("np.isfinite(exponent[2]) for [1]: fit_exponent's bounds are NaN "
+                                                "together (some R_T <= 0 makes the whole triple NaN) or finite together"),
     # llm_bridge.horizon (issue 30)
     **{f"llm_bridge.horizon.x_{f}__mutmut_{n}": _FLOAT_ARRAY
        for f, n in (("fit_drift", 3), ("fit_drift", 5), ("fit_drift", 8), ("fit_drift", 10), ("fit_drift", 13),
                     ("fit_drift", 15), ("first_significant_flip", 3), ("first_significant_flip", 5),
-                    ("exact_flip_horizon", 5), ("exact_flip_horizon", 7))},
+                    ("exact_flip_horizon", 5), ("exact_flip_horizon", 7), ("log_partition_curve", 3),
+                    ("log_partition_curve", 5), ("detectable_drift", 3), ("detectable_drift", 5),
+                    ("detectable_drift", 8), ("detectable_drift", 10))},
+    "llm_bridge.horizon.x_log_partition_curve__mutmut_51": ("np.cov(rowvar=None) for False: numpy reads rowvar only "
+                                                            "for truth, and None is falsy"),
+    **{f"llm_bridge.horizon.x_log_partition_curve__mutmut_{n}": ("np.cov(..., ddof=1) -> ddof=None or no ddof: "
+                                                                  "numpy's default (bias=False) divides by N - 1 "
+                                                                  "as ddof=1 does") for n in (52, 55)},
+    **{f"llm_bridge.horizon.x_running_share__mutmut_{n}": ("the first column of `before` as float zeros instead of "
+                                                            "bool: concatenated with the bool columns it makes a float "
+                                                            "0/1 array, whose column means are the same shares")
+       for n in (29, 31)},
+    "llm_bridge.horizon.x_flip_horizon_study__mutmut_124": ("weights >= 0 for > 0 in `pos`: a weight-0 teacher then "
+                                                            "enters m with weight 0 (its margin is finite: logits are "
+                                                            "finite, TabularLM's -inf a finite -1e30) and the mixture "
+                                                            "with log 0 = -inf, i.e. not at all"),
     **{f"llm_bridge.horizon.x_sample_contexts__mutmut_{n}": (
         "check_int(n_samples) without its name or minimum: sample_log_factors_many, called with every n, refuses "
         "the same n_samples with the same message ('n_samples = 0 must be an integer >= 1')") for n in (7, 8)},
     "llm_bridge.horizon.x_sample_contexts__mutmut_22": ("the default cap 9 n for 8 n: a context's samples double "
                                                         "(n, 2n, 4n, 8n), so any cap in [8n, 16n) stops at 8n"),
-    "llm_bridge.horizon.x_exact_flip_horizon__mutmut_74": ("m - D(H) <= 0 for < 0: the margin and the exact gap are "
+    "llm_bridge.horizon.x_exact_flip_horizon__mutmut_77": ("m - D(H) <= 0 for < 0: the margin and the exact gap are "
                                                            "sums of logs, equal to the last bit only by construction"),
     **{f"sims.rlvr.x_task_clustered__mutmut_{n}": ("the std of the task means at one task: pandas' std(ddof=1) "
                                                     "of one value is NaN, the same as the NaN written for it")

@@ -613,3 +613,71 @@ def test_decade_slopes_are_the_slopes_on_each_full_decade():
     late = analysis.decade_slopes(t[t >= 5], np.sqrt(t[t >= 5]))                   # starts inside the first decade
     assert list(late) == [(10.0, 100.0), (100.0, 1000.0), (1000.0, 10000.0)]
     assert np.all(np.diff([v[0] for v in late.values()]) > 0)
+
+
+def _growth_rule(t, r, decades=2.0):
+    """growth's documented rule, step by step from fit_slope / fit_exponent on explicit windows."""
+    t, r = np.asarray(t, dtype=float), np.atleast_2d(r)
+    lo, top = t.max() / 10 ** decades, t.max()
+    window = (t >= lo * (1 - 1e-12)) & (t <= top * (1 + 1e-12))
+    mean = r[:, window].mean(0)
+    exponent = analysis.fit_exponent(t, r, window=(lo, top))
+    early = analysis.fit_slope(t, r.mean(0), window=(lo, top / 10))[0]
+    late = analysis.fit_slope(t, r.mean(0), window=(top / 10, top))[0]
+    if abs(mean[-1] - mean[0]) <= 1e-6 * (1 + abs(mean[-1])) or (
+            early > 0 and late < early / 4 and exponent[2] < 0.05):
+        return "bounded"
+    return "power" if exponent[1] > analysis.POWER_EXPONENT else "logarithmic"
+
+
+def test_growth_rule_at_its_boundaries():
+    """Curves built to sit on each side of growth's thresholds: the flat test |R_end - R_start| <= 1e-6 (1 +
+    |R_end|) over the window's two ends, exactly at and just past it; a large offset (exponent under 0.05
+    but the slope does not fall: logarithmic); the slope falling by more and by less than 4x on the last
+    decade (R = 1000 + ln t, then slope 0.2 or 0.3); a curve that saturates with an exponent above 0.05;
+    and two seeds with exponents 0.2 and 0.5, whose lower bound is under 0.3 (logarithmic)."""
+    t = analysis.log_grid(10_000)
+    w = t >= 100
+    spike = np.where(w, 0.0, 3.0)
+    spike[np.flatnonzero(w)[0]], spike[-1] = 1000.0 - 5e-4, 1000.0        # the ends agree to 5e-7; inside: 0
+    assert analysis.growth(t, spike)[0] == "bounded"
+    at_edge = -1e-6 * np.log(10_000 / t) / np.log(100)                       # -1e-6 at t = 100, 0 at the end
+    assert at_edge[w][0] == -1e-6 and analysis.growth(t, at_edge)[0] == "bounded"
+    assert analysis.growth(t, 1.5 * at_edge)[0] == "logarithmic"               # 1.5e-6 > 1e-6 (1 + 0)
+    assert analysis.growth(t, 1000.0 + 0.3 * np.log(t))[0] == "logarithmic"   # exponent ~3e-4, yet growing
+    for late, label in ((0.2, "bounded"), (0.3, "logarithmic")):
+        kinked = 1000.0 + np.log(np.minimum(t, 1000)) + late * np.log(np.maximum(t, 1000) / 1000)
+        assert analysis.growth(t, kinked)[0] == label
+    dense = np.arange(1, 10_001)                              # flat below 100: the early window starts at 100
+    hinge = 1000.0 + np.log(np.clip(dense, 100, 1000) / 100) + 0.249 * np.log(np.maximum(dense, 1000) / 1000)
+    assert analysis.growth(dense, hinge)[0] == "bounded"      # 0.249 < 1 / 4 (from 83: slope 0.992 / 4 < 0.249)
+    saturating = np.sqrt(np.minimum(t, 1000))
+    assert analysis.growth(t, saturating)[0] == "logarithmic" and analysis.growth(t, saturating)[2][2] > 0.05
+    two = np.stack([t ** 0.2, t ** 0.5])
+    _, _, (p, p_lo, p_hi) = analysis.growth(t, two)
+    assert p == pytest.approx(0.35) and p_lo < 0.3 < p_hi and analysis.growth(t, two)[0] == "logarithmic"
+    _, _, exponent = analysis.growth(t, np.sqrt(t) + 10.0, decades=3.0)
+    assert exponent == analysis.fit_exponent(t, np.sqrt(t) + 10.0, window=(10, 10_000))
+
+
+def test_growth_follows_its_rule_on_random_curves_on_a_dense_grid():
+    """On a dense grid (every round 1..10^4) and random curves mixing a constant, c ln t, a power and a
+    kink, growth's label is its documented rule (windows [t_max / 100, t_max / 10] and [t_max / 10, t_max]);
+    every label occurs, and many curves sit near the 4x and exponent thresholds."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 10_001)
+    labels = []
+    for _ in range(150):
+        a, b, p = rng.uniform(0, 1000), rng.uniform(0, 2), rng.uniform(0, 0.8)
+        kink, after = 10 ** rng.uniform(2.5, 3.5), rng.uniform(0, 0.4)
+        r = a + b * np.log(np.minimum(t, kink)) + after * b * np.log(np.maximum(t, kink) / kink) \
+            + rng.uniform(0, 1) * t ** p * (rng.uniform() < 0.5)
+        labels.append(analysis.growth(t, r)[0])
+        assert labels[-1] == _growth_rule(t, r), (a, b, p, kink, after)
+    assert set(labels) == {"bounded", "logarithmic", "power"}
+
+
+def test_decade_slopes_skip_a_first_decade_the_grid_starts_inside():
+    t = analysis.log_grid(10_000)
+    assert list(analysis.decade_slopes(t[t >= 15], np.log(t[t >= 15]))) == [(100.0, 1000.0), (1000.0, 10000.0)]
+    assert list(analysis.decade_slopes(t[t >= 10], np.log(t[t >= 10])))[0] == (10.0, 100.0)

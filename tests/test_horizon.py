@@ -635,3 +635,17 @@ def test_study_refusals_word_for_word_and_the_smallest_legitimate_study():
     res, h = flip_horizon_study(b, q, [0, 1], 2, seed=0)                    # H = 1 and two samples suffice
     assert list(h.horizon) == [0, 1] and res.samples_correct.iloc[0] == 2
     assert res.drift.iloc[0] == pytest.approx(exact_flip_horizon(t, [.5, .5], [0, 1])["drift"], abs=1e-5)
+
+
+def test_a_weight_zero_teacher_that_rules_out_an_option_leaves_the_pool_finite():
+    """A teacher with weight 0 is reported (its margin) but pools nothing: here it gives I probability 0
+    (TabularLM's finite stand-in for -inf, as a real model's logits are finite: a margin of about 1e30),
+    and g's margin, the mixture's and the drift stay those of the other teacher alone."""
+    t = examples.prefix_bias_teachers([.9, 1.0], [[.8, .2], [.5, .5]])
+    res, _ = flip_horizon_study(bridge_of(t, [1.0, 0.0]), one_question(t), [0, 2, 4], 2, seed=0)
+    alone = examples.prefix_bias_teachers([.9], [[.8, .2]])
+    ref, _ = flip_horizon_study(bridge_of(alone, [1.0]), one_question(alone), [0, 2, 4], 2, seed=0)
+    r = res.iloc[0]
+    assert r.margin_t1 > 1e29 and r.margin == pytest.approx(np.log(9), abs=1e-6)
+    for col in ("margin", "margin_mixture", "margin_local", "drift", "h_star"):
+        assert r[col] == pytest.approx(ref[col].iloc[0], rel=1e-9), col
