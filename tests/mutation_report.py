@@ -238,6 +238,18 @@ EQUIVALENT = {
                                                             "bool: concatenated with the bool columns it makes a float "
                                                             "0/1 array, whose column means are the same shares")
        for n in (29, 31)},
+    **{f"llm_bridge.horizon.x_flip_horizon_study__mutmut_{n}": ("g's margin (or its upper bound) <= 0 for < 0: "
+                                                                 "m - D(H) (+ z se) is a difference of sums of "
+                                                                 "logs, exactly 0 only by a rounding coincidence")
+       for n in (316, 319)},
+    **{f"llm_bridge.horizon.x_flip_horizon_study__mutmut_{n}": ("flip = first > 0 (or >= 1) for >= 0: the first "
+                                                                 "flip is never at H = 0, where D(0) = 0 with s.e. 0 "
+                                                                 "exactly, so g's upper bound is m, and m > 0 for "
+                                                                 "an eligible question")
+       for n in (405, 406)},
+    "llm_bridge.horizon.x_torch_geometric_pool__mutmut_14": ("logsumexp over dim=+1 for dim=-1: the pooled "
+                                                             "log-probs are (B, n) by contract (every caller passes "
+                                                             "one row per sequence), where dims 1 and -1 are one"),
     "llm_bridge.horizon.x_flip_horizon_study__mutmut_124": ("weights >= 0 for > 0 in `pos`: a weight-0 teacher then "
                                                             "enters m with weight 0 (its margin is finite: logits are "
                                                             "finite, TabularLM's -inf a finite -1e30) and the mixture "
