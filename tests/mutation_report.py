@@ -40,6 +40,8 @@ _DRAW_ORDER = ("pd.DataFrame(rows) without columns=DRAW_COLUMNS: rows is never e
                "draw_row, whose dict has exactly DRAW_COLUMNS in that order")
 _TABLE_INDEX = ("the per-draw table's index without ignore_index: verdict_draws.csv is written without the index "
                 "(write_csv) and no caller reads it")
+_COV_DDOF = ("np.cov(..., ddof=1) -> ddof=None or no ddof: numpy's default (bias=False) divides by n - 1 as "
+             "ddof=1 does")
 EQUIVALENT = {
     "analysis.verdicts.x_decide_draws__mutmut_4": _FLOAT_ARRAY,
     "analysis.verdicts.x_decide_draws__mutmut_6": _FLOAT_ARRAY,
@@ -192,9 +194,7 @@ EQUIVALENT = {
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("a test on one task (n = 1) as if it had more: task_clustered's se is "
                                          "NaN there (the std of one task mean), so `se > 0` is False all the same")
        for f, n in (("verdicts", 63), ("_t_tests", 12))},
-    **{f"sims.rlvr.x__share_row__mutmut_{n}": ("np.cov(..., ddof=1) -> ddof=None or no ddof: numpy's default "
-                                               "(bias=False) divides by n - 1 as ddof=1 does")
-       for n in (56, 59)},
+    **{f"sims.rlvr.x__share_row__mutmut_{n}": _COV_DDOF for n in (34, 37, 56, 59)},
     "sims.rlvr.x_verdicts__mutmut_196": ("'does not reproduce' at lo >= 0 for lo > 0: lo is a t-interval's lower "
                                          "bound est - t se, exactly 0 only where est = t se to the last bit"),
     "sims.rlvr.x_verdicts__mutmut_343": ("the E6 columns a proper subset (<) of the curves' columns for a subset "
@@ -231,9 +231,7 @@ EQUIVALENT = {
                     ("detectable_drift", 8), ("detectable_drift", 10))},
     "llm_bridge.horizon.x_log_partition_curve__mutmut_51": ("np.cov(rowvar=None) for False: numpy reads rowvar only "
                                                             "for truth, and None is falsy"),
-    **{f"llm_bridge.horizon.x_log_partition_curve__mutmut_{n}": ("np.cov(..., ddof=1) -> ddof=None or no ddof: "
-                                                                  "numpy's default (bias=False) divides by N - 1 "
-                                                                  "as ddof=1 does") for n in (52, 55)},
+    **{f"llm_bridge.horizon.x_log_partition_curve__mutmut_{n}": _COV_DDOF for n in (52, 55)},
     **{f"llm_bridge.horizon.x_running_share__mutmut_{n}": ("the first column of `before` as float zeros instead of "
                                                             "bool: concatenated with the bool columns it makes a float "
                                                             "0/1 array, whose column means are the same shares")
@@ -276,9 +274,6 @@ EQUIVALENT = {
                                          "and seed besides the five E6 columns"),
     "sims.rlvr.x__reverse_rows__mutmut_16": ("to_numpy(dtype=None) for float: the bool column's count (count_verdict "
                                              "casts it to float) and mean are the same"),
-    **{f"sims.rlvr.x__share_row__mutmut_{n}": ("np.cov without ddof=1 or with ddof=None: np.cov's default (bias=False) "
-                                               "normalises by N - 1 as well")
-       for n in (34, 37)},
     "sims.rlvr.x_e6_table__mutmut_54": ("_interval of no values: the mean of an empty array is NaN (with a "
                                         "RuntimeWarning), the same NaN triple as the else branch"),
 }
