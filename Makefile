@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean oracle mutate docs
+.PHONY: regret test install install-test bench figures gallery clean oracle oracle-wheels mutate docs
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -34,20 +34,26 @@ test: .venv/.installed-test
 	$(PY) -m pytest $(PYTEST) -n 2 --dist loadgroup || [ $$? -eq 5 ]
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest $(PYTEST) -m nojit || [ $$? -eq 5 ]
 
-# The oracle tier: llm_bridge.losses against TRL's, verl's, torchrl's and Liger's own functions. Their
-# wheels are downloaded without dependencies and only the files the tests read are unpacked, under
-# .cache/oracle/<package>/ (tests/test_losses_oracle.py skips, saying so, when they are absent).
+# The oracle tier: llm_bridge.losses and the run targets against TRL's, verl's, torchrl's, Liger's and
+# tinker-cookbook's own code. Their wheels are downloaded without dependencies and their packages unpacked
+# under .cache/oracle/<package>/ (the oracle tests skip, saying so, when they are absent); ORACLE_DEPS is what
+# importing the trainers' loss modules needs (not the libraries' whole dependency sets). .ci/run runs
+# `make oracle-wheels` before `make test`, so CI runs the oracle tier with the rest.
 ORACLE        := .cache/oracle
-ORACLE_WHEELS := trl==1.16.0 verl==0.9.1 torchrl==0.14.1 liger-kernel==0.8.5
-oracle: .venv/.installed-test
+ORACLE_WHEELS := trl==1.16.0 verl==0.9.1 torchrl==0.14.1 liger-kernel==0.8.5 tinker-cookbook==0.6.1
+ORACLE_DEPS   := datasets==5.2.0 tensordict==0.10.0 omegaconf==2.4.0 codetiming==1.4.0 ray==2.60.0
+$(ORACLE)/.unpacked: .venv/.installed-test
 	mkdir -p $(ORACLE)/wheels
 	$(PIP) download -q --no-deps -d $(ORACLE)/wheels $(ORACLE_WHEELS)
-	$(PY) -c "import glob, zipfile; \
-	  want = {'trl': 'trl/experimental/gkd/', 'verl': ('verl/trainer/ppo/core_algos.py', 'verl/trainer/distillation/fsdp/losses.py'), \
-	          'torchrl': 'torchrl/objectives/llm/distillation.py', 'liger_kernel': 'liger_kernel/chunked_loss/'}; \
-	  [zipfile.ZipFile(w).extractall('$(ORACLE)/' + ('liger' if p == 'liger_kernel' else p), \
-	     [n for n in zipfile.ZipFile(w).namelist() if n.startswith(want[p])]) \
-	   for p in want for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
+	$(PIP) install -q $(ORACLE_DEPS)
+	$(PY) -c "import glob, shutil, zipfile; \
+	  folders = {'trl': 'trl', 'verl': 'verl', 'torchrl': 'torchrl', 'liger_kernel': 'liger', 'tinker_cookbook': 'tinker_cookbook'}; \
+	  [(shutil.rmtree('$(ORACLE)/' + folders[p], ignore_errors=True), \
+	    zipfile.ZipFile(w).extractall('$(ORACLE)/' + folders[p], [n for n in zipfile.ZipFile(w).namelist() if n.startswith(p + '/')])) \
+	   for p in folders for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
+	touch $@
+oracle-wheels: $(ORACLE)/.unpacked
+oracle: $(ORACLE)/.unpacked
 	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py tests/test_checkpoint_audit_targets.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link or reference is an error.

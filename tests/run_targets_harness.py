@@ -1,27 +1,33 @@
-"""The tabular harness of the run-target verification (tests/test_run_targets.py, docs/run_targets.md).
+"""The oracle harness of the run-target verification (tests/test_run_targets.py, docs/run_targets.md).
 
-A tabular student (one free softmax per state of a prefix-tree machine) is trained by the expected
-gradient of a library's own loss: exact expectations over the contexts the run's sampling visits and
-over the tokens it samples there (student tokens: the student's current conditional, detached, as a
-sampler is), with K teachers served from aggregation's FiniteStateTeachers tables. The fixed point is
-solved to machine precision (scipy's hybrid root finder on the expected gradient, one logit per state
-pinned at 0) and compared with the predicted target's conditionals.
+Each library's own training-step code — TRL's GKDTrainer.compute_loss and DistillationTrainer's
+_chunked_divergence_loss, Liger's LigerFusedLinearJSDLoss module, verl's distillation_ppo_loss with its own
+ActorConfig and DistillationLossConfig, tinker-cookbook's incorporate_kl_penalty — is run on the batch of
+every response of a prefix-tree machine, the tabular student's logits at each position a separate leaf;
+the library's gradient at each position, weighted by that response's probability under the run's sampler
+(llm_bridge.run_dynamics.expected_loss), is the run's expected update, followed to its fixed point with
+run_dynamics.solve. The samplers are written here from each trainer's own sampling code (GKD's
+training_step, DistillationTrainer's on-policy generation), not taken from the model under test.
 """
 
 import ast
+import asyncio
 import dataclasses
-import functools
 import math
+import os
+import tempfile
 import textwrap
+import types
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-import scipy.optimize
 import torch
 import torch.nn.functional as F
 
 from aggregation import FiniteStateTeachers, examples
+from llm_bridge import run_dynamics as rd
 from llm_bridge import runs
 from llm_bridge.losses import oracle
 
@@ -63,205 +69,341 @@ def machine(K, seed=1, temperature=1.0):
     return FiniteStateTeachers(m.next_state, lp - np.logaddexp.reduce(lp, axis=-1, keepdims=True), m.start)
 
 
-class Tabular:
-    """The machine's tables as torch tensors and the run's visitation weights per state."""
-
-    def __init__(self, m, weights):
-        self.m = m
-        self.lp = torch.tensor(m.log_probs)                         # (K, S, n)
-        self.w = torch.tensor(weights, dtype=torch.float64)
-        self.depth, self.parent = runs.prefix_depths(m)
-        self.log_prefix = torch.from_numpy(runs._log_prefix(m))     # (K, S) ln p_k(u)
-        self.token_in = [int(np.nonzero(m.next_state[p] == s)[0][0]) if p >= 0 else -1
-                         for s, p in enumerate(self.parent)]
-
-    def student_prefix(self, log_q):
-        """(S,) q(u) of the student's current conditionals, detached."""
-        out = torch.ones(len(self.depth), dtype=torch.float64)
-        for s in np.argsort(self.depth, kind="stable"):
-            p = self.parent[s]
-            if p >= 0:
-                out[s] = out[p] * log_q[p, self.token_in[s]].detach().exp()
-        return out
-
-    def context_weights(self, log_q, samples, teachers, lmbda=0.0):
-        """(S, K) the probability that a visit of state u scores teacher k, up to a per-state factor:
-        pooled or routed on samples independent of k: w_k; routed on the routed teacher's traces:
-        w_k p_k(u); a share lmbda of the student's rollouts mixed in (TRL): w_k (lmbda q(u) + (1 - lmbda) p_k(u))."""
-        S = len(self.depth)
-        if teachers == "pooled" or samples in ("student", "dataset"):
-            c = self.w.expand(S, -1)
-        else:
-            teacher = self.w[:, None] * self.log_prefix.exp()              # (K, S)
-            c = (lmbda * self.student_prefix(log_q)[None] * self.w[:, None] + (1 - lmbda) * teacher).T
-        return c / c.sum(1, keepdim=True)
+# ------------------------------------------------------------------------------------------------
+# each library's own training-step code on the batch of every response (the oracle tier)
+# ------------------------------------------------------------------------------------------------
+def oracle_module(package, module):
+    """A module of a library, imported from its wheel unpacked under .cache/oracle/<package>/ (make oracle);
+    pytest.skip when absent. verl's package __init__ (its Ray workers) is not run: its namespace is made
+    directly so that only the loss modules and their imports load."""
+    import importlib
+    import sys
+    import types
+    root = oracle.ORACLE / package
+    top = module.split(".")[0]
+    if not (root / top).is_dir():
+        pytest.skip(f"{package}'s wheel is not unpacked under {oracle.ORACLE} (run `make oracle`)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if top == "verl" and "verl" not in sys.modules:
+        namespace = types.ModuleType("verl")
+        namespace.__path__ = [str(root / "verl")]
+        sys.modules["verl"] = namespace
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    return importlib.import_module(module)
 
 
-def solve(expected_loss, S, n=N):
-    """The student's conditionals (S, n) where the expected gradient of ``expected_loss(theta)`` (theta
-    (S, n) logits; samplers inside detached) vanishes."""
-    def theta_of(x):
-        theta = torch.zeros(S, n, dtype=torch.float64)
-        theta[:, :-1] = torch.from_numpy(x.reshape(S, n - 1))
-        return theta.requires_grad_()
-
-    def gradient(x):
-        theta = theta_of(x)
-        g, = torch.autograd.grad(expected_loss(theta), theta)
-        return g[:, :-1].reshape(-1).numpy()
-    x = np.zeros(S * (n - 1))
-    for _ in range(50):                             # a few plain steps first, then the root finder
-        x = x - 2.0 * gradient(x)
-    sol = scipy.optimize.root(gradient, x, method="hybr", tol=1e-15)
-    return torch.log_softmax(theta_of(sol.x).detach(), -1).numpy(), float(np.abs(gradient(sol.x)).max())
+def leafwise(per_batch):
+    """A library's loss on the batch (its own reduction) as run_dynamics' loss(route, X, W, batch): the
+    library's gradient at each position, weighted by W. The positions are separate leaves, so the
+    library's token mean is undone by multiplying by the number of positions."""
+    def loss(route, X, W, batch):
+        leaf = X.detach().clone().requires_grad_()
+        value = per_batch(route, leaf, batch)
+        g, = torch.autograd.grad(value, leaf)
+        return (W[..., None] * g * batch.mask.sum() * X).sum()
+    return loss
 
 
-def tv(log_a, log_b):
-    """Per-state total variation (S,)."""
-    return 0.5 * np.abs(np.exp(log_a) - np.exp(log_b)).sum(-1)
+class TableModel(torch.nn.Module):
+    """A causal LM whose logits at input id i are row i of ``table``: the tabular student (or teacher) as
+    a model a trainer calls."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+
+    def forward(self, input_ids, attention_mask=None, **_):
+        return types.SimpleNamespace(logits=self.table[input_ids])
 
 
-@functools.lru_cache(maxsize=None)
-def candidates(K, weights, seed=1, temperature=1.0):
-    """Every named target's conditionals on the machine: A, l, J_0.5 with prior / posterior weights, g."""
-    m, out = machine(K, seed, temperature), {}
-    for target in ("A", "l", "J"):
-        for kind in ("prior", "posterior"):
-            p = runs.Prediction(target, weights=kind, beta=0.5)
-            out[p.label] = runs.target_log_probs(p, m, weights)
-    out["g"] = runs.target_log_probs(runs.Prediction("g", level="sequence"), m, weights)
+def sequence_inputs(batch):
+    """input_ids (P, H + 1) numbering the positions (the last one a padding row), attention_mask, and
+    labels (P, H + 1): the response tokens shifted by one, -100 past a response's end."""
+    P, H = batch.tokens.shape
+    ids = torch.arange(P * H).reshape(P, H)
+    input_ids = torch.cat([ids, torch.full((P, 1), P * H)], 1)
+    labels = torch.full((P, H + 1), -100)
+    labels[:, 1:] = torch.where(batch.mask > 0, batch.tokens, torch.full_like(batch.tokens, -100))
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+
+
+def position_rows(lp, batch):
+    """(P H + 1, n): the rows of every position, then a padding row."""
+    rows = lp.reshape(-1, lp.shape[-1])
+    return torch.cat([rows, torch.zeros(1, rows.shape[-1], dtype=rows.dtype)])
+
+
+def gkd_step(config):
+    """TRL GKDTrainer: ``compute_loss`` on the batch (the routes: ``training_step``'s sampling)."""
+    gkd = oracle_module("trl", "trl.experimental.gkd.gkd_trainer")
+
+    def per_batch(route, leaf, batch):
+        total = 0.0
+        for k, c in route.scored:
+            trainer = types.SimpleNamespace(teacher_model=TableModel(position_rows(batch.teacher_lp[k][batch.states],
+                                                                                    batch)),
+                                            beta=config.beta, generalized_jsd_loss=gkd.GKDTrainer.generalized_jsd_loss)
+            total = total + c * gkd.GKDTrainer.compute_loss(trainer, TableModel(position_rows(leaf, batch)),
+                                                           sequence_inputs(batch))
+        return total
+    return leafwise(per_batch)
+
+
+def gkd_routes(config, weights, teachers):
+    """GKDTrainer.training_step's samples: with probability lmbda the student generates (generation_config's
+    temperature is config.temperature), else with seq_kd the teacher generates (the same config), else the
+    batch is the data set's; teachers routed (one per sample, k ~ w) or pooled (a wrapper: all, weights w)."""
+    ks = [k for k, w in enumerate(weights) if w > 0]
+    tau = config.temperature
+
+    def scored(k):
+        return tuple((j, weights[j]) for j in ks) if teachers == "pooled" else ((k, 1.0),)
+
+    def route(share, sampler):
+        if sampler == "teacher":
+            return [rd.Route(share * weights[k], ("teacher", k, tau), scored(k)) for k in ks]
+        s = ("student", tau) if sampler == "student" else ("data",)
+        return ([rd.Route(share, s, scored(None))] if teachers == "pooled"
+                else [rd.Route(share * weights[k], s, ((k, 1.0),)) for k in ks])
+    out = route(config.lmbda, "student") if config.lmbda > 0 else []
+    if config.lmbda < 1:
+        out += route(1 - config.lmbda, "teacher" if config.seq_kd else "data")
     return out
 
 
-# ------------------------------------------------------------------------------------------------
-# each library's own loss, in expectation over the run's sampling, on the tabular student
-# ------------------------------------------------------------------------------------------------
-def _full_logit_loss(rows_of, tab, samples, teachers, lmbda=0.0):
-    """E[loss] for a per-context loss on the full distributions: rows_of(theta, teacher_lp (S, n)) -> (S,)."""
-    def loss(theta):
-        c = tab.context_weights(torch.log_softmax(theta, -1), samples, teachers, lmbda)
-        return sum((c[:, k] * rows_of(theta, tab.lp[k])).sum() for k in range(tab.lp.shape[0]))
-    return loss
+def trl_config(run):
+    """The TRL config object of a run (GKDConfig or DistillationConfig, from TRL's wheel)."""
+    if run.trainer == "GKDTrainer":
+        cls = oracle_module("trl", "trl.experimental.gkd.gkd_config").GKDConfig
+        flags = dict(beta=run.beta, lmbda=run.lmbda, seq_kd=run.seq_kd, temperature=run.temperature)
+    else:
+        cls = oracle_module("trl", "trl.trainer.distillation_config").DistillationConfig
+        flags = dict(beta=run.beta, temperature=run.temperature)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(output_dir=str(Path(tempfile.gettempdir()) / "trl-oracle"), report_to="none", use_cpu=True,
+                   bf16=False, **flags)
 
 
-def _token_loss(per_token, tab, samples, teachers):
-    """E[loss] for a sampled-token loss: per_token(log_q (S, n), teacher_lp (S, n)) -> (S, n), the loss of
-    every token at every state, averaged over the sampler (the student's detached conditional, or the
-    routed teacher's) and the teachers."""
-    def loss(theta):
-        lq = torch.log_softmax(theta, -1)
-        c = tab.context_weights(lq, samples, teachers)
+def distillation_trainer_step(config):
+    """TRL DistillationTrainer: ``_chunked_divergence_loss``, the loss ``_compute_loss`` returns, on one-hot
+    hidden states whose lm_head rows are the positions' logits (the student's and each teacher's)."""
+    dt = oracle_module("trl", "trl.trainer.distillation_trainer")
+
+    def per_batch(route, leaf, batch):
+        P, H, n = leaf.shape
+        hidden = torch.eye(P * H, dtype=leaf.dtype).reshape(P, H, P * H)
         total = 0.0
-        for k in range(tab.lp.shape[0]):
-            sampler = lq.detach().exp() if samples == "student" else tab.lp[k].exp()
-            total = total + (c[:, k, None] * sampler * per_token(lq, tab.lp[k])).sum()
+        for k, c in route.scored:
+            loss, _, _ = dt._chunked_divergence_loss(hidden, hidden, leaf.reshape(P * H, n).T,
+                                                     batch.teacher_lp[k][batch.states].reshape(P * H, n).T,
+                                                     batch.mask, config.beta, temperature=config.temperature)
+            total = total + c * loss
         return total
-    return loss
+    return leafwise(per_batch)
 
 
-DERIVED_LOSSES = {}      # run type -> loss builder, filled by tests/test_run_targets_derived.py
+def distillation_trainer_routes(config, weights, teachers):
+    """DistillationTrainer always trains on the student's rollouts, sampled at config.temperature."""
+    ks = [k for k, w in enumerate(weights) if w > 0]
+    if teachers == "pooled":
+        return [rd.Route(1.0, ("student", config.temperature), tuple((k, weights[k]) for k in ks))]
+    return [rd.Route(weights[k], ("student", config.temperature), ((k, 1.0),)) for k in ks]
 
 
-def expected_loss(run, tab):
-    """The run's expected loss on the tabular student, from the library's own function."""
-    if isinstance(run, runs.TRLRun):
-        jsd = library_function("trl", "generalized_jsd_loss", cls="GKDTrainer")
-        lmbda = run.lmbda if run.samples.startswith("mixed") else 0.0
-        samples = "teacher" if run.samples.endswith("teacher") else run.samples.replace("mixed:", "")
-        return _full_logit_loss(lambda theta, t: jsd(theta[None], t[None], beta=run.beta, temperature=run.temperature,
-                                                     reduction="none").sum(-1)[0], tab, samples, run.teachers, lmbda)
-    if isinstance(run, runs.LigerRun):
-        fn = library_function("liger", "distillation_loss_fn", cls="LigerFusedLinearJSDFunction")
-        return _full_logit_loss(lambda theta, t: torch.stack([fn(theta[i:i + 1], t[i:i + 1], beta=run.beta)
-                                                              for i in range(theta.shape[0])]),
-                                tab, run.samples, run.teachers)
-    if isinstance(run, runs.TorchRLRun):
-        k3 = library_function("torchrl", "k3_kl_token_estimate")
-        if run.kl_direction == "reverse":
-            return _token_loss(lambda lq, lp: k3(lp, lq), tab, "student", "routed")
-        return _token_loss(lambda lq, lp: k3(lq, lp), tab, "teacher", "routed")
-    if isinstance(run, runs.VerlRun):
+def liger_step(run):
+    """Liger: ``LigerFusedLinearJSDLoss(...).forward`` on one-hot inputs whose weight columns are the
+    positions' logits; true_labels are the batch's own tokens (compiled=False: the same math without
+    torch.compile, which on a CPU would compile a C++ kernel per shape)."""
+    jsd = oracle_module("liger", "liger_kernel.chunked_loss.jsd_loss")
+    module = jsd.LigerFusedLinearJSDLoss(weight_hard_loss=run.weight_hard_loss, weight_soft_loss=run.weight_soft_loss,
+                                         beta=run.beta, temperature=run.temperature, compiled=False)
+
+    def per_batch(route, leaf, batch):
+        P, H, n = leaf.shape
+        eye = torch.eye(P * H, dtype=leaf.dtype)
+        labels = torch.where(batch.mask > 0, batch.tokens, torch.full_like(batch.tokens, -100)).reshape(-1)
+        return sum(c * module(eye, leaf.reshape(P * H, n).T, eye, batch.teacher_lp[k][batch.states].reshape(P * H, n).T,
+                              labels) for k, c in route.scored)
+    return module, leafwise(per_batch)
+
+
+def verl_loss_config(run):
+    """verl's own DistillationLossConfig for the run (its __post_init__ refuses what verl refuses)."""
+    config = oracle_module("verl", "verl.workers.config")
+    return config.DistillationLossConfig(loss_mode=run.loss_mode, topk=run.topk, use_task_rewards=run.use_task_rewards,
+                                         distillation_loss_coef=run.distillation_loss_coef,
+                                         loss_max_clamp=run.loss_max_clamp, log_prob_min_clamp=run.log_prob_min_clamp,
+                                         use_policy_gradient=run.use_policy_gradient)
+
+
+def verl_step(run):
+    """verl: ``distillation_ppo_loss`` (the actor's policy loss with distillation: the distillation loss of
+    the configured mode, clamps, the negative loss as advantage, the task's PPO loss) with verl's own
+    ActorConfig and DistillationLossConfig; forward_kl_topk's per-token loss first through the same
+    function as the logits processor. One prompt token per response, PPO at ratio 1 (old log-probs =
+    current: the first update on fresh rollouts); the task advantage is r - E_q r per token (a group
+    baseline), 0 without a reward."""
+    from tensordict import TensorDict
+    losses = oracle_module("verl", "verl.trainer.distillation.losses")
+    config = oracle_module("verl", "verl.workers.config")
+    tensordict_utils = oracle_module("verl", "verl.utils.tensordict_utils")
+    actor = config.ActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
+                               use_dynamic_bsz=False)
+    distillation = types.SimpleNamespace(enabled=True, distillation_loss=verl_loss_config(run))
+
+    def flat(values):                          # (P, H, ...) -> the unpadded layout: each response then one slot
+        pad = torch.zeros(values.shape[0], 1, *values.shape[2:], dtype=values.dtype)
+        return torch.cat([values, pad], 1).reshape(-1, *values.shape[2:])
+
+    def nested(values):                        # (P, H, ...) -> a jagged (P, H + 1, ...) tensor (per response)
+        pad = torch.zeros(values.shape[0], 1, *values.shape[2:], dtype=values.dtype)
+        return torch.nested.as_nested_tensor(list(torch.cat([values, pad], 1)), layout=torch.jagged)
+
+    def per_batch(route, leaf, batch):
+        (k, _), = route.scored
+        P, H, n = leaf.shape
+        lq = torch.log_softmax(leaf, -1)
+        sampled = lq.gather(-1, batch.tokens[..., None])[..., 0]
+        teacher = batch.teacher_lp[k][batch.states]
+        q_paths = batch.path_log_probs(batch.student_lp).exp()
+        advantage = (batch.reward - (q_paths * batch.reward).sum())[:, None].expand(P, H) * batch.mask
+        data = TensorDict({"prompts": torch.zeros(P, 1, dtype=torch.long), "responses": batch.tokens,
+                           "attention_mask": torch.ones(P, H + 1, dtype=torch.long), "response_mask": batch.mask > 0,
+                           "old_log_probs": sampled.detach(), "advantages": advantage,
+                           "teacher_logprobs": nested(teacher.gather(-1, batch.tokens[..., None]))}, batch_size=[P])
+        tensordict_utils.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(batch.mask.sum()), global_batch_size=P)
+        output = {"log_probs": flat(sampled)}
         if run.loss_mode == "forward_kl_topk":
-            kl_divergence = library_function("verl-topk", "kl_divergence")
-
-            def rows(theta, t):                     # compute_forward_kl_topk: gather, partial KL, clamp_min(0)
-                ids = torch.topk(t, run.topk, dim=-1).indices
-                return kl_divergence(log_q=torch.log_softmax(theta, -1).gather(-1, ids),
-                                     log_p=t.gather(-1, ids)).clamp_min(0.0)
-            return _full_logit_loss(rows, tab, "student", "routed")
-        kl_penalty = library_function("verl", "kl_penalty")
-        kl_penalty.__globals__["kl_penalty_forward"] = library_function("verl", "kl_penalty_forward")
-        if run.use_policy_gradient:               # advantages = -loss (detached); PPO's surrogate at ratio 1
-            return _token_loss(lambda lq, lp: kl_penalty(lq, lp, run.loss_mode).detach() * lq, tab, "student", "routed")
-        return _token_loss(lambda lq, lp: kl_penalty(lq, lp, run.loss_mode), tab, "student", "routed")
-    if isinstance(run, runs.OwnRun):
-        return _own_loss(run, tab)
-    if type(run) in DERIVED_LOSSES:
-        return DERIVED_LOSSES[type(run)](run, tab)
-    raise ValueError(f"no verification for {run!r}")
+            top = torch.topk(teacher, min(run.topk, n), dim=-1)
+            data["teacher_logprobs"], data["teacher_ids"] = nested(top.values), nested(top.indices)
+            processed = losses.distillation_ppo_loss(actor, distillation, data=data, student_logits=flat(leaf)[None])
+            output.update({key: value[0] for key, value in processed.items()})
+        value, _ = losses.distillation_ppo_loss(actor, distillation, model_output=output, data=data)
+        return value
+    return leafwise(per_batch)
 
 
-def _own_loss(run, tab):
-    from llm_bridge import losses
-    K, S, n = tab.lp.shape
-    if run.loss in ("forward_kl", "reverse_kl", "generalized_jsd"):
-        fn = getattr(losses, run.loss)
-        kw = {"beta": run.beta} if run.loss == "generalized_jsd" else {}
+def tinker_step(run):
+    """tinker-cookbook: ``incorporate_kl_penalty`` (run from its source in the wheel: the cookbook imports its
+    service client, which is not installed) writes each response's advantages; the update is the
+    importance-sampling policy loss at ratio 1, -A ln q per token."""
+    metrics = library_source_function("tinker_cookbook", "tinker_cookbook/rl/metrics.py",
+                                       "discounted_future_sum_vectorized")
+    incorporate = library_source_function("tinker_cookbook", "tinker_cookbook/distillation/train_on_policy.py",
+                                          "incorporate_kl_penalty", tinker=TINKER_STUB,
+                                          discounted_future_sum_vectorized=metrics, safezip=_safezip, cast=lambda t, x: x,
+                                          asyncio=asyncio)
 
-        def loss(theta):
-            c = tab.context_weights(torch.log_softmax(theta, -1), run.samples, run.teachers)
-            value, _ = fn(theta[:, None], tab.lp[:, :, None], c, reduction="sum", metrics=False, **kw)
-            return value
-        return loss
-    if run.loss == "kl_estimator_loss":
-        states = torch.arange(S).repeat_interleave(n)
-        tokens = torch.arange(n).repeat(S)[:, None]
-
-        def loss(theta):
-            lq = torch.log_softmax(theta, -1)
-            c = tab.context_weights(lq, run.samples, run.teachers)
-            teacher_lp = tab.lp[:, states, tokens[:, 0]][:, :, None]
-            if run.teachers == "routed":
-                routes = [(torch.eye(K, dtype=torch.float64)[k].expand(S * n, K), c[states, k], k) for k in range(K)]
-            else:
-                routes = [(c[states], torch.ones(S * n, dtype=torch.float64), None)]
-            total = 0.0
-            for w, share, k in routes:
-                value, _ = losses.kl_estimator_loss(theta[states][:, None], tokens, teacher_lp, w, estimator=run.estimator,
-                                                    mode=run.mode, pool=run.pool, direction=run.direction,
-                                                    reduction="none")
-                if run.samples == "student":
-                    sampler = lq.detach().exp()[states, tokens[:, 0]]
-                elif k is not None:
-                    sampler = tab.lp[k, states, tokens[:, 0]].exp()
-                else:                             # pooled teachers' traces: the mixture at each state
-                    sampler = (c[states].T * tab.lp[:, states, tokens[:, 0]].exp()).sum(0)
-                total = total + (share * sampler * value[:, 0]).sum()
-            return total
-        return loss
-    # rkl_policy_gradient: every response of the tree, weighted by the student's (detached) probability
-    paths = torch.cartesian_prod(*[torch.arange(n)] * DEPTH)
-    path_states = torch.zeros_like(paths)
-    for h in range(1, DEPTH):
-        path_states[:, h] = torch.tensor(tab.m.next_state)[path_states[:, h - 1], paths[:, h - 1]]
-
-    def loss(theta):
-        lq = torch.log_softmax(theta, -1)
-        prob = lq.detach()[path_states, paths].sum(1).exp()
-        teacher_lp = tab.lp[:, path_states, paths]
-        value, _ = losses.rkl_policy_gradient(theta[path_states], paths, teacher_lp, tab.w, gamma=float(run.gamma),
-                                              baseline=None, reduction="none")
-        return (prob[:, None] * value).sum()
+    def loss(route, X, W, batch):
+        (k, _), = route.scored
+        lq = torch.log_softmax(X, -1).gather(-1, batch.tokens[..., None])[..., 0]
+        teacher = batch.teacher_lp[k][batch.states].gather(-1, batch.tokens[..., None])[..., 0]
+        data = [TinkerDatum(lq[p].detach(), batch.mask[p], batch.tokens[p]) for p in range(len(lq))]
+        clients = [TinkerTeacher(teacher[p]) for p in range(len(lq))]
+        asyncio.run(incorporate(data, clients, [0] * len(data), run.kl_penalty_coef, run.kl_discount_factor))
+        advantages = torch.stack([d.loss_fn_inputs["advantages"].to_torch() for d in data])
+        return -(W * advantages * lq).sum()
     return loss
 
 
-def verify(run, K, seed=1):
-    """(the student's fixed point (S, n), the largest expected-gradient entry there, the candidates)."""
-    weights = tuple(run.weights)
-    m = machine(K, seed)
-    tab = Tabular(m, weights)
-    log_q, residual = solve(expected_loss(run, tab), m.S)
-    return log_q, residual, m, tab
+def library_source_function(package, path, name, **namespace):
+    """A top-level function executed from its source file in an unpacked wheel, in a namespace holding
+    torch, F, math and ``namespace`` (for a library whose package cannot be imported here)."""
+    file = oracle.ORACLE / package / path
+    if not file.exists():
+        pytest.skip(f"{package}'s wheel is not unpacked under {oracle.ORACLE} (run `make oracle`)")
+    text = file.read_text()
+    node = next(n for n in ast.parse(text).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.name == name)
+    scope = {"torch": torch, "F": F, "math": math, **namespace}
+    exec(textwrap.dedent(ast.get_source_segment(text, node)), scope)
+    return scope[name]
+
+
+class _TensorData:
+    """tinker.TensorData's two methods the cookbook calls."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.data = tensor.tolist()
+
+    @classmethod
+    def from_torch(cls, tensor):
+        return cls(tensor)
+
+    def to_torch(self):
+        return self.tensor
+
+
+TINKER_STUB = types.SimpleNamespace(TensorData=_TensorData, Datum=object, SamplingClient=object)
+
+
+class _ModelInput:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def append_int(self, token):
+        return _ModelInput(self.tokens + [token])
+
+
+class TinkerDatum:
+    """A tinker Datum of one response: model_input (a prompt token, then all but the last response token),
+    loss_fn_inputs target_tokens, the sampler's logprobs, mask and advantages (zero before the penalty)."""
+
+    def __init__(self, logprobs, mask, tokens):
+        self.model_input = _ModelInput([0] + tokens[:-1].tolist())
+        self.loss_fn_inputs = {"target_tokens": _TensorData(tokens), "logprobs": _TensorData(logprobs),
+                               "mask": _TensorData(mask), "advantages": _TensorData(torch.zeros_like(logprobs))}
+
+
+class TinkerTeacher:
+    """A tinker SamplingClient's compute_logprobs: the log-prob of every token of the sequence (None for the first)."""
+
+    def __init__(self, logprobs):
+        self.logprobs = logprobs
+
+    def compute_logprobs(self, sequence):
+        result = [None] + self.logprobs.tolist()
+
+        async def done():
+            return result
+        return types.SimpleNamespace(coroutine=done)
+
+
+def _safezip(*args):
+    return zip(*args, strict=True)
+
+
+def library_step(run):
+    """(routes, loss) of the run as its library's own training-step code computes it (the oracle)."""
+    w = tuple(run.weights)
+    if isinstance(run, runs.TRLRun):
+        config = trl_config(run)
+        if run.trainer == "GKDTrainer":
+            return gkd_routes(config, w, run.teachers), gkd_step(config)
+        return distillation_trainer_routes(config, w, run.teachers), distillation_trainer_step(config)
+    if isinstance(run, runs.LigerRun):
+        return rd.routes_for(run.samples, run.teachers, w), liger_step(run)[1]
+    if isinstance(run, runs.VerlRun):
+        return [rd.Route(w[k], ("student", 1.0), ((k, 1.0),)) for k in range(len(w)) if w[k] > 0], verl_step(run)
+    if isinstance(run, runs.TinkerRun):
+        return [rd.Route(w[k], ("student", 1.0), ((k, 1.0),)) for k in range(len(w)) if w[k] > 0], tinker_step(run)
+    raise ValueError(f"no library step for {run!r}")
+
+
+def library_fixed_point(run, m, **kw):
+    """(log_q, residual, status) where the library's own step goes on machine m (run_dynamics.solve)."""
+    batch = rd.batch_of(m, **kw)
+    routes, loss = library_step(run)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        theta, residual, status = rd.solve(rd.expected_loss(routes, loss, batch), np.zeros((batch.S, batch.n)))
+    finally:
+        torch.set_num_threads(threads)
+    return rd.log_softmax(theta), residual, status
 
 
 # ------------------------------------------------------------------------------------------------
@@ -269,13 +411,20 @@ def verify(run, K, seed=1):
 # ------------------------------------------------------------------------------------------------
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "run_targets.md"
 THEORY = {"A": "T1", "l": "T2", "J": "JSD_beta convex in q (T1 at beta = 0, T2 at 1)", "g": "theory section 2, T8",
-          "select": "one teacher (Gibbs: the data's lowest cross-entropy)", "none": "theory section 4", "diverges": "theory section 4"}
-LIBRARY_OF = {"TRLRun": "trl", "LigerRun": "liger", "VerlRun": "verl", "TorchRLRun": "torchrl"}
+          "mix": "T1 with the data as one more teacher", "data": "cross-entropy alone",
+          "select": "one teacher (the data's lowest cross-entropy)", "computed": "no closed form",
+          "none": "theory section 4", "diverges": "theory section 4"}
+# the function each library row runs (tests/run_targets_harness.py), with the library's version
+STEPS = {"GKDTrainer": "TRL 1.16.0 GKDTrainer.compute_loss", "DistillationTrainer":
+         "TRL 1.16.0 distillation_trainer._chunked_divergence_loss", "LigerRun":
+         "Liger-Kernel 0.8.5 LigerFusedLinearJSDLoss.forward", "VerlRun":
+         "verl 0.9.1 distillation_ppo_loss (ActorConfig, DistillationLossConfig)", "TinkerRun":
+         "tinker-cookbook 0.6.1 incorporate_kl_penalty", "TorchRLRun": "torchrl 0.14.1 k3_kl_token_estimate"}
 
 
 def verified_cell(run):
-    """How a row is verified: by minimising the library's own loss (tests/test_run_targets.py), and for
-    the runs of tests/test_checkpoint_audit_targets.py by the checkpoint audit of tiny Qwen2 students."""
+    """How a row is verified (tests/test_run_targets.py, tests/test_run_targets_derived.py), and for the runs
+    of tests/test_checkpoint_audit_targets.py the checkpoint audit of tiny Qwen2 students."""
     cell = _verified_cell(run)
     from test_checkpoint_audit_targets import LIBRARY_CASES, OWN_CASES, SEEDS
     if runs.describe(run) in {runs.describe(case) for case, _ in OWN_CASES + LIBRARY_CASES}:
@@ -285,15 +434,34 @@ def verified_cell(run):
 
 def _verified_cell(run):
     kind = type(run).__name__
-    if kind in ("NeMoRLRun", "TinkerRun"):
+    from test_run_targets import LIBRARY_CASES
+    if kind == "NeMoRLRun":
         repository, _, commit = runs.predict_target(run).source
-        return f"derived from source ({repository}@{commit[:12]}; K = 2, 3)"
+        return f"derived from source ({repository}@{commit[:12]}, re-implemented loss call per micro-batch; K = 2, 3)"
     if kind == "OwnRun":
-        return "verified against this project's losses (K = 2, 3)"
-    package = "verl-topk" if getattr(run, "loss_mode", "") == "forward_kl_topk" else LIBRARY_OF[kind]
-    if getattr(run, "trainer", "") == "DistillationTrainer":
-        return f"verified against {VERSIONS[package]}'s GKD generalized_jsd_loss (K = 2, 3); its chunked kernel read"
-    return f"verified against {VERSIONS[package]} (K = 2, 3)"
+        return "this project's losses (K = 2, 3)"
+    step = STEPS[getattr(run, "trainer", kind)]
+    if kind == "TorchRLRun":
+        return f"theory only; {step} read (torchrl needs tensordict >= 0.14, verl <= 0.10: not both in one venv)"
+    library = {runs.describe(dataclasses.replace(case, weights=run.weights)) for case in LIBRARY_CASES}
+    if runs.describe(run) in library:
+        return f"the library's own step: {step} (K = 2, 3)"
+    return f"model only (the library's step is checked on the rows above); {step}"
+
+
+def where_it_goes(run):
+    """The fixed point of the model of the run on the K = 2 verification machine: 'reaches it' or its
+    distance to the nearest named targets."""
+    m = machine(2)
+    run = dataclasses.replace(run, weights=(0.3, 0.7)) if len(run.weights) == 2 else run
+    if len(run.weights) == 1:
+        return "the teacher"
+    fp = rd.fixed_point(run, m)
+    if fp.status == "static":
+        return "does not move"
+    nearest = sorted(fp.distances.items(), key=lambda x: x[1])[:2]
+    text = ", ".join(f"{d:.2g} from {name}" if d >= 1e-6 else f"reaches {name}" for name, d in nearest)
+    return text if fp.status == "fixed point" else f"{fp.status}: {text}"
 
 
 def table_rows(cases):
@@ -303,17 +471,18 @@ def table_rows(cases):
         if len(run.weights) == 1 and p.target in ("A", "l"):
             p = dataclasses.replace(p, target="the teacher")
         theory = "T1, T2 (one teacher)" if p.target == "the teacher" else \
-             THEORY[p.target] + (" via theory section 4" if p.target in ("A", "l") and "theory section 4" in p.reason else "")
+            THEORY[p.target] + (" via theory section 4" if p.target in ("A", "l") and "theory section 4" in p.reason else "")
         samples = getattr(run, "samples", "student")
         label = {"J": p.label.replace("J_", "J_beta="), "the teacher": "the teacher p",
                  "select": "the lowest-CE teacher"}.get(p.target, p.label)
-        rows.append([runs.describe(run), samples.replace("mixed:", "student + "), label, p.level, theory,
+        where = "reaches it" if p.target in ("A", "l", "J", "g", "mix", "data", "the teacher") else where_it_goes(run)
+        rows.append([runs.describe(run), samples.replace("mixed:", "student + "), label, theory, where,
                      verified_cell(run)])
     return rows
 
 
 def render_table(cases):
-    head = ("| run (library, flags) | samples | target | level | theory | verified how |\n"
+    head = ("| run (library, flags) | samples | target | theory | where it goes (K = 2) | verified how |\n"
             "|---|---|---|---|---|---|\n")
     body = "".join("| " + " | ".join(row) + " |\n" for row in table_rows(cases))
     return TABLE_INTRO + head + body + TABLE_OUTRO
@@ -321,45 +490,61 @@ def render_table(cases):
 
 TABLE_INTRO = """# What a distillation run converges to
 
-Generated by `python tests/run_targets_harness.py` from `llm_bridge.runs.predict_target` and the
-verification cases of `tests/test_run_targets.py` (a test fails if this file and the code disagree).
-Each row was verified by minimising the library's *own* loss function (from its released wheel, `make
-oracle`) on a tabular student — one free softmax per state of a depth-3 prefix tree over 3 tokens —
-with exact expectations over K = 2 and K = 3 random `TabularLM`-style teachers (weights (0.3, 0.7) and
-(0.2, 0.3, 0.5)) and over the sampling the run implies; the fixed point agrees with the prediction to
-<= 1e-6 total variation at every state and is > 1e-3 from every other named target. For "none" the
-expected gradient either vanishes everywhere or has none of the named targets as a fixed point; for
-"diverges" it is minus the forward-KL gradient to A.
+Generated by `python tests/run_targets_harness.py` from `llm_bridge.runs.predict_target`,
+`llm_bridge.run_dynamics.fixed_point` and the verification cases of `tests/test_run_targets.py` (a test
+fails if this file and the code disagree).
+
+**Which temperature is which.** TRL's `GKDTrainer` reads `temperature` (GKDConfig default 0.9) only to
+*sample* — the student's rollouts and, with `seq_kd`, the teacher's traces; its `compute_loss` calls
+`generalized_jsd_loss` without a temperature, so the loss is at temperature 1 and the target is the pool of
+the untempered teachers (the temperature moves it only through the posterior weights of tempered traces).
+TRL's `DistillationTrainer` samples at its `temperature` *and* divides both sides' logits by it in the
+loss: its student's softmax(z / tau) reaches the pool of the tempered teachers. Liger's
+`LigerFusedLinearJSDLoss` applies its temperature to the soft loss only; its hard loss (the cross-entropy
+on the batch's own tokens) is at temperature 1.
+
+**How each row is verified.** A tabular student — one free softmax per state of a depth-3 prefix tree over
+3 tokens, K = 2 and K = 3 random teachers (weights (0.3, 0.7) and (0.2, 0.3, 0.5)) — is trained by the
+run's *expected* update: every response of the tree is a batch element weighted by its probability under
+the run's sampler (the student's rollouts at the sampling temperature, the routed teacher's traces, the
+data set — uniform here), the sampler held fixed during a step, each state's step divided by how often the
+run visits it. For the library rows the update is the gradient of the **library's own training-step
+code** on that batch (the function named in the last column, with the library's own config classes: TRL's
+GKDConfig / DistillationConfig, verl's ActorConfig and DistillationLossConfig, Liger's module); for every
+row it is also this project's model of the run (`llm_bridge.run_dynamics`). Both are followed from a
+uniform student to where the update vanishes and must agree to <= 1e-6 total variation at every state; a
+closed-form target must be reached to 1e-6 and lie > 1e-3 from every other named target. "where it goes"
+is that fixed point on the K = 2 machine: "reaches it" for a closed form, else its distance (largest
+per-state total variation) to the two nearest of A, l, J_0.5, g and each teacher.
 
 Targets: **A** the arithmetic pool sum_k c_k p_k (forward KL, T1); **l** the local geometric pool
 ∝ prod_k p_k^{c_k} (per-token reverse KL, T2); **J_beta** the generalised-JSD barycentre (between A
 and l, no closed form; one teacher: the teacher); **g** the conditionals of the sequence-level
-geometric pool G_seq, which carry T8's prefix bias. Weights c_k = w_k, or *posterior* c_k(u) ∝ w_k
-p_k(u) when each sample is routed to one teacher and trained on that teacher's own traces (for A: the
-sequence-level mixture's conditionals), or *visitation* weights ∝ w_k (lmbda q(u) + (1 - lmbda)
-p_k(u)) when the student's rollouts are mixed in (TRL's lmbda with seq_kd). Samples: the student's
-rollouts, the (routed) teacher's traces, or a fixed data set's responses. Several teachers with TRL,
-verl and torchrl are routed (one teacher per sample: a teacher id, verl's `teacher_models.*.key`);
-"teachers=pooled" is a wrapper summing w_k times the loss against each teacher.
+geometric pool G_seq, which carry T8's prefix bias; **h data + (1 - h) A** a data term beside the forward
+KL (the data's conditionals as one more teacher); **computed**: no closed form, where it goes is computed
+(`llm_bridge.run_dynamics.fixed_point(run, machine)`). Weights c_k = w_k, or *posterior* c_k(u) ∝ w_k
+p_k(u) when each sample is routed to one teacher and trained on that teacher's own traces (drawn at the
+sampling temperature), or *visitation* weights ∝ w_k (lmbda q(u) + (1 - lmbda) p_k(u)) when the
+student's rollouts are mixed in (TRL's lmbda with seq_kd). Several teachers with TRL, verl and torchrl are
+routed (one teacher per sample: a teacher id, verl's `teacher_models.*.key`); "teachers=pooled" is a
+wrapper summing w_k times the loss against each teacher. Flags left unset take the library's own
+defaults (verl: the shipped YAML unless `defaults="dataclass"`). A label "if the task reward is
+constant": verl adds the task's PPO loss (`use_task_rewards`, true in both sets of defaults); a reward
+that varies moves the fixed point (`fixed_point(run, machine, reward=...)` computes it).
 
 """
 
 TABLE_OUTRO = """
 `predict_target(run).reason` gives the paragraph behind each row and `.source` the file it was read
-from (TRL 1.16.0 `trl/experimental/gkd/gkd_trainer.py`, `trl/trainer/distillation_trainer.py`; verl
-0.9.1 `verl/trainer/distillation/losses.py`, `verl/trainer/ppo/core_algos.py`; torchrl 0.14.1
-`torchrl/objectives/llm/distillation.py`; Liger-Kernel 0.8.5 `liger_kernel/chunked_loss/jsd_loss.py`).
-NeMo-RL and tinker-cookbook cannot be installed here: their losses are re-implemented from the source
-at the cited commit in `tests/test_run_targets_derived.py` (NeMo-RL
-`nemo_rl/algorithms/loss/loss_functions.py`; tinker-cookbook
-`tinker_cookbook/distillation/train_on_policy.py`) and verified the same way. The select_teacher row's
-data set is every response of the tree, equally likely.
-"at temperature tau" (TRL's `temperature`, applied to both sides): the student's softmax(logits / tau)
-reaches the pool of the teachers' softmax(logits / tau); its own conditionals are that pool's tau-th
-power, renormalised. Notes: verl's policy-gradient rows use PPO's surrogate at ratio 1 (the first on-policy step) with the
-negative loss as the per-token advantage, as `distillation_loss` passes it; TRL's DistillationTrainer
-row runs GKD's `generalized_jsd_loss`, the same divergence its chunked kernel computes (read, not run:
-the kernel module imports the trainer's utilities).
+from. NeMo-RL cannot be installed here: its loss calls are re-implemented from the source at the cited
+commit in `tests/test_run_targets_derived.py`, one call per micro-batch (each response its own
+micro-batch, the shipped `train_micro_batch_size: 1`, unless `micro_batches` says otherwise), and
+verified the same way. With `dynamic_loss_scaling` (`sg(ce / kd) kd + ce`) the KD term's weight grows
+without bound as kd falls; on data far from the pool (uniform here) there is then no fixed point when
+each response or the whole data set is one micro-batch — the student circles A — so its row uses 3
+micro-batches. Notes: verl's rows run `distillation_ppo_loss` on one-prompt-token responses with PPO at
+ratio 1 (the old log-probs are the current ones: the first update on fresh rollouts) and the task
+advantage r - E_q r per token; Liger runs with `compiled=False` (the same math without torch.compile).
 "a tiny Qwen2 student ends closest to it": `tests/test_checkpoint_audit_targets.py` distils a tiny Qwen2
 (built from a config) from two `TabularLM` teachers with that run's loss — this project's, or the
 library's own function from its wheel — from each seed, and `target_distances`, exact on the machine,
@@ -370,11 +555,16 @@ of its margin over the audited responses above 0.
 
 def table_cases():
     import dataclasses
-    from test_run_targets import LIBRARY_CASES, OWN_CASES, WEIGHTS
+    from test_run_targets import LIBRARY_CASES, MODEL_CASES, WEIGHTS
     from test_run_targets_derived import DERIVED_CASES
     one = lambda run: getattr(run, "loss_fn", "") == "DistillationLossFn"      # noqa: E731 (one teacher)
-    return [dataclasses.replace(run, weights=WEIGHTS[1 if one(run) else 2]) for run in LIBRARY_CASES + DERIVED_CASES
-            + OWN_CASES]
+    seen, cases = set(), []
+    for run in LIBRARY_CASES + MODEL_CASES + DERIVED_CASES:
+        run = dataclasses.replace(run, weights=WEIGHTS[1 if one(run) else 2])
+        if runs.describe(run) not in seen:
+            seen.add(runs.describe(run))
+            cases.append(run)
+    return cases
 
 
 if __name__ == "__main__":

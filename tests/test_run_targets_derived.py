@@ -1,15 +1,14 @@
-"""Run targets of libraries that cannot be installed here, from their source (derived, not run):
-NeMo-RL's DistillationLossFn and CrossTokenizerDistillationLossFn (same-vocabulary teachers, whole
-vocabulary) and tinker-cookbook's on-policy distillation, re-implemented below line by line from
+"""Run targets of NeMo-RL, which cannot be installed here, from its source (derived, not run):
+DistillationLossFn and CrossTokenizerDistillationLossFn (same-vocabulary teachers, whole vocabulary),
+re-implemented below line by line from
 
   NVIDIA-NeMo/RL @ 7ea279abfbeb698b092856d0dab61e7cf39bc909, nemo_rl/algorithms/loss/loss_functions.py
-    (DistillationLossFn.__call__; CrossTokenizerDistillationLossFn._sum_kd, _averaged_logits_kd,
-    _select_teacher_kd, _direct_full_vocab_kl)
-  thinking-machines-lab/tinker-cookbook @ 9dfcc3a2cf44432d621a01005073dc6d76a1e87a,
-    tinker_cookbook/distillation/train_on_policy.py (incorporate_kl_penalty) and
-    tinker_cookbook/rl/metrics.py (discounted_future_sum_vectorized)
+    (DistillationLossFn.__call__; CrossTokenizerDistillationLossFn.__call__, _compute_ce, _sum_kd,
+    _averaged_logits_kd, _select_teacher_kd, _direct_full_vocab_kl)
 
-and minimised on the tabular student as the library rows are (tests/run_targets_harness.py).
+as one loss call per micro-batch (policy.train_micro_batch_size: 1 in the shipped multi-teacher config:
+each response is its own micro-batch), and driven on the tabular student as the library rows are
+(tests/run_targets_harness.py); the model of llm_bridge.run_dynamics must stop where it does.
 """
 
 import dataclasses
@@ -20,14 +19,14 @@ import torch
 import torch.nn.functional as F
 
 import run_targets_harness as harness
+from llm_bridge import run_dynamics as rd
 from llm_bridge import runs
-from llm_bridge.runs import NeMoRLRun, TinkerRun, predict_target
-from test_run_targets import WEIGHTS, check
+from llm_bridge.runs import NeMoRLRun, predict_target
+from test_run_targets import WEIGHTS
 
 XTOKEN = "CrossTokenizerDistillationLossFn"
 
 
-# --- NeMo-RL, from source -----------------------------------------------------------------------
 def nemo_distillation_rows(student_logits, teacher_logits, kl_type, mixed_kl_weight):
     """DistillationLossFn.__call__'s per_token_kl with the whole vocabulary as the top k."""
     student_topk_logprobs = torch.log_softmax(student_logits, -1)
@@ -53,115 +52,109 @@ def nemo_direct_kl_rows(student_logits, teacher_logits, reverse_kl, T=1.0):
     return F.kl_div(student_log_probs, teacher_log_probs, reduction="none", log_target=True).sum(dim=-1)
 
 
-def nemo_loss(run, tab):
-    K = tab.lp.shape[0]
+def xtoken_call(run, logits, teacher_logits, tokens, mask, global_valid_toks):
+    """CrossTokenizerDistillationLossFn.__call__ on one micro-batch: masked means normalised by the global
+    batch's valid tokens (masked_mean's global_normalization_factor)."""
+    def masked_mean(values):
+        return (mask * values).sum() / global_valid_toks
+    ce_loss = masked_mean(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1),
+                                          reduction="none").reshape(tokens.shape))          # _compute_ce
     w = list(run.weights)
+    if run.kd_loss_mode == "sum":                                                         # sum_i weight_i KD_i
+        total_kd = sum(w[i] * masked_mean(nemo_direct_kl_rows(logits, teacher_logits[i], run.reverse_kl))
+                       for i in range(len(w)))
+    elif run.kd_loss_mode == "averaged_logits":                                           # one KL to the average
+        average = sum(teacher_logits[i] * (w[i] / sum(w)) for i in range(len(w)))
+        total_kd = masked_mean(nemo_direct_kl_rows(logits, average, run.reverse_kl))
+    else:                                                                                 # _select_teacher_kd
+        with torch.no_grad():
+            ces = [float(masked_mean(F.cross_entropy(teacher_logits[i].reshape(-1, logits.shape[-1]).float(),
+                                                     tokens.reshape(-1), reduction="none").reshape(tokens.shape)))
+                   for i in range(len(w))]
+            best = int(min(range(len(w)), key=lambda j: ces[j]))
+        total_kd = masked_mean(nemo_direct_kl_rows(logits, teacher_logits[best], run.reverse_kl))
+    if run.dynamic_loss_scaling:
+        kd_detached, ce_detached = total_kd.detach().abs(), ce_loss.detach().abs()
+        kl_scale = torch.where(kd_detached > 0, ce_detached / kd_detached, torch.ones_like(kd_detached))
+        return kl_scale * total_kd + ce_loss
+    return run.kl_loss_weight * total_kd + run.ce_loss_scale * ce_loss
+
+
+def nemo_step(run):
+    """(routes, loss): the data set's responses, cut into micro-batches in order (run.micro_batches; None:
+    one response each), each a separate loss call; DistillationLossFn on the student's own rollouts."""
     if run.loss_fn == "DistillationLossFn":
-        return lambda theta: nemo_distillation_rows(theta, tab.lp[0], run.kl_type, run.mixed_kl_weight).sum()
-    if run.kd_loss_mode == "sum":                                       # total_kd = sum_i weight_i KD_i
-        return lambda theta: sum(w[i] * nemo_direct_kl_rows(theta, tab.lp[i], run.reverse_kl).sum() for i in range(K))
-    if run.kd_loss_mode == "averaged_logits":                           # convex average of logits, one KL
-        avg = sum(tab.lp[i] * (w[i] / sum(w)) for i in range(K))
-        return lambda theta: nemo_direct_kl_rows(theta, avg, run.reverse_kl).sum()
-    best = select_teacher(tab)                                          # _select_teacher_kd: lowest CE
-    return lambda theta: nemo_direct_kl_rows(theta, tab.lp[best], run.reverse_kl).sum()
+        routes = [rd.Route(1.0, ("student", 1.0), ((0, 1.0),))]
 
+        def one(route, X, W, batch):
+            return (W * nemo_distillation_rows(X, batch.teacher_lp[0][batch.states], run.kl_type,
+                                               run.mixed_kl_weight)).sum()
+        return routes, one
+    routes = [rd.Route(1.0, ("data",), tuple((k, w) for k, w in enumerate(run.weights)))]
 
-def data_paths(tab):
-    """The data set of the select_teacher rows: every response of the tree, equally likely."""
-    n = tab.lp.shape[2]
-    paths = torch.cartesian_prod(*[torch.arange(n)] * harness.DEPTH)
-    states = torch.zeros_like(paths)
-    for h in range(1, harness.DEPTH):
-        states[:, h] = torch.tensor(tab.m.next_state)[states[:, h - 1], paths[:, h - 1]]
-    return paths, states
-
-
-def select_teacher(tab):
-    """_select_teacher_kd's choice: the teacher with the lowest mean next-token cross-entropy on the data."""
-    paths, states = data_paths(tab)
-    ces = [float(F.cross_entropy(tab.lp[i][states].reshape(-1, tab.lp.shape[2]), paths.reshape(-1)))
-           for i in range(tab.lp.shape[0])]
-    return int(min(range(len(ces)), key=lambda j: ces[j]))
-
-
-# --- tinker-cookbook, from source ---------------------------------------------------------------
-def discounted_future_sum_vectorized(x, gamma):
-    """tinker_cookbook/rl/metrics.py, over the last axis."""
-    result = torch.empty_like(x)
-    running = torch.zeros(x.shape[:-1], dtype=x.dtype)
-    for t in range(x.shape[-1] - 1, -1, -1):
-        running = x[..., t] + gamma * running
-        result[..., t] = running
-    return result
-
-
-def tinker_loss(run, tab):
-    """incorporate_kl_penalty's advantages, -coef (ln q - ln p_k) on the sampled tokens, discounted-summed
-    when kl_discount_factor > 0, in the importance-sampling policy loss at ratio 1 (on-policy):
-    -A ln q; every response of the tree weighted by the student's probability, teachers routed k ~ w."""
-    paths, states = data_paths(tab)
-
-    def loss(theta):
-        lq = torch.log_softmax(theta, -1)
-        sampled = lq[states, paths]                                      # (N, H) ln q of the sampled tokens
-        prob = sampled.detach().sum(1).exp()
+    def per_batch(route, leaf, batch):           # the data set: every response once (uniform data)
+        P = leaf.shape[0]
+        parts = np.array_split(np.arange(P), P if run.micro_batches is None else min(run.micro_batches, P))
         total = 0.0
-        for k in range(tab.lp.shape[0]):
-            reverse_kl = sampled.detach() - tab.lp[k][states, paths]
-            advantages = -run.kl_penalty_coef * reverse_kl
-            if run.kl_discount_factor > 0:
-                advantages = discounted_future_sum_vectorized(advantages, run.kl_discount_factor)
-            total = total + tab.w[k] * (prob[:, None] * -(advantages * sampled)).sum()
+        for idx in map(torch.as_tensor, parts):      # one loss call and one backward per micro-batch
+            teachers = [batch.teacher_lp[k][batch.states[idx]] for k in range(len(run.weights))]
+            total = total + xtoken_call(run, leaf[idx], teachers, batch.tokens[idx], batch.mask[idx], batch.mask.sum())
         return total
-    return loss
+    return routes, harness.leafwise(per_batch)
 
-
-harness.DERIVED_LOSSES.update({NeMoRLRun: nemo_loss, TinkerRun: tinker_loss})
 
 DERIVED_CASES = [
     NeMoRLRun(kl_type="forward"), NeMoRLRun(kl_type="reverse"), NeMoRLRun(kl_type="mixed"),
-    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="sum", weights=(0.5, 0.5)),
-    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="sum", reverse_kl=True, weights=(0.5, 0.5)),
-    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="averaged_logits", weights=(0.5, 0.5)),
-    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="averaged_logits", reverse_kl=True, weights=(0.5, 0.5)),
-    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="select_teacher", weights=(0.5, 0.5)),
-    TinkerRun(kl_discount_factor=0.0), TinkerRun(kl_discount_factor=1.0),
+    NeMoRLRun(loss_fn=XTOKEN, micro_batches=3),                                # the shipped loss_fn (dynamic scaling)
+    NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False),                     # fixed weights 1 kd + 0.1 ce
+    NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, reverse_kl=True),
+    NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0),
+    NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0, reverse_kl=True),
+    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="averaged_logits", dynamic_loss_scaling=False, ce_loss_scale=0.0),
+    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="averaged_logits", dynamic_loss_scaling=False),
+    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="select_teacher", dynamic_loss_scaling=False, ce_loss_scale=0.0,
+              micro_batches=1),
+    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="select_teacher", dynamic_loss_scaling=False, ce_loss_scale=0.0,
+              micro_batches=8),
+    NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="select_teacher", micro_batches=8),
 ]
+
+
+def derived_fixed_point(run, m):
+    batch = rd.batch_of(m)
+    routes, loss = nemo_step(run)
+    theta, residual, status = rd.solve(rd.expected_loss(routes, loss, batch), np.zeros((batch.S, batch.n)))
+    return rd.log_softmax(theta), residual, status
 
 
 @pytest.mark.parametrize("K", [2, 3])
 @pytest.mark.parametrize("run", DERIVED_CASES, ids=lambda r: runs.describe(r))
-def test_derived_loss_reaches_the_predicted_target(run, K):
-    if run.loss_fn == "DistillationLossFn" if isinstance(run, NeMoRLRun) else False:
-        check_one_teacher(run, K)
-        return
-    if predict_target(run).target == "select":
-        check_select(run, K)
-        return
-    check(run, K)
-
-
-def check_one_teacher(run, K):
-    """DistillationLossFn takes one teacher: the machine's teacher K - 1 alone, reached exactly."""
+def test_nemo_rls_step_stops_where_the_model_says(run, K):
+    one = run.loss_fn == "DistillationLossFn"
+    run = dataclasses.replace(run, weights=WEIGHTS[1 if one else K])
     m = harness.machine(K)
-    tab = harness.Tabular(m, (1.0,))
-    tab.lp = tab.lp[K - 1:]
-    log_q, residual = harness.solve(nemo_loss(run, tab), m.S)
-    assert residual < 1e-10
-    assert harness.tv(log_q, m.log_probs[K - 1]).max() <= harness.TV_TOLERANCE
-    # the other teachers are far (the comparison can fail)
-    assert min(harness.tv(log_q, m.log_probs[k]).max() for k in range(K - 1)) > 1e-3
+    if one:                                          # DistillationLossFn takes one teacher: the machine's last
+        m = type(m)(m.next_state, m.log_probs[K - 1:], m.start)
+    torch.set_num_threads(1)
+    log_q, residual, status = derived_fixed_point(run, m)
+    fp = rd.fixed_point(run, m)
+    assert status == fp.status == "fixed point", (status, residual, fp.status)
+    assert rd.tv(log_q, fp.log_probs).max() <= harness.TV_TOLERANCE
+    prediction = predict_target(run)
+    if prediction.target in ("A", "l", "mix"):
+        assert rd.tv(log_q, runs.target_log_probs(prediction, m, run.weights)).max() <= harness.TV_TOLERANCE
+    if prediction.target == "select":               # one teacher, the data's lowest cross-entropy
+        errs = [rd.tv(log_q, m.log_probs[k]).max() for k in range(K)]
+        assert min(errs) <= harness.TV_TOLERANCE and sorted(errs)[1] > 1e-3
 
 
-def check_select(run, K):
-    run = dataclasses.replace(run, weights=WEIGHTS[K])
-    m = harness.machine(K)
-    tab = harness.Tabular(m, run.weights)
-    log_q, residual = harness.solve(nemo_loss(run, tab), m.S)
-    assert residual < 1e-10
-    errs = [harness.tv(log_q, m.log_probs[k]).max() for k in range(K)]
-    best = select_teacher(tab)
-    assert errs[best] <= harness.TV_TOLERANCE and sorted(errs)[1] > 1e-3, errs
-    for name, lp in harness.candidates(K, run.weights).items():
-        assert harness.tv(log_q, lp).max() > 1e-3, name
+def test_nemo_rls_cross_entropy_moves_the_sum_row_off_a():
+    """Finding 4: the shipped X-Token loss adds the student's CE on the data, so the forward-KL sum does not
+    reach A; select_teacher over 8 micro-batches picks different teachers and reaches none of them."""
+    m = harness.machine(2)
+    A = runs.target_log_probs(runs.Prediction("A"), m, WEIGHTS[2])
+    log_q, _, _ = derived_fixed_point(NeMoRLRun(loss_fn=XTOKEN, micro_batches=3, weights=WEIGHTS[2]), m)
+    assert rd.tv(log_q, A).max() > 0.02
+    log_q, _, _ = derived_fixed_point(NeMoRLRun(loss_fn=XTOKEN, kd_loss_mode="select_teacher", ce_loss_scale=0.0,
+                                                dynamic_loss_scaling=False, micro_batches=8, weights=WEIGHTS[2]), m)
+    assert min(rd.tv(log_q, m.log_probs[k]).max() for k in range(2)) > 0.05
