@@ -97,7 +97,7 @@ def batch_of(machine, data_log_probs=None, reward=None):
             raise ValueError(f"reward has shape {tuple(r.shape)}: expected ({len(paths)},), one per response")
     if not torch.isfinite(r).all():
         raise ValueError("reward must be finite")
-    return Batch(states, tokens, mask, torch.as_tensor(np.asarray(machine.log_probs, dtype=float)), data_lp, r, S, n)
+    return Batch(states, tokens, mask, torch.tensor(np.array(machine.log_probs, dtype=float)), data_lp, r, S, n)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,10 +289,12 @@ def _torchrl_loss(run):
 
 
 def _tinker_loss(run):
+    """The per-token advantage -coef (ln q - sum_k c_k ln p_k) of the sampled token (one routed teacher, or
+    the pooled log-ratio of this project's rkl_policy_gradient), discount-summed over the future."""
     def loss(route, X, W, batch):
         lq = _sampled(torch.log_softmax(X, -1), batch)
-        (k, _), = route.scored
-        advantage = -run.kl_penalty_coef * (lq.detach() - _sampled(_teacher(batch, k), batch)) * batch.mask
+        teacher = sum(c * _sampled(_teacher(batch, k), batch) for k, c in route.scored)
+        advantage = -run.kl_penalty_coef * (lq.detach() - teacher) * batch.mask
         if run.kl_discount_factor > 0:
             advantage = discounted_future_sum(advantage, run.kl_discount_factor, batch.mask)
         return -(W * advantage * lq).sum()
@@ -358,7 +360,6 @@ def _own_loss(run):
         return _tinker_loss(runs.TinkerRun(kl_discount_factor=float(run.gamma)))
 
     def estimator_loss(route, X, W, batch):
-        lq = torch.log_softmax(X, -1)
         tokens = batch.tokens[..., None]
         P, H = tokens.shape[:2]
         teacher_lp = torch.stack([_teacher(batch, k).gather(-1, tokens) for k, _ in route.scored])    # (K', P, H, 1)
@@ -367,7 +368,6 @@ def _own_loss(run):
                                             teacher_lp.reshape(len(route.scored), P * H, 1), w,
                                             estimator=run.estimator, mode=run.mode, pool=run.pool,
                                             direction=run.direction, reduction="none")
-        del lq
         return (W * value.reshape(P, H)).sum()
     return estimator_loss
 
@@ -390,8 +390,7 @@ def model_of(run):
             raise ValueError("NeMo-RL's DistillationLossFn with topk is not modelled here (topk=None only)")
         return routes_for(run.samples, "pooled", w), _nemo_loss(run)
     if isinstance(run, runs.OwnRun):
-        samples = run.samples
-        return routes_for(samples, run.teachers, w), _own_loss(run)
+        return routes_for(run.samples, run.teachers, w), _own_loss(run)
     raise ValueError(f"run = {run!r} is not a run description")
 
 

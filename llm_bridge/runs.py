@@ -565,6 +565,8 @@ def _verl(run):
     task = ("the task reward is constant" if run.use_task_rewards else "")
     clamp = (f" loss_max_clamp = {run.loss_max_clamp:g} clamps the per-token loss (zero gradient where it binds)."
              if run.loss_max_clamp is not None else "")
+    if run.loss_max_clamp is not None and run.loss_mode not in ("k3", "low_var_kl"):   # k3: verl clamps it at 10 anyway
+        task = " and ".join(filter(None, [task, f"the clamp at {run.loss_max_clamp:g} does not bind"]))
     if run.loss_mode == "forward_kl_topk":
         if run.use_policy_gradient:
             return _computed("forward_kl_topk's value as a per-token advantage on the sampled token", source)

@@ -308,6 +308,22 @@ def tinker_step(run):
     return loss
 
 
+def torchrl_step(run):
+    """torchrl: ``k3_kl_token_estimate`` from the wheel, the per-token estimate DistillationLoss.forward applies
+    (reverse: target = the teacher's log-prob, on the student's tokens; forward: the other way round, on the
+    teacher's); the module itself needs a chat tokenizer and a TransformersWrapper, and torchrl's tensordict
+    (>= 0.14) cannot share a venv with verl's (<= 0.10): it is not run."""
+    k3 = library_function("torchrl", "k3_kl_token_estimate")
+
+    def per_batch(route, leaf, batch):
+        (k, _), = route.scored
+        lq = torch.log_softmax(leaf, -1).gather(-1, batch.tokens[..., None])[..., 0]
+        lp = batch.teacher_lp[k][batch.states].gather(-1, batch.tokens[..., None])[..., 0]
+        value = k3(lp, lq) if run.kl_direction == "reverse" else k3(lq, lp)
+        return (value * batch.mask).sum() / batch.mask.sum()
+    return leafwise(per_batch)
+
+
 def library_source_function(package, path, name, **namespace):
     """A top-level function executed from its source file in an unpacked wheel, in a namespace holding
     torch, F, math and ``namespace`` (for a library whose package cannot be imported here)."""
@@ -390,7 +406,17 @@ def library_step(run):
         return [rd.Route(w[k], ("student", 1.0), ((k, 1.0),)) for k in range(len(w)) if w[k] > 0], verl_step(run)
     if isinstance(run, runs.TinkerRun):
         return [rd.Route(w[k], ("student", 1.0), ((k, 1.0),)) for k in range(len(w)) if w[k] > 0], tinker_step(run)
+    if isinstance(run, runs.TorchRLRun):             # its docstring: the scored tokens are the student's or the teacher's
+        sampler = (lambda k: ("student", 1.0)) if run.kl_direction == "reverse" else (lambda k: ("teacher", k, 1.0))
+        return [rd.Route(w[k], sampler(k), ((k, 1.0),)) for k in range(len(w)) if w[k] > 0], torchrl_step(run)
     raise ValueError(f"no library step for {run!r}")
+
+
+def library_update(run, m, **kw):
+    """theta (S, n) -> the library's expected update there (run_dynamics.gradient_of its surrogate)."""
+    batch = rd.batch_of(m, **kw)
+    routes, loss = library_step(run)
+    return rd.gradient_of(rd.expected_loss(routes, loss, batch), batch.S, batch.n), rd.expected_loss(routes, loss, batch)
 
 
 def library_fixed_point(run, m, **kw):
@@ -419,7 +445,8 @@ STEPS = {"GKDTrainer": "TRL 1.16.0 GKDTrainer.compute_loss", "DistillationTraine
          "TRL 1.16.0 distillation_trainer._chunked_divergence_loss", "LigerRun":
          "Liger-Kernel 0.8.5 LigerFusedLinearJSDLoss.forward", "VerlRun":
          "verl 0.9.1 distillation_ppo_loss (ActorConfig, DistillationLossConfig)", "TinkerRun":
-         "tinker-cookbook 0.6.1 incorporate_kl_penalty", "TorchRLRun": "torchrl 0.14.1 k3_kl_token_estimate"}
+         "tinker-cookbook 0.6.1 incorporate_kl_penalty", "TorchRLRun":
+         "torchrl 0.14.1 k3_kl_token_estimate (the estimate DistillationLoss applies; the module is not run)"}
 
 
 def verified_cell(run):
@@ -441,8 +468,6 @@ def _verified_cell(run):
     if kind == "OwnRun":
         return "this project's losses (K = 2, 3)"
     step = STEPS[getattr(run, "trainer", kind)]
-    if kind == "TorchRLRun":
-        return f"theory only; {step} read (torchrl needs tensordict >= 0.14, verl <= 0.10: not both in one venv)"
     library = {runs.describe(dataclasses.replace(case, weights=run.weights)) for case in LIBRARY_CASES}
     if runs.describe(run) in library:
         return f"the library's own step: {step} (K = 2, 3)"

@@ -256,7 +256,8 @@ def test_the_model_of_each_run_reaches_the_predicted_target(run, K):
 
 
 def test_a_run_that_diverges_raises_kl_to_a():
-    """k1 as a loss on the teacher's samples: the expected update is minus the forward-KL gradient to A."""
+    """k1 as a loss on the teachers' traces: the expected update is minus the forward-KL gradient to the
+    traces' own next-token distribution (A with posterior weights: each trace comes from one teacher k ~ w)."""
     import torch
     run = OwnRun(loss="kl_estimator_loss", estimator="k1", samples="teacher", weights=WEIGHTS[2])
     m = machine(2)
@@ -264,7 +265,7 @@ def test_a_run_that_diverges_raises_kl_to_a():
     routes, loss = rd.model_of(run)
     theta = torch.zeros(m.S, 3, dtype=torch.float64, requires_grad=True)
     g, = torch.autograd.grad(rd.expected_loss(routes, loss, batch)(theta), theta)
-    A = runs.target_log_probs(runs.Prediction("A"), m, run.weights)
+    A = runs.target_log_probs(runs.Prediction("A", weights="posterior"), m, run.weights)
     ref = -(torch.softmax(theta.detach(), -1).numpy() - np.exp(A))
     ratio = (g.numpy() * ref).sum(-1) / (ref * ref).sum(-1)
     assert np.all(ratio > 0) and np.abs(g.numpy() - ratio[:, None] * ref).max() < 1e-12
@@ -316,16 +317,37 @@ def test_fixed_point_refuses_bad_input():
 # ------------------------------------------------------------------------------------------------
 # oracle tier: the library's own training step stops where the model of the run does
 # ------------------------------------------------------------------------------------------------
-def check_library(run, K, **kw):
-    """The fixed point of the library's own step (from a uniform student) and fixed_point's, to
-    TV_TOLERANCE at every visited state."""
+def check_library(run, K, solve_from_uniform=False, **kw):
+    """The library's own step against the model of the run (fixed_point): (1) their expected updates are
+    equal at the uniform start, at three random students and where the model stops; (2) where the model
+    reaches a fixed point, the library's update vanishes there and its own root, solved from there, is
+    within TV_TOLERANCE at every visited state; (3) with ``solve_from_uniform`` the library's update is
+    followed from the uniform student on its own and must stop at the same point."""
+    import torch
     run = dataclasses.replace(run, weights=WEIGHTS[K])
     m = machine(K)
-    log_q, residual, status = harness.library_fixed_point(run, m, **kw)
     fp = rd.fixed_point(run, m, **kw)
-    assert status == fp.status == "fixed point", (status, fp.status, residual)
-    err = rd.tv(log_q, fp.log_probs)[fp.visited].max()
-    assert err <= TV_TOLERANCE, f"{runs.describe(run)}: the library's step stops {err:.2e} from the model's"
+    update, surrogate = harness.library_update(run, m, **kw)
+    model = rd.gradient_of(rd.expected_loss(*rd.model_of(run), rd.batch_of(m, **kw)), m.S, 3)
+    rng = np.random.default_rng(K)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for theta in [np.zeros((m.S, 3)), *rng.normal(size=(3, m.S, 3)), fp.log_probs]:
+            lib, own = update(theta), model(theta)
+            assert np.abs(lib - own).max() <= 1e-7 * max(1.0, np.abs(own).max()), np.abs(lib - own).max()
+        if fp.status == "fixed point":
+            residual = np.abs(update(fp.log_probs)).max()
+            assert residual < 1e-6
+            root, root_residual = rd.polish(surrogate, fp.log_probs)   # the library's own root, from the model's point
+            if root_residual < residual:          # (a clamp's flat region leaves it where it is)
+                assert rd.tv(rd.log_softmax(root), fp.log_probs)[fp.visited].max() <= TV_TOLERANCE
+        if solve_from_uniform:
+            log_q, residual, status = harness.library_fixed_point(run, m, **kw)
+            assert status == fp.status
+            assert rd.tv(log_q, fp.log_probs)[fp.visited].max() <= TV_TOLERANCE
+    finally:
+        torch.set_num_threads(threads)
     return fp
 
 
@@ -340,6 +362,7 @@ LIBRARY_CASES = [
     # finding 3: verl with each of its defaults and each mode with and without the policy gradient
     VerlRun(), VerlRun(defaults="dataclass"), *VERL_MODES,
     VerlRun(loss_mode="forward_kl_topk", topk=2, log_prob_min_clamp=-1.0), VerlRun(loss_mode="k2", loss_max_clamp=0.05),
+    TorchRLRun(kl_direction="reverse"), TorchRLRun(kl_direction="forward"),
     # finding 5: tinker-cookbook's own incorporate_kl_penalty at four discounts
     TinkerRun(kl_discount_factor=0.0), TinkerRun(kl_discount_factor=0.5), TinkerRun(kl_discount_factor=0.9),
     TinkerRun(kl_discount_factor=1.0), TinkerRun(kl_discount_factor=0.5, kl_penalty_coef=0.5),
@@ -351,6 +374,15 @@ LIBRARY_CASES = [
 @pytest.mark.parametrize("run", LIBRARY_CASES, ids=lambda r: runs.describe(r))
 def test_the_librarys_own_step_stops_where_the_model_says(run, K):
     check_library(run, K)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("run", [TRLRun(), TRLRun(trainer="DistillationTrainer", temperature=2.0), LigerRun(),
+                                 VerlRun(defaults="dataclass"), TinkerRun(kl_discount_factor=0.5)],
+                         ids=lambda r: runs.describe(r))
+def test_the_librarys_own_step_followed_alone_goes_where_the_model_goes(run):
+    """The strongest check, once per library: the library's update followed on its own from a uniform student."""
+    check_library(run, 2, solve_from_uniform=True)
 
 
 @pytest.mark.oracle
@@ -399,3 +431,16 @@ def test_the_losses_page_example_prints_what_it_says(capsys):
     exec(code, {})
     label, reason = capsys.readouterr().out.splitlines()[:2]
     assert label == "J_0.5" and "JSD_beta" in reason
+
+
+def test_the_losses_page_fixed_point_example_prints_what_it_says(capsys):
+    import re
+    from run_targets_harness import TABLE
+    text = (TABLE.parent / "losses.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "fixed_point" in block)
+    exec(code, {})
+    printed = capsys.readouterr().out.strip()
+    said = re.search(r"# e\.g\. '(.*)'", code).group(1)
+    assert printed.startswith("fixed point (computed predicted); ")
+    numbers = [float(x) for x in re.findall(r"([\d.]+) from", printed)]
+    assert [f"{x:.2g}" for x in numbers] == re.findall(r"([\d.]+) from", said)
