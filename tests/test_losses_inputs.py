@@ -630,3 +630,37 @@ def test_meta_tensors_are_a_clear_error():
                 fn(*args, W3)
     with pytest.raises(ValueError, match="meta device"):
         fused_linear_loss(h.to("meta"), w.to("meta"), t, W3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shifted_student_gets_its_gradient_in_one_full_size_buffer(dtype):
+    """logits[:, :-1] of a leaf (the HF / TRL call): forward + backward allocate one buffer of the leaf's size
+    (its .grad, with zeros in the dropped position), not a (B, T, V) gradient and then the slice's own
+    zero-filled copy (issue 46: the peak of the shifted float32 view); the gradient equals that of the
+    contiguous copy, a per-position loss ('none') and a permuted view stay right."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(46)
+    B, T, V = 2, 64, 500
+    leaf = torch.randn(B, T + 1, V, generator=g).to(dtype).requires_grad_()
+    t = torch.randn(3, B, T + 1, V, generator=g)
+    whole = B * T * V * leaf.element_size()
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn(leaf[:, :-1], t[:, :, :-1], W3, chunk_size=8, metrics=False)[0].backward()
+        big = [e for e in prof.events() if e.name.startswith("aten::empty") and e.cpu_memory_usage >= whole / 2]
+        assert len(big) == 1, [(e.name, e.cpu_memory_usage) for e in big]
+        got, leaf.grad = leaf.grad, None
+        copy = leaf.detach()[:, :-1].clone().requires_grad_()
+        (want,) = torch.autograd.grad(fn(copy, t[:, :, :-1], W3)[0], copy)
+        assert torch.equal(got[:, -1], torch.zeros_like(got[:, -1]))
+        torch.testing.assert_close(got[:, :-1], want, rtol=1e-6, atol=0)
+        later = leaf.detach()[:, 1:].clone().requires_grad_()
+        per, _ = fn(leaf[:, 1:], t[:, :, 1:], W3, reduction="none")
+        (got,) = torch.autograd.grad((per * torch.arange(T)).sum(), leaf)
+        (want,) = torch.autograd.grad((fn(later, t[:, :, 1:], W3, reduction="none")[0] * torch.arange(T)).sum(), later)
+        torch.testing.assert_close(got[:, 1:], want, rtol=1e-6, atol=0)
+        perm = leaf.transpose(0, 1)[:-1].transpose(0, 1)              # the same positions, another view chain
+        mask = (torch.arange(T) % 3 > 0).expand(B, T)
+        (got,) = torch.autograd.grad(fn(perm, t[:, :, :-1], W3, mask)[0], leaf)
+        (want,) = torch.autograd.grad(fn(copy, t[:, :, :-1], W3, mask)[0], copy)
+        torch.testing.assert_close(got[:, :-1], want, rtol=1e-6, atol=0)

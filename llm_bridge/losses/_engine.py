@@ -380,13 +380,16 @@ def reduction_scale(problem):
     return 1.0 / problem.B if problem.reduction == "batchmean" else 1.0
 
 
-def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False):
+def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False, base=None):
     """The loop over chunks of kept positions. ``kernel(idx, z, factor, need_grad)`` gets the chunk's
     student logits z (n, V) (divided by the temperature, in the compute dtype, its own buffer) and
     returns (loss (n,), check (n,), metrics), with, when asked, factor x d loss.sum() / d z written over
     z. A non-finite ``check`` row is bad input (NaN / inf, or -inf where it is infinite): the chunk's
     inputs are then searched for the first bad entry (locate_bad_input). Returns (losses (N,),
-    gradient with respect to the student (its shape and dtype) or None, and to the lm_head weight)."""
+    gradient with respect to the student (its shape and dtype) or None, and to the lm_head weight).
+    ``base``: the contiguous tensor the student is a view of (a shifted ``logits[:, :-1]``): the gradient is
+    then written into a zero buffer of the base's shape and returned as the base's gradient, so that the
+    view's backward (a second full-size buffer) never runs (see :func:`view_base`)."""
     N, V, c = problem.B * problem.T, problem.V, problem.compute
     device = student.device
     dense = bool(problem.mask.all())                    # every position: contiguous slices, no gathers
@@ -396,7 +399,11 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
     losses = torch.zeros(N, dtype=c, device=device)
     need = grad_in or grad_w
     g_in = None
-    if grad_in:
+    g_base = None
+    if grad_in and base is not None:
+        g_base = torch.zeros(base.shape, dtype=base.dtype, device=device)
+        g_in = g_base.as_strided(student.shape, student.stride(), student.storage_offset() - base.storage_offset())
+    elif grad_in:
         width = student.shape[-1]
         fill = dense and (problem.hidden or V == width)
         g_in = (torch.empty if fill else torch.zeros)((N, width), dtype=student.dtype, device=device)
@@ -407,7 +414,7 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
         idx = slice(lo, min(lo + problem.chunk, count)) if dense else positions[lo:lo + problem.chunk]
         x = problem.student_rows(idx)
         if weight is None:
-            direct = g_in is not None and dense and g_in.dtype == c and V == x.shape[1]
+            direct = g_in is not None and g_base is None and dense and g_in.dtype == c and V == x.shape[1]
             z = g_in[idx] if direct else torch.empty((x.shape[0], V), dtype=c, device=device)
             z.copy_(x[:, :V])
         else:
@@ -428,6 +435,12 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
                     g_w[:V].addmm_(z.T, x)
                 if g_in is not None:
                     g_in[idx] = (z @ w_c).to(g_in.dtype)
+            elif g_base is not None and dense:          # slices of the (B, T, V) view, one per sample
+                for b, t0, t1, r0 in sample_runs(idx.start, idx.stop, problem.T):
+                    g_in[b, t0:t1, :V] = z[r0:r0 + t1 - t0]
+            elif g_base is not None:
+                at = idx.to(device)
+                g_in[at // problem.T, at % problem.T, :V] = z.to(g_in.dtype)
             elif not direct and g_in is not None:
                 if dense:
                     g_in[idx, :V] = z
@@ -438,9 +451,38 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
                 shape = (value.shape[0], N) if value.ndim == 2 else (N,)
                 out_metrics[name] = torch.full(shape, math.nan, dtype=c, device=device)
             out_metrics[name][..., idx] = value
-    if g_in is not None:
+    if g_base is not None:
+        g_in = g_base
+    elif g_in is not None:
         g_in = g_in.reshape(student.shape)
     return losses, g_in, g_w
+
+
+def sample_runs(lo, hi, T):
+    """The flat positions [lo, hi) as runs within one sample: (b, t0, t1, first row of the run)."""
+    pos = lo
+    while pos < hi:
+        b, t = divmod(pos, T)
+        n = min(hi - pos, T - t)
+        yield b, t, t + n, pos - lo
+        pos += n
+
+
+def view_base(problem, student):
+    """The tensor to differentiate instead of ``student`` when it is a non-overlapping view (a slice such as
+    the shifted ``logits[:, :-1]``) of a contiguous tensor that requires grad: that base, whose gradient
+    is then built in one buffer; else None. Only for a scalar reduction of the logits path."""
+    base = student._base
+    if (problem.hidden or problem.reduction == "none" or base is None or student.grad_fn is None
+            or not base.requires_grad
+            or not base.is_contiguous() or base.dtype != student.dtype or base.device != student.device):
+        return None
+    span = 1                                  # non-overlapping: each stride at least the span of the smaller ones
+    for stride, size in sorted((st, n) for st, n in zip(student.stride(), student.shape) if n > 1):
+        if stride < span:
+            return None
+        span = stride * size
+    return base
 
 
 def _reduced(losses, problem):
@@ -469,6 +511,7 @@ class Results:
 
     def __init__(self):
         self.metrics, self.g_in, self.g_w = {}, None, None
+        self.from_base = False          # the student passed is the base of the problem's student (view_base)
 
 
 class ChunkedLoss(torch.autograd.Function):
@@ -478,9 +521,11 @@ class ChunkedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(student, weight, problem, kernel, out, need_in, need_w):
+        """``student``: the problem's student, or the base it is a view of (:func:`view_base`)."""
+        base = student if out.from_base else None
         with float32_products(student.device):
-            losses, out.g_in, out.g_w = run(problem, kernel, student, weight, out.metrics, grad_in=need_in,
-                                            grad_w=need_w)
+            losses, out.g_in, out.g_w = run(problem, kernel, problem.student if base is not None else student,
+                                            weight, out.metrics, grad_in=need_in, grad_w=need_w, base=base)
         out.metrics["loss_per_position"] = losses
         return _reduced(losses, problem)
 
@@ -546,7 +591,10 @@ def compute(problem, kernel, student, weight=None):
     out = Results()
     grad = torch.is_grad_enabled()
     need_w = grad and weight is not None and weight.requires_grad
-    loss = ChunkedLoss.apply(student, weight, problem, kernel, out, grad and student.requires_grad, need_w)
+    need_in = grad and student.requires_grad
+    base = view_base(problem, student) if need_in else None
+    out.from_base = base is not None
+    loss = ChunkedLoss.apply(student if base is None else base, weight, problem, kernel, out, need_in, need_w)
     return loss, finish_metrics(problem, out.metrics)
 
 
