@@ -263,6 +263,29 @@ def summary(rows):
     return out
 
 
+def markdown(table):
+    """benchmarks/README.md's tables from a summary CSV: per case each contender's peak and time, median
+    [min-max] over rounds, then each ratio (taken round by round) with the baseline it is against."""
+    def cell(r, digits):
+        return f"{float(r['median']):.{digits}f} [{float(r['min']):.{digits}f}-{float(r['max']):.{digits}f}]"
+    lines = []
+    cases = list(dict.fromkeys((r["size"], r["dtype"], r["layout"]) for r in table))
+    lines += ["| case | contender | peak MiB | s (f+b) | rounds |", "|---|---|---|---|---|"]
+    for case in cases:
+        rows = [r for r in table if (r["size"], r["dtype"], r["layout"]) == case and not r["against"]]
+        for who in dict.fromkeys(r["of"] for r in rows):
+            peak, secs = (next(r for r in rows if r["of"] == who and r["quantity"] == q) for q in ("peak_mib", "time_s"))
+            lines.append(f"| {' '.join(case)} | {who} | {cell(peak, 0)} | {cell(secs, 2)} | {peak['rounds']} |")
+    lines += ["", "| case | ratio | against | peak | time |", "|---|---|---|---|---|"]
+    for case in cases:
+        rows = [r for r in table if (r["size"], r["dtype"], r["layout"]) == case and r["against"]]
+        for pair in dict.fromkeys((r["of"], r["against"]) for r in rows):
+            peak, secs = (next(r for r in rows if (r["of"], r["against"]) == pair and r["quantity"] == q + " ratio")
+                          for q in ("peak_mib", "time_s"))
+            lines.append(f"| {' '.join(case)} | {pair[0]} | {pair[1]} | {cell(peak, 2)}x | {cell(secs, 2)}x |")
+    return "\n".join(lines)
+
+
 def write_csv(path, rows):
     tmp = Path(str(path) + ".tmp")
     with open(tmp, "w", newline="") as f:
@@ -287,10 +310,15 @@ def main():
                     "oversubscribed machine every parallel op waits for its threads to be scheduled)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "bench_losses.csv"),
                     help="the rows, one per process; the summary goes beside it (NAME_summary.csv)")
+    ap.add_argument("--table", metavar="SUMMARY_CSV", help="print the markdown tables of benchmarks/README.md from "
+                    "a summary CSV, and exit")
     ap.add_argument("--child", nargs=4, metavar=("SIZE", "DTYPE", "LAYOUT", "CONTENDER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child, args.repeats, args.threads)
+        return 0
+    if args.table:
+        print(markdown(list(csv.DictReader(open(args.table)))))
         return 0
     from llm_bridge.losses import oracle
     try:
