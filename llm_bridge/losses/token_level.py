@@ -76,8 +76,9 @@ def _topk_rows(kind, s_logp, ids, lp, tail, V, beta):
 
 
 def _dot(a, b):
-    """Row-wise dot product of two (n, V) tensors, with no (n, V) temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(-1)
+    """Row-wise dot product of two (n, V) tensors. torch.linalg.vecdot, not a batched (1, V) x (V, 1) bmm: on the
+    CPU the bmm took 15x longer at n = 65, V = 32000 (one thread; 42 ms against 2.7 ms), a third of the loss's time."""
+    return torch.linalg.vecdot(a, b)
 
 
 def _kernel(problem, kind, beta):
