@@ -1,11 +1,18 @@
 """The multi-teacher forward KL, forward + backward, each contender in a FRESH PROCESS with the default
-allocator (nothing sets glibc's malloc options), side by side (the contenders of one case run one
-after the other, so they see the same machine load):
+allocator (nothing sets glibc's malloc options), in INTERLEAVED ROUNDS (every round runs each case's
+contenders once, in a rotated order, so that they share the machine's load; the summary gives min, median
+and max over rounds, and each ratio is taken round by round, pair by pair):
 
-    careful        the teachers under no_grad pooled into one target A = sum_k w_k p_k, then
-                   sum_k w_k sum p_k ln p_k - sum A ln q (one (B, T, V) target, one student log-softmax)
-    ours           llm_bridge.losses.forward_kl, metrics=False
-    ours, metrics  forward_kl with its default metrics=True (teacher_disagreement, neg_log_z)
+    plain            the teachers under no_grad pooled into one target A = sum_k w_k p_k, then
+                     sum_k w_k sum p_k ln p_k - sum A ln q by autograd (four (B, T, V) float32 tensors)
+    chunked pooling  the same, the teachers' pooling done a chunk of positions at a time (the fair
+                     autograd baseline: one (B, T, V) target, one student log-softmax, autograd's backward)
+    chunked Function the Liger pattern in ~30 lines: an autograd.Function that walks chunks of positions,
+                     writes each chunk's gradient q - A in closed form into a zeros_like(student) buffer
+                     during the forward pass, and hands it over in backward (unscaled when the upstream
+                     gradient is 1)
+    ours             llm_bridge.losses.forward_kl, metrics=False
+    ours, metrics    forward_kl with its default metrics=True (teacher_disagreement, neg_log_z)
 
 on the student's logits, contiguous or shifted (``student[:, :-1]`` and ``teachers[:, :, :-1]`` of
 (B, T + 1, V) tensors, the HF / TRL call), float32 and bf16 inputs; and from hidden states:
@@ -22,9 +29,9 @@ on the student's logits, contiguous or shifted (``student[:, :-1]`` and ``teache
 
 Peak = the growth of the process's high-water mark (getrusage ru_maxrss) over one cold forward +
 backward, above the inputs (which are built without transients: the mark before the call is within
-``slack_mib`` of the resident size). Time = the best of ``--repeats`` further calls. Ratios between
-contenders of one case, not absolute numbers, are what carries over (the machine may be shared; each
-row records the process's ``nice`` value, since a shared machine may lower a long job's priority).
+``slack_mib`` of the resident size). Time = the best of ``--repeats`` further calls. Each row records the
+round, the 1-minute load average when its process started and the process's ``nice`` value. Ratios
+between contenders of one case, not absolute numbers, are what carries over.
 """
 
 import argparse
@@ -40,11 +47,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SIZES = {"V32000": dict(B=2, T=512, V=32000, K=3, H=512), "V151936": dict(B=2, T=128, V=151936, K=3, H=896)}
-LOGIT_CONTENDERS = ("careful", "ours", "ours, metrics")
+SIZES = {"V32000": dict(B=2, T=512, V=32000, K=3, H=512), "V151936": dict(B=2, T=128, V=151936, K=3, H=896),
+         "smoke": dict(B=2, T=48, V=32000, K=3, H=64)}         # smoke: a check that the script runs, not a size
+LOGIT_CONTENDERS = ("plain", "chunked pooling", "chunked Function", "ours", "ours, metrics")
 FUSED_CONTENDERS = ("liger, K calls", "ours, fused", "liger, K = 1", "ours, fused, K = 1")
-RATIOS = [("ours", "careful"), ("ours, metrics", "careful"), ("ours, fused", "liger, K calls"),
-          ("ours, fused, K = 1", "liger, K = 1")]
+RATIOS = [("ours", "chunked pooling"), ("ours, metrics", "chunked pooling"), ("ours", "chunked Function"),
+          ("ours, metrics", "chunked Function"), ("ours", "plain"), ("chunked pooling", "plain"),
+          ("ours, fused", "liger, K calls"), ("ours, fused, K = 1", "liger, K = 1")]
 
 
 def rss_mib():
@@ -84,7 +93,9 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
         def inputs():
             return (leaf[:, :-1], teachers_full[:, :, :-1]) if extra else (leaf, teachers_full)
 
-        def careful():
+        chunk = max(1, (1 << 21) // V)            # positions per chunk: ours' default (about 2M logits)
+
+        def plain():
             student, teachers = inputs()
             with torch.no_grad():
                 target = torch.zeros(B, T, V)
@@ -97,13 +108,69 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
                     del lp, p
             loss = (const - (target * torch.log_softmax(student.float(), -1)).sum(-1)).mean()
             loss.backward()
+            return loss
+
+        def pooled(teachers, sl):
+            """(A, sum_k w_k sum p_k ln p_k) on the positions ``sl``, float32."""
+            A, const = None, 0
+            for k in range(K):
+                lp = torch.log_softmax(teachers[k][sl].float(), -1)
+                p = lp.exp()
+                const = const + w[k] * (p * lp).sum(-1)
+                A = p.mul_(w[k]) if A is None else A.add_(p, alpha=float(w[k]))
+            return A, const
+
+        def chunked_pooling():
+            student, teachers = inputs()
+            with torch.no_grad():
+                target = torch.empty(B, T, V)
+                const = torch.empty(B, T)
+                for b in range(B):
+                    for lo in range(0, T, chunk):
+                        sl = (b, slice(lo, lo + chunk))
+                        target[sl], const[sl] = pooled(teachers, sl)
+            loss = (const - (target * torch.log_softmax(student.float(), -1)).sum(-1)).mean()
+            loss.backward()
+            return loss
+
+        class ChunkedFKL(torch.autograd.Function):
+            """The Liger pattern: per chunk, the loss and its gradient (q - A) / N in closed form, forward."""
+
+            @staticmethod
+            def forward(ctx, student, teachers):
+                grad = torch.zeros_like(student)
+                total, n = torch.zeros(()), B * T
+                for b in range(B):
+                    for lo in range(0, T, chunk):
+                        sl = (b, slice(lo, lo + chunk))
+                        with torch.no_grad():
+                            A, const = pooled(teachers, sl)
+                            lq = torch.log_softmax(student[sl].float(), -1)
+                            total += const.sum() - (A * lq).sum()
+                            grad[sl] = lq.exp_().sub_(A).div_(n)
+                ctx.save_for_backward(grad)
+                return total / n
+
+            @staticmethod
+            def backward(ctx, g):
+                (grad,) = ctx.saved_tensors
+                return (grad if bool(g == 1) else grad * g), None
+
+        def chunked_function():
+            student, teachers = inputs()
+            loss = ChunkedFKL.apply(student, teachers)
+            loss.backward()
+            return loss
 
         def ours(metrics):
             def run():
                 student, teachers = inputs()
-                forward_kl(student, teachers, w, metrics=metrics)[0].backward()
+                loss = forward_kl(student, teachers, w, metrics=metrics)[0]
+                loss.backward()
+                return loss
             return run
-        fn = {"careful": careful, "ours": ours(False), "ours, metrics": ours(True)}[contender]
+        fn = {"plain": plain, "chunked pooling": chunked_pooling, "chunked Function": chunked_function,
+              "ours": ours(False), "ours, metrics": ours(True)}[contender]
         params = [leaf]
     else:
         hidden = randn((B * T, H), dtype, g).requires_grad_()
@@ -133,12 +200,17 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
                     t_logits = torch.stack([t_hidden[k] @ t_weight[k].T for k in range(n_teachers)])
                 fused_linear_loss(hidden.reshape(B, T, H), weight, t_logits.reshape(n_teachers, B, T, V), wk,
                                   metrics=False)[0].backward()
+    load = os.getloadavg()[0]
     before, mark = rss_mib(), maxrss_mib()
-    fn()
+    t0 = time.perf_counter()
+    loss = fn()
+    cold = time.perf_counter() - t0
     peak = maxrss_mib() - before
+    # what every contender of a case must agree on (checked by the parent): the loss and the gradient's norm
+    check = [float(loss), float(sum(p.grad.double().square().sum() for p in params) ** 0.5)] if loss is not None else None
     for p in params:
         p.grad = None
-    times = []
+    times = [cold] if repeats == 0 else []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
@@ -146,7 +218,7 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
         for p in params:
             p.grad = None
     print(json.dumps({"peak_mib": peak, "slack_mib": mark - before, "inputs_mib": before, "time_s": min(times),
-                      "nice": os.nice(0)}))
+                      "nice": os.nice(0), "load1": load, "check": check}))
 
 
 def cases(sizes, dtypes, layouts, liger):
@@ -159,21 +231,94 @@ def cases(sizes, dtypes, layouts, liger):
                     yield size, dtype, "fused", FUSED_CONTENDERS
 
 
+def spread(values):
+    """(min, median, max)."""
+    v = sorted(values)
+    n = len(v)
+    return v[0], (v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2), v[-1]
+
+
+def summary(rows):
+    """Per case: each contender's peak and time (median [min-max] over rounds), and each ratio of RATIOS taken
+    round by round (pairs from one round), as rows of a table."""
+    out = []
+    keys = sorted({(r["size"], r["dtype"], r["layout"]) for r in rows}, key=lambda k: [r["size"] for r in rows].index(k[0]))
+    for size, dtype, layout in keys:
+        case = [r for r in rows if (r["size"], r["dtype"], r["layout"]) == (size, dtype, layout)]
+        by = {}
+        for r in case:
+            by.setdefault(r["contender"], {})[r["round"]] = r
+        for contender, runs in by.items():
+            for what in ("peak_mib", "time_s"):
+                lo, med, hi = spread([x[what] for x in runs.values()])
+                out.append(dict(size=size, dtype=dtype, layout=layout, quantity=what, of=contender, against="",
+                                rounds=len(runs), min=lo, median=med, max=hi))
+        for a, b in RATIOS:
+            if a in by and b in by:
+                common = sorted(set(by[a]) & set(by[b]))
+                for what in ("peak_mib", "time_s"):
+                    lo, med, hi = spread([by[a][i][what] / by[b][i][what] for i in common])
+                    out.append(dict(size=size, dtype=dtype, layout=layout, quantity=what + " ratio", of=a, against=b,
+                                    rounds=len(common), min=lo, median=med, max=hi))
+    return out
+
+
+def markdown(table):
+    """benchmarks/README.md's tables from a summary CSV: per case each contender's peak and time, median
+    [min-max] over rounds, then each ratio (taken round by round) with the baseline it is against."""
+    def cell(r, digits):
+        return f"{float(r['median']):.{digits}f} [{float(r['min']):.{digits}f}-{float(r['max']):.{digits}f}]"
+    lines = []
+    cases = list(dict.fromkeys((r["size"], r["dtype"], r["layout"]) for r in table))
+    lines += ["| case | contender | peak MiB | s (f+b) | rounds |", "|---|---|---|---|---|"]
+    for case in cases:
+        rows = [r for r in table if (r["size"], r["dtype"], r["layout"]) == case and not r["against"]]
+        for who in dict.fromkeys(r["of"] for r in rows):
+            peak, secs = (next(r for r in rows if r["of"] == who and r["quantity"] == q) for q in ("peak_mib", "time_s"))
+            lines.append(f"| {' '.join(case)} | {who} | {cell(peak, 0)} | {cell(secs, 2)} | {peak['rounds']} |")
+    lines += ["", "| case | ratio | against | peak | time |", "|---|---|---|---|---|"]
+    for case in cases:
+        rows = [r for r in table if (r["size"], r["dtype"], r["layout"]) == case and r["against"]]
+        for pair in dict.fromkeys((r["of"], r["against"]) for r in rows):
+            peak, secs = (next(r for r in rows if (r["of"], r["against"]) == pair and r["quantity"] == q + " ratio")
+                          for q in ("peak_mib", "time_s"))
+            lines.append(f"| {' '.join(case)} | {pair[0]} | {pair[1]} | {cell(peak, 2)}x | {cell(secs, 2)}x |")
+    return "\n".join(lines)
+
+
+def write_csv(path, rows):
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the V = 32000 logits cases only")
-    ap.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {list(SIZES)}")
+    ap.add_argument("--sizes", default="V32000,V151936", help=f"comma-separated, of {list(SIZES)}")
     ap.add_argument("--dtypes", default="float32,bf16", help="comma-separated, of float32 and bf16")
     ap.add_argument("--layouts", default="contiguous,shifted,fused", help="comma-separated, of contiguous, "
                     "shifted (the student's logits) and fused (hidden states, against Liger)")
-    ap.add_argument("--repeats", type=int, default=2, help="timed calls after the cold (peak) call")
+    ap.add_argument("--contenders", default=None, help="a ';'-separated subset of the contenders (default all)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed calls after the cold (peak) call (0: the time "
+                    "of the cold call itself)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1: on a shared, "
                     "oversubscribed machine every parallel op waits for its threads to be scheduled)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "bench_losses.csv"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "bench_losses.csv"),
+                    help="the rows, one per process; the summary goes beside it (NAME_summary.csv)")
+    ap.add_argument("--table", metavar="SUMMARY_CSV", help="print the markdown tables of benchmarks/README.md from "
+                    "a summary CSV, and exit")
     ap.add_argument("--child", nargs=4, metavar=("SIZE", "DTYPE", "LAYOUT", "CONTENDER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(*args.child, args.repeats, args.threads)
+        return 0
+    if args.table:
+        print(markdown(list(csv.DictReader(open(args.table)))))
         return 0
     from llm_bridge.losses import oracle
     try:
@@ -182,34 +327,43 @@ def main():
     except oracle.OracleMissing:
         liger = False
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}     # the default allocator
-    print(f"threads = {args.threads}; fresh process per contender, default allocator; Liger: "
+    print(f"threads = {args.threads}; fresh process per contender, default allocator, {args.rounds} interleaved "
+          f"rounds; {os.cpu_count()} cores; Liger: "
           f"{'LigerFusedLinearJSDLoss 0.8.5 (torch path)' if liger else 'absent (make oracle)'}")
-    rows = []
     sizes, layouts = args.sizes.split(","), args.layouts.split(",")
     if args.quick:
         sizes, layouts = ["V32000"], [x for x in layouts if x != "fused"]
-    for size, dtype, layout, contenders in cases(sizes, args.dtypes.split(","), layouts, liger):
-        result = {}
-        for contender in contenders:
-            out = subprocess.run([sys.executable, __file__, "--child", size, dtype, layout, contender,
-                                  "--repeats", str(args.repeats), "--threads", str(args.threads)],
-                                 env=env, capture_output=True, text=True, check=True)
-            result[contender] = json.loads(out.stdout.strip().splitlines()[-1])
-            rows.append({"size": size, **SIZES[size], "dtype": dtype, "layout": layout, "contender": contender,
-                         **{k: round(v, 4) for k, v in result[contender].items()}})
-            result[contender]["nice"] = int(result[contender]["nice"])
-        print(f"\n{size} {SIZES[size]}, {dtype}, {layout}")
-        print(f"{'':>22} {'peak MiB':>9} {'slack':>6} {'s (f+b)':>8} {'nice':>5}")
-        for contender, r in result.items():
-            print(f"{contender:>22} {r['peak_mib']:9.0f} {r['slack_mib']:6.0f} {r['time_s']:8.3f} {r['nice']:5d}")
-        for a, b in RATIOS:
-            if a in result and b in result:
-                print(f"{'ratio ' + a + ' / ' + b:>48}: peak {result[a]['peak_mib'] / result[b]['peak_mib']:5.2f}x, "
-                      f"time {result[a]['time_s'] / result[b]['time_s']:5.2f}x")
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+    chosen = args.contenders.split(";") if args.contenders else None
+    todo = [(size, dtype, layout, [c for c in contenders if chosen is None or c in chosen])
+            for size, dtype, layout, contenders in cases(sizes, args.dtypes.split(","), layouts, liger)]
+    rows = []
+    out = Path(args.out)
+    for rnd in range(args.rounds):
+        for size, dtype, layout, contenders in todo:
+            order = contenders[rnd % len(contenders):] + contenders[:rnd % len(contenders)]     # rotated
+            checks = {}
+            for contender in order:
+                proc = subprocess.run([sys.executable, __file__, "--child", size, dtype, layout, contender,
+                                       "--repeats", str(args.repeats), "--threads", str(args.threads)],
+                                      env=env, capture_output=True, text=True, check=True)
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                checks[contender] = r.pop("check")
+                rows.append({"round": rnd, "size": size, **SIZES[size], "dtype": dtype, "layout": layout,
+                             "contender": contender, **{k: round(v, 4) for k, v in r.items()}})
+                print(f"round {rnd} {size} {dtype} {layout:>10} {contender:>18}: peak {r['peak_mib']:7.0f} MiB, "
+                      f"{r['time_s']:7.3f} s, load {r['load1']:.1f}", flush=True)
+            logits = [c for c in checks if c in LOGIT_CONTENDERS]
+            for c in logits[1:]:                 # the contenders compute the same loss and gradient
+                for x, y in zip(checks[c], checks[logits[0]]):
+                    if abs(x - y) > 2e-3 * abs(y):
+                        raise SystemExit(f"{c} disagrees with {logits[0]}: {checks[c]} against {checks[logits[0]]}")
+            write_csv(out, rows)
+            table = summary(rows)                # rewritten after every case: an interrupted run keeps its rounds
+            write_csv(out.with_name(out.stem + "_summary.csv"), table)
+    for r in table:
+        if r["against"]:
+            print(f"{r['size']} {r['dtype']} {r['layout']:>10} {r['quantity']:>16} {r['of']} / {r['against']}: "
+                  f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]")
     return 0
 
 

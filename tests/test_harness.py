@@ -254,3 +254,45 @@ def test_config_validates_at_construction_and_names_the_field():
         c.replace(rate=-1.0)
     with pytest.raises(AttributeError):
         c.rate = 0.1                                                     # frozen
+
+
+class RecordingBar:
+    """A stand-in for tqdm that records its total and every update."""
+    made = []
+
+    def __init__(self, total=None, **kw):
+        self.total, self.updates, self.postfix = total, [], ""
+        RecordingBar.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        self.updates.append(n)
+
+    def set_postfix_str(self, s, refresh=True):
+        self.postfix = s
+
+
+def test_the_progress_bar_advances_by_each_cell_s_cost(tmp_path, monkeypatch):
+    """With ``cost``, the bar's total is the summed cost and each finished cell advances it by its own cost
+    (resumed cells first, together), so that its fraction and ETA follow the work; it still counts cells.
+    A cost that is not positive and finite is a ValueError."""
+    import tqdm
+    monkeypatch.setattr(tqdm, "tqdm", RecordingBar)
+    cells = [Cell("e", "k", {"x": x}) for x in (3, 1, 2)]
+    cost = {3: 10.0, 1: 0.5, 2: 2.0}
+    run_cells(cells[:1], _square, str(tmp_path), cost=lambda c: cost[c["x"]])
+    bar = RecordingBar.made[-1]
+    assert bar.total == 10.0 and bar.updates == [0, 10.0] and bar.postfix == "1/1 cells"
+    run_cells(cells, _square, str(tmp_path), cost=lambda c: cost[c["x"]])
+    bar = RecordingBar.made[-1]
+    assert bar.total == 12.5 and bar.updates == [10.0, 0.5, 2.0] and bar.postfix == "3/3 cells"
+    run_cells(cells, _square, str(tmp_path), resume=False)                         # no cost: one per cell
+    assert RecordingBar.made[-1].total == 3 and RecordingBar.made[-1].updates == [0, 1.0, 1.0, 1.0]
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="cost"):
+            run_cells(cells, _square, str(tmp_path), cost=lambda c: bad)

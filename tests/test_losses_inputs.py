@@ -280,6 +280,7 @@ def test_sampled_losses_name_a_minus_inf_teacher_log_prob_and_ignore_it_at_weigh
 # autograd
 # ------------------------------------------------------------------------------------------------
 def test_a_second_backward_gives_the_same_gradient_and_double_backward_is_a_clear_error():
+    """create_graph=True gives the gradient (tied to the student); differentiating it again raises."""
     s, t, mask, weights = problem(seed=13)
     teachers = t.clone().requires_grad_()
     w = weights.clone().requires_grad_()
@@ -292,8 +293,10 @@ def test_a_second_backward_gives_the_same_gradient_and_double_backward_is_a_clea
         assert teachers.grad is None and w.grad is None           # teachers and weights are constants
         s.grad = None
         loss, _ = fn(s, teachers, w, mask)
-        with pytest.raises(RuntimeError, match="cannot differentiate twice"):
-            torch.autograd.grad(loss, s, create_graph=True)
+        (g3,) = torch.autograd.grad(loss, s, create_graph=True)     # a graph for other terms: the same gradient
+        assert torch.equal(g3, g1) and g3.requires_grad
+        with pytest.raises(RuntimeError, match="cannot differentiate twice"):   # a second derivative: never a 0
+            torch.autograd.grad((g3 * g3).sum(), s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -542,3 +545,122 @@ def test_the_losses_page_snippet_uses_trl_s_shifted_convention():
     assert float(ns["loss"]) == pytest.approx(float(per[kept].mean()), rel=1e-12)
     assert ns["metrics"]["n_positions"] == int(kept.sum()) == 7
     assert ns["student_logits"].grad is not None and torch.all(ns["student_logits"].grad[:, -1] == 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# autocast, torch.func and meta tensors (issue 46)
+# ------------------------------------------------------------------------------------------------
+def float32_problem(B=2, T=6, V=32000, K=3, H=48, seed=46):
+    """float32 logits at a user's vocabulary (V = 32k), or hidden states and an lm_head for the fused path."""
+    g = torch.Generator().manual_seed(seed)
+    s = (3 * torch.randn(B, T, V, generator=g)).requires_grad_()
+    t = 3 * torch.randn(K, B, T, V, generator=g)
+    h = torch.randn(B, T, H, generator=g).requires_grad_()
+    w = (torch.randn(V, H, generator=g) / 4).requires_grad_()
+    return s, t, h, w
+
+
+LOSSES = [("forward", lambda s, t: forward_kl(s, t, W3)), ("reverse", lambda s, t: reverse_kl(s, t, W3)),
+          ("jsd", lambda s, t: generalized_jsd(s, t, W3, beta=0.3))]
+
+
+@pytest.mark.parametrize("kind, fn", LOSSES)
+def test_values_and_gradients_under_bf16_autocast_equal_the_float32_ones(kind, fn):
+    """torch.autocast("cpu", bfloat16) around the loss (a common training set-up) changes nothing: the chunk
+    products are computed in float32 whatever autocast says (before the fix a bmm ran in bf16: forward KL
+    1.00212 -> 1.0, gradients off by up to 1e-2 relative). Logits and the fused path's lm_head alike."""
+    s, t, h, w = float32_problem()
+    want, _ = fn(s, t)
+    (g_want,) = torch.autograd.grad(want, s)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, metrics = fn(s, t)
+    (g_got,) = torch.autograd.grad(got, s)
+    assert got.dtype == torch.float32 and metrics["loss_per_position"].dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(g_got, g_want, rtol=1e-6, atol=1e-12)
+
+    def fused():
+        return fused_linear_loss(h, w, t, W3, kind=kind, beta=0.3)[0]
+    want = fused()
+    g_want = torch.autograd.grad(want, (h, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fused()
+    g_got = torch.autograd.grad(got, (h, w))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind, fn", LOSSES)
+def test_torch_func_grad_and_jacrev_equal_autograd_and_the_rest_is_a_clear_error(kind, fn):
+    """torch.func.grad / vjp / jacrev (reverse mode: the closed-form gradient, through setup_context) equal
+    torch.autograd.grad; vmap and forward mode (jvp) are a RuntimeError naming what is supported, and a
+    second derivative through torch.func is the same clear error as create_graph=True."""
+    s, t, _, _ = float32_problem(V=50)
+    loss, metrics = fn(s, t)
+    (want,) = torch.autograd.grad(loss, s)
+    got = torch.func.grad(lambda x: fn(x, t)[0])(s)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-12)
+    value, vjp = torch.func.vjp(lambda x: fn(x, t)[0], s)
+    torch.testing.assert_close(value, loss.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(vjp(torch.tensor(2.0))[0], 2 * want, rtol=1e-6, atol=1e-12)
+    per = torch.func.jacrev(lambda x: fn(x, t)[0])(s)
+    torch.testing.assert_close(per, want, rtol=1e-6, atol=1e-12)
+    # the metrics come back under a transform too
+    def with_aux(x):
+        loss, metrics = fn(x, t)
+        return loss, metrics["loss_per_position"]
+    _, aux = torch.func.grad(with_aux, has_aux=True)(s)
+    torch.testing.assert_close(aux, metrics["loss_per_position"], rtol=0, atol=0)
+    for transform in (lambda f: torch.func.vmap(f)(torch.stack([s.detach(), s.detach()])),    # two problems
+                      lambda f: torch.func.jvp(f, (s.detach(),), (torch.ones_like(s),))):
+        with pytest.raises(RuntimeError, match=r"torch\.func\.grad"):
+            transform(lambda x: fn(x, t)[0])
+    with pytest.raises(RuntimeError, match="cannot differentiate twice"):
+        torch.func.grad(lambda x: torch.func.grad(lambda y: fn(y, t)[0])(x).sum())(s)
+
+
+def test_meta_tensors_are_a_clear_error():
+    """Meta tensors (shape tracing) have no values to validate or differentiate: a ValueError that says so,
+    not an error from inside .item()."""
+    s, t, h, w = float32_problem(V=50)
+    for args in ((s.to("meta"), t), (s, t.to("meta")), (s.to("meta"), t.to("meta"))):
+        for fn in (forward_kl, reverse_kl, generalized_jsd):
+            with pytest.raises(ValueError, match="meta device"):
+                fn(*args, W3)
+    with pytest.raises(ValueError, match="meta device"):
+        fused_linear_loss(h.to("meta"), w.to("meta"), t, W3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shifted_student_gets_its_gradient_in_one_full_size_buffer(dtype):
+    """logits[:, :-1] of a leaf (the HF / TRL call): forward + backward allocate one buffer of the leaf's size
+    (its .grad, with zeros in the dropped position), not a (B, T, V) gradient and then the slice's own
+    zero-filled copy (issue 46: the peak of the shifted float32 view); the gradient equals that of the
+    contiguous copy, a per-position loss ('none') and a permuted view stay right."""
+    from torch.profiler import ProfilerActivity, profile
+    g = torch.Generator().manual_seed(46)
+    B, T, V = 2, 64, 500
+    leaf = torch.randn(B, T + 1, V, generator=g).to(dtype).requires_grad_()
+    t = torch.randn(3, B, T + 1, V, generator=g)
+    whole = B * T * V * leaf.element_size()
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            fn(leaf[:, :-1], t[:, :, :-1], W3, chunk_size=8, metrics=False)[0].backward()
+        big = [e for e in prof.events() if e.name.startswith("aten::empty") and e.cpu_memory_usage >= whole / 2]
+        assert len(big) == 1, [(e.name, e.cpu_memory_usage) for e in big]
+        got, leaf.grad = leaf.grad, None
+        copy = leaf.detach()[:, :-1].clone().requires_grad_()
+        (want,) = torch.autograd.grad(fn(copy, t[:, :, :-1], W3)[0], copy)
+        assert torch.equal(got[:, -1], torch.zeros_like(got[:, -1]))
+        torch.testing.assert_close(got[:, :-1], want, rtol=1e-6, atol=0)
+        later = leaf.detach()[:, 1:].clone().requires_grad_()
+        per, _ = fn(leaf[:, 1:], t[:, :, 1:], W3, reduction="none")
+        (got,) = torch.autograd.grad((per * torch.arange(T)).sum(), leaf)
+        (want,) = torch.autograd.grad((fn(later, t[:, :, 1:], W3, reduction="none")[0] * torch.arange(T)).sum(), later)
+        torch.testing.assert_close(got[:, 1:], want, rtol=1e-6, atol=0)
+        perm = leaf.transpose(0, 1)[:-1].transpose(0, 1)              # the same positions, another view chain
+        mask = (torch.arange(T) % 3 > 0).expand(B, T)
+        (got,) = torch.autograd.grad(fn(perm, t[:, :, :-1], W3, mask)[0], leaf)
+        (want,) = torch.autograd.grad(fn(copy, t[:, :, :-1], W3, mask)[0], copy)
+        torch.testing.assert_close(got[:, :-1], want, rtol=1e-6, atol=0)

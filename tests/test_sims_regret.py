@@ -114,3 +114,30 @@ def test_bad_arguments_exit_2_with_one_line(bad, tmp_path):
     bad = [b.replace("{file}", str(blocker)) for b in bad]
     proc = run(*bad, "--quick", "--only", "offpolicy-tabular", check=False, timeout=60)
     assert_usage_error(proc)
+
+
+def test_the_progress_weights_are_the_benchmark_s_costs():
+    """sims.regret.CELL_COST (the progress bar's weights) is benchmarks/regret_cell_costs.csv's CPU seconds per
+    seed x round, for every kind of cell; a function-approximation cell weighs far more than a tabular one."""
+    from sims import regret
+    table = pd.read_csv(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                     "benchmarks", "regret_cell_costs.csv"))
+    assert dict(zip(table.kind, table.cpu_per_seed_round)) == regret.CELL_COST
+    assert set(regret.CELL_COST) == set(regret.RUNNERS)
+    cells = regret.cells_for(regret.sizes(regret.SIZES, quick=False))
+    share = sum(regret.cell_cost(c) for c in cells if c.kind == "loglinear") / sum(map(regret.cell_cost, cells))
+    assert share == pytest.approx(table.set_index("kind").share["loglinear"], abs=2e-3) and share > 0.5
+
+
+def test_the_run_weights_its_progress_bar_by_cell_cost(tmp_path, monkeypatch):
+    """main hands cell_cost to run_cells (stopped there: nothing runs)."""
+    from sims import regret
+    seen = {}
+
+    def stop(cells, run_cell, out, **kw):
+        seen.update(kw)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(regret, "run_cells", stop)
+    with pytest.raises(KeyboardInterrupt):
+        regret.main(["--quick", "--out", str(tmp_path)])
+    assert seen["cost"] is regret.cell_cost

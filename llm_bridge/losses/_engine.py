@@ -2,6 +2,7 @@
 (:class:`Problem`), then the loss per position with the student's gradient computed chunk by chunk
 during the forward pass (:class:`ChunkedLoss`), then the reduction."""
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -85,6 +86,19 @@ def locate_bad_input(problem, idx, kind):
                 _raise_at(f"teacher {k} logits", x, bad, positions, problem.T, message)
     raise ValueError(f"the loss is not finite at position {[int(positions[0]) // problem.T, int(positions[0]) % problem.T]} "
                      f"or after it in that chunk, though every input there is finite")
+
+
+def check_not_meta(**tensors):
+    """A ValueError for a tensor on the meta device (shapes without values): the losses validate their inputs
+    and compute the student's gradient during the forward pass, and both read values."""
+    for name, x in tensors.items():
+        xs = x if isinstance(x, (list, tuple)) else [x]
+        for t in xs:
+            for part in ((t.ids, t.log_probs) if isinstance(t, TopK) else (t,)):
+                if torch.is_tensor(part) and part.device.type == "meta":
+                    raise ValueError(f"{name} is on the meta device: the losses validate their inputs and compute "
+                                     f"the student's gradient in the forward pass, which needs values; call them "
+                                     f"on real tensors (cpu, cuda)")
 
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -277,6 +291,8 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
     teachers = list(teachers)
     if not teachers:
         raise ValueError("teacher_logits is empty: give at least one teacher")
+    check_not_meta(**{("hidden_states" if hidden else "student_logits"): s, "teacher_logits": teachers,
+                      "weights": weights, "mask": mask, "bias": bias})
     topk = [isinstance(t, TopK) for t in teachers]
     if any(topk) and not all(topk):
         raise ValueError("teachers must be all full logits or all TopK, not a mix")
@@ -364,13 +380,16 @@ def reduction_scale(problem):
     return 1.0 / problem.B if problem.reduction == "batchmean" else 1.0
 
 
-def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False):
+def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False, base=None):
     """The loop over chunks of kept positions. ``kernel(idx, z, factor, need_grad)`` gets the chunk's
     student logits z (n, V) (divided by the temperature, in the compute dtype, its own buffer) and
     returns (loss (n,), check (n,), metrics), with, when asked, factor x d loss.sum() / d z written over
     z. A non-finite ``check`` row is bad input (NaN / inf, or -inf where it is infinite): the chunk's
     inputs are then searched for the first bad entry (locate_bad_input). Returns (losses (N,),
-    gradient with respect to the student (its shape and dtype) or None, and to the lm_head weight)."""
+    gradient with respect to the student (its shape and dtype) or None, and to the lm_head weight).
+    ``base``: the contiguous tensor the student is a view of (a shifted ``logits[:, :-1]``): the gradient is
+    then written into a zero buffer of the base's shape and returned as the base's gradient, so that the
+    view's backward (a second full-size buffer) never runs (see :func:`view_base`)."""
     N, V, c = problem.B * problem.T, problem.V, problem.compute
     device = student.device
     dense = bool(problem.mask.all())                    # every position: contiguous slices, no gathers
@@ -380,7 +399,11 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
     losses = torch.zeros(N, dtype=c, device=device)
     need = grad_in or grad_w
     g_in = None
-    if grad_in:
+    g_base = None
+    if grad_in and base is not None:
+        g_base = torch.zeros(base.shape, dtype=base.dtype, device=device)
+        g_in = g_base.as_strided(student.shape, student.stride(), student.storage_offset() - base.storage_offset())
+    elif grad_in:
         width = student.shape[-1]
         fill = dense and (problem.hidden or V == width)
         g_in = (torch.empty if fill else torch.zeros)((N, width), dtype=student.dtype, device=device)
@@ -391,7 +414,7 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
         idx = slice(lo, min(lo + problem.chunk, count)) if dense else positions[lo:lo + problem.chunk]
         x = problem.student_rows(idx)
         if weight is None:
-            direct = g_in is not None and dense and g_in.dtype == c and V == x.shape[1]
+            direct = g_in is not None and g_base is None and dense and g_in.dtype == c and V == x.shape[1]
             z = g_in[idx] if direct else torch.empty((x.shape[0], V), dtype=c, device=device)
             z.copy_(x[:, :V])
         else:
@@ -412,6 +435,12 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
                     g_w[:V].addmm_(z.T, x)
                 if g_in is not None:
                     g_in[idx] = (z @ w_c).to(g_in.dtype)
+            elif g_base is not None and dense:          # slices of the (B, T, V) view, one per sample
+                for b, t0, t1, r0 in sample_runs(idx.start, idx.stop, problem.T):
+                    g_in[b, t0:t1, :V] = z[r0:r0 + t1 - t0]
+            elif g_base is not None:
+                at = idx.to(device)
+                g_in[at // problem.T, at % problem.T, :V] = z.to(g_in.dtype)
             elif not direct and g_in is not None:
                 if dense:
                     g_in[idx, :V] = z
@@ -422,9 +451,38 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
                 shape = (value.shape[0], N) if value.ndim == 2 else (N,)
                 out_metrics[name] = torch.full(shape, math.nan, dtype=c, device=device)
             out_metrics[name][..., idx] = value
-    if g_in is not None:
+    if g_base is not None:
+        g_in = g_base
+    elif g_in is not None:
         g_in = g_in.reshape(student.shape)
     return losses, g_in, g_w
+
+
+def sample_runs(lo, hi, T):
+    """The flat positions [lo, hi) as runs within one sample: (b, t0, t1, first row of the run)."""
+    pos = lo
+    while pos < hi:
+        b, t = divmod(pos, T)
+        n = min(hi - pos, T - t)
+        yield b, t, t + n, pos - lo
+        pos += n
+
+
+def view_base(problem, student):
+    """The tensor to differentiate instead of ``student`` when it is a non-overlapping view (a slice such as
+    the shifted ``logits[:, :-1]``) of a contiguous tensor that requires grad: that base, whose gradient
+    is then built in one buffer; else None. Only for a scalar reduction of the logits path."""
+    base = student._base
+    if (problem.hidden or problem.reduction == "none" or base is None or student.grad_fn is None
+            or not base.requires_grad
+            or not base.is_contiguous() or base.dtype != student.dtype or base.device != student.device):
+        return None
+    span = 1                                  # non-overlapping: each stride at least the span of the smaller ones
+    for stride, size in sorted((st, n) for st, n in zip(student.stride(), student.shape) if n > 1):
+        if stride < span:
+            return None
+        span = stride * size
+    return base
 
 
 def _reduced(losses, problem):
@@ -434,51 +492,110 @@ def _reduced(losses, problem):
                         problem.num_items_in_batch)
 
 
+UNSUPPORTED = ("the distillation losses compute the student's gradient in closed form during the forward pass: "
+               "supported are loss.backward(), torch.autograd.grad and the reverse-mode transforms torch.func.grad, "
+               "vjp and jacrev; not {what} (for per-position losses pass reduction='none')")
+
+
+def float32_products(device):
+    """Autocast off for the chunk loop: the products are computed in the compute dtype (float32, or float64)
+    whatever ``torch.autocast`` asks (a bf16 bmm would round the loss and its gradient)."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class Results:
+    """What the forward pass hands to ``setup_context`` and to the caller: the metrics and the gradients. A
+    plain object, not a dict: torch.func flattens dict arguments into copies, this passes through as it is."""
+
+    def __init__(self):
+        self.metrics, self.g_in, self.g_w = {}, None, None
+        self.from_base = False          # the student passed is the base of the problem's student (view_base)
+
+
 class ChunkedLoss(torch.autograd.Function):
-    """The reduced loss (or the (B, T) losses for 'none'), its gradient computed in the forward pass."""
+    """The reduced loss (or the (B, T) losses for 'none'), its gradient computed in the forward pass.
+    forward / setup_context kept apart, as torch.func asks: grad, vjp and jacrev work; vmap and forward mode
+    (jvp) are a RuntimeError naming what works."""
 
     @staticmethod
-    def forward(ctx, student, weight, problem, kernel, out_metrics):
-        need_w = weight is not None and ctx.needs_input_grad[1]
-        losses, g_in, g_w = run(problem, kernel, student, weight, out_metrics, grad_in=ctx.needs_input_grad[0],
-                                grad_w=need_w)
-        out_metrics["loss_per_position"] = losses
-        ctx.save_for_backward(g_in, g_w)
-        ctx.w_dtype = weight.dtype if weight is not None else None
-        ctx.per_position = problem.reduction == "none"
+    def forward(student, weight, problem, kernel, out, need_in, need_w):
+        """``student``: the problem's student, or the base it is a view of (:func:`view_base`)."""
+        base = student if out.from_base else None
+        with float32_products(student.device):
+            losses, out.g_in, out.g_w = run(problem, kernel, problem.student if base is not None else student,
+                                            weight, out.metrics, grad_in=need_in, grad_w=need_w, base=base)
+        out.metrics["loss_per_position"] = losses
         return _reduced(losses, problem)
 
     @staticmethod
+    def setup_context(ctx, inputs, output):
+        student, weight, problem, _, out, _, _ = inputs
+        ctx.save_for_backward(out.g_in, out.g_w, student, weight)
+        ctx.w_dtype = weight.dtype if weight is not None else None
+        ctx.per_position = problem.reduction == "none"
+
+    @staticmethod
     def backward(ctx, grad_out):
-        if torch.is_grad_enabled():                 # create_graph=True: the saved gradient is not a graph
-            raise RuntimeError("the distillation losses compute the student's gradient during the forward pass, "
-                               "so they cannot differentiate twice (create_graph=True, double backward); "
-                               "write the objective out with torch ops where a second derivative is needed")
-        g_in, g_w = ctx.saved_tensors
+        g_in, g_w, student, weight = ctx.saved_tensors
         if ctx.per_position:
-            return (g_in * grad_out[..., None].to(g_in.dtype) if g_in is not None else None), None, None, None, None
-        # a scalar upstream gradient: 1 (loss.backward()) hands the saved buffer over as it is, with no
-        # second full-size buffer (autograd copies it only if the graph is retained); else a scaled copy
-        one = bool(grad_out == 1)
-        if g_in is not None and not one:
-            g_in = g_in * grad_out.to(g_in.dtype)
-        if g_w is not None:
-            g_w = (g_w if one else g_w * grad_out).to(ctx.w_dtype)
-        return g_in, g_w, None, None, None
+            g_in = g_in * grad_out[..., None].to(g_in.dtype) if g_in is not None else None
+        else:
+            # a scalar upstream gradient: 1 (loss.backward()) hands the saved buffer over as it is, with no
+            # second full-size buffer (autograd copies it only if the graph is retained); else a scaled copy
+            one = not torch.is_grad_enabled() and bool(grad_out == 1)
+            if g_in is not None and not one:
+                g_in = g_in * grad_out.to(g_in.dtype)
+            if g_w is not None:
+                g_w = (g_w if one else g_w * grad_out).to(ctx.w_dtype)
+        if torch.is_grad_enabled():         # create_graph=True, torch.func: a second derivative must not be 0
+            inputs = [x for x in (student, weight) if x is not None]
+            g_in, g_w = (None if g is None else Once.apply(g, *inputs) for g in (g_in, g_w))
+        return g_in, g_w, None, None, None, None, None
+
+    @staticmethod
+    def vmap(info, in_dims, *args):
+        raise RuntimeError(UNSUPPORTED.format(what="torch.func.vmap"))
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise RuntimeError(UNSUPPORTED.format(what="forward-mode AD (torch.func.jvp, jacfwd, forward_ad)"))
+
+
+class Once(torch.autograd.Function):
+    """The saved gradient, tied to the inputs it depends on: differentiating it again raises (the closed form
+    has no graph, so a second derivative through it would be a silent zero)."""
+
+    generate_vmap_rule = True           # jacrev vmaps over the backward
+
+    @staticmethod
+    def forward(g, *inputs):
+        return g.view_as(g)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("the distillation losses compute the student's gradient during the forward pass, so "
+                           "they cannot differentiate twice (create_graph=True, double backward, nested "
+                           "torch.func.grad); write the objective out with torch ops where a second derivative "
+                           "is needed")
 
 
 def compute(problem, kernel, student, weight=None):
-    """(loss, metrics): through ChunkedLoss when a gradient is wanted, else (no_grad, inference_mode,
-    nothing requiring grad) the same loop with no gradient work."""
-    out = {}
-    wants = torch.is_grad_enabled() and (student.requires_grad or (weight is not None and weight.requires_grad))
-    if wants:
-        loss = ChunkedLoss.apply(student, weight, problem, kernel, out)
-    else:
-        losses, _, _ = run(problem, kernel, student, weight, out)
-        out["loss_per_position"] = losses
-        loss = _reduced(losses, problem)
-    return loss, finish_metrics(problem, out)
+    """(loss, metrics) through ChunkedLoss, which computes the gradient only when one is wanted (no_grad,
+    inference_mode or nothing requiring grad: the same loop with no gradient work)."""
+    out = Results()
+    grad = torch.is_grad_enabled()
+    need_w = grad and weight is not None and weight.requires_grad
+    need_in = grad and student.requires_grad
+    base = view_base(problem, student) if need_in else None
+    out.from_base = base is not None
+    loss = ChunkedLoss.apply(student if base is None else base, weight, problem, kernel, out, need_in, need_w)
+    return loss, finish_metrics(problem, out.metrics)
 
 
 def finish_metrics(problem, metrics):

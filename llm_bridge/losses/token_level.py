@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ._engine import compute, locate_bad_input, prepare, rows
+from ._engine import check_not_meta, compute, locate_bad_input, prepare, rows
 
 # The beta of a generalised JSD in other libraries, against ours (0 = forward KL, 1 = reverse KL), read
 # from each release's source and, where stated, run against ours (tests/test_losses_oracle.py):
@@ -76,8 +76,9 @@ def _topk_rows(kind, s_logp, ids, lp, tail, V, beta):
 
 
 def _dot(a, b):
-    """Row-wise dot product of two (n, V) tensors, with no (n, V) temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(-1)
+    """Row-wise dot product of two (n, V) tensors. torch.linalg.vecdot, not a batched (1, V) x (V, 1) bmm: on the
+    CPU the bmm took 15x longer at n = 65, V = 32000 (one thread; 42 ms against 2.7 ms), a third of the loss's time."""
+    return torch.linalg.vecdot(a, b)
 
 
 def _kernel(problem, kind, beta):
@@ -300,6 +301,7 @@ def _fused(hidden_states, lm_head_weight, teacher_logits, weights, mask, kind, b
            teacher_temperature, chunk_size, reduction, vocab_size, tail, metrics, num_items_in_batch, empty_mask):
     if kind not in ("forward", "reverse", "jsd"):
         raise ValueError(f"kind = {kind!r} must be 'forward', 'reverse' or 'jsd'")
+    check_not_meta(hidden_states=hidden_states, lm_head_weight=lm_head_weight)
     if not torch.is_tensor(hidden_states) or hidden_states.ndim != 3:
         raise ValueError("hidden_states must be a (B, T, H) tensor")
     if not torch.is_tensor(lm_head_weight) or lm_head_weight.ndim != 2 or lm_head_weight.shape[1] != hidden_states.shape[2]:
