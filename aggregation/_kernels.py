@@ -7,10 +7,10 @@ The vectorised exp / log and the soft backward step they build on are in ``jit.p
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import exp_inplace, fetch_add_one, log_inplace, soft_value
+from .jit import atomic_add, exp_inplace, fetch_add_one, log_inplace, soft_value
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -38,10 +38,16 @@ def log_kernel(x):
 # what the error analysis asks for, not a habit: a log-probability near 0 (a token of probability
 # near 1) is the difference of two numbers of size |ln Z| (or the log of a sum near 1), so a float32
 # exp or a float32 sum would leave an absolute error ~1e-7 there, thousands of float32 ulps of the
-# result. In float64 the result is the exact value (for the given inputs and weights) up to ~1e-15
-# relative to the terms, and then rounded once to the output dtype: within 1 float32 ulp of the exact
-# value plus 1e-13 (|s| + |ln Z| + 1) absolute for float32 (tests/test_aggregation_kernels.py checks it against an
-# extended-precision reference). Bandwidth: 4 bytes a value read and written for float32, as the data.
+# result. In float64 the result is the exact value for the given inputs and weights up to the float64
+# rounding of the terms, rounded once to the output dtype:
+#     |out - exact| <= 1 ulp of the output dtype at exact + (8 + N) u (|s| + |ln Z| + 1),   u = 2^-53,
+# with N = n for the geometric pool (a float64 sum of n positive terms is within (n - 1) u of exact) and
+# N = K for the mixture (scale max_k |ln p_k| + 1 in place of |s| + |ln Z| + 1); ln Z itself is within
+# (8 + n) u (|ln Z| + 1). For float32 outputs the second term is below the first unless |out| is
+# below (8 + N) 2^-29 times the scale: float32 results are within 1 ulp of the exact value rounded
+# except for log-probabilities within ~1e-4 of 0 at n = 152k. tests/test_aggregation_dtypes.py checks
+# the bound for both dtypes against an extended-precision (long double) reference.
+# Bandwidth: 4 bytes a value read and written for float32, as the data.
 #
 # Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
 # there are fewer than 4 rows a worker), and ``n_workers`` workers take items one at a time from an
@@ -141,6 +147,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
     by-product of the pass (a separate NumPy validation pass costs as much as the pool): 1 = some
     entry > 0 or NaN, 2 = empty support (every token -inf under some teacher). The wrapper raises on a
     non-zero status; out is then not valid for that row.
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1).
     """
     K, M, n = log_probs.shape
     workers = max(1, min(n_workers, M * n))
@@ -201,10 +208,10 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
         st, lse = _row_status(tot, pos, chk, srows[m], n, e, ba, bb)
         status[m] = st
         log_z[m] = lse
-    counter[0] = 0
+    counter2 = np.zeros(1, np.int64)
     for wk in prange(workers):
         while True:
-            it = fetch_add_one(counter)
+            it = fetch_add_one(counter2)
             if it >= items:
                 break
             m = it // nb
@@ -264,6 +271,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     dtype (or float64), status: (M,) int8 (1 = entry > 0 or NaN). Elementwise over (m, a), so the items are
     blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; K - 1 exps and one
     log per entry, in float64 tiles.
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1).
     """
     K, M, n = log_probs.shape
     workers = max(1, min(n_workers, M * n))
@@ -316,64 +324,156 @@ def pooled_weights_kernel(log_probs, weights):
     return r
 
 
-@njit(parallel=True, cache=True)
-def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
-    """Backward recursion for ln Z in linear space with a per-step scale   (theory section 2).
+_ITEM_WORK = 1 << 14   # (state, token) pairs of one work item of the recursion
 
-    Z_h(s) = sum_a exp(r[s, a]) Z_{h+1}(next_state[s, a]), Z_H = 1, Z = 1 after an end (-1).
-    exp(r) is taken once; each step is a gather and multiply-add, then the vector is divided by its
-    maximum c_h and ln c_h accumulated, so out[h] = ln(scaled Z_h) + sum ln c.
-    next_state: (S, n) int64, reward: (S, n) with every finite entry >= -700, out: (H + 1, S).
-    Returns False when a state with a positive Z underflowed (its scaled value fell below 1e-280,
-    or to 0 although some continuation has positive weight): out is then not valid and the caller
-    falls back to the log-space kernel.
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
+    """weight[s, a] = exp(sum_j weights[j] log_probs[teachers[j], s, a]): the pooled probabilities of the
+    linear recursion in one pass, fused (no copy of the positive-weight teachers' table, no reward
+    table, no separate finiteness pass). teachers: int64 indices of the positive-weight teachers.
+    Returns the smallest finite pooled log-weight (inf when there is none)."""
+    K2 = teachers.shape[0]
+    S, n = weight.shape
+    rows = max(1, _ITEM_WORK // n)
+    items = (S + rows - 1) // rows
+    mins = np.full(items, np.inf)
+    counter = np.zeros(1, np.int64)
+    for wk in prange(max(1, min(n_workers, items))):
+        e = np.zeros(_TILE)
+        ba = np.empty(_TILE, np.int64)
+        bb = np.empty(_TILE, np.int64)
+        while True:
+            it = fetch_add_one(counter)
+            if it >= items:
+                break
+            mn = np.inf
+            for s in range(it * rows, min(S, (it + 1) * rows)):
+                for a0 in range(0, n, _TILE):
+                    t = min(_TILE, n - a0)
+                    k0 = teachers[0]
+                    w0 = weights[0]
+                    for i in range(t):
+                        e[i] = w0 * log_probs[k0, s, a0 + i]
+                    for j in range(1, K2):
+                        kj = teachers[j]
+                        wj = weights[j]
+                        for i in range(t):
+                            e[i] += wj * log_probs[kj, s, a0 + i]
+                    for i in range(t):
+                        v = e[i]
+                        mn = min(mn, v if v > -np.inf else np.inf)
+                    exp_inplace(e, ba, bb)
+                    for i in range(t):
+                        weight[s, a0 + i] = e[i]
+            mins[it] = mn
+    return mins.min()
+
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
+    """Backward recursion for ln Z in linear space   (theory section 2).
+
+    Z_h(s) = sum_a weight[s, a] Z_{h+1}(t(s, a)), Z_H = 1, Z = 1 after an end. weight = exp(r): (S, n);
+    transitions: (S, n) int32 with S standing for "ended"; out: (H + 1, S) <- ln Z.
+    One parallel region for all steps: the states are cut into items of ~2^14 (state, token) pairs, each
+    step's items are taken from an atomic counter, and a worker starts step h - 1 once every item of step h
+    is done (it waits on the items, never on another worker, so a worker whose core is busy holds up at
+    most the item it has taken). The values of step h are divided by the largest value of step h + 1 (each
+    worker reduces the items' maxima itself) and the logs of the scales are summed.
+    Returns False when a state with a positive Z underflowed (a scaled value below 1e-280, or 0 although
+    some continuation has positive weight) or the scale of an end overflowed: out is then not valid and the
+    caller falls back to the log-space kernel.
     """
-    S, n = reward.shape
-    weight = np.empty((S, n))
-    nxt = np.empty((S, n), np.int64)
-    for s in prange(S):
-        for a in range(n):
-            weight[s, a] = np.exp(reward[s, a])
-            t = next_state[s, a]
-            nxt[s, a] = S if t < 0 else t
-    z = np.ones(S + 1)          # scaled Z_{h+1}; z[S] stands for "ended", true value 1
-    z_new = np.empty(S + 1)
+    S, n = weight.shape
+    rows = max(1, _ITEM_WORK // n)
+    items = (S + rows - 1) // rows
+    z = np.empty((horizon + 1, S + 1))
+    z[horizon, :] = 1.0
     log_scale = np.zeros(horizon + 1)
-    out[horizon, :] = 1.0
-    ok = True
-    for h in range(horizon - 1, -1, -1):
-        for s in prange(S):
-            acc = 0.0
-            for a in range(n):
-                acc += weight[s, a] * z[nxt[s, a]]
-            z_new[s] = acc
-        c = 0.0
-        for s in range(S):
-            c = max(c, z_new[s])
-        for s in range(S):
-            v = z_new[s]
-            if v == 0.0:
-                for a in range(n):
-                    t = nxt[s, a]
-                    if reward[s, a] > -np.inf and (t == S or z[t] > 0.0):
+    part_max = np.empty((horizon + 1, items))
+    part_max[horizon, :] = 1.0
+    taken = np.zeros(horizon + 1, np.int64)
+    done = np.zeros(horizon + 1, np.int64)
+    done[horizon] = items
+    bad = np.zeros(1, np.int64)
+    for wk in prange(max(1, min(n_workers, items))):
+        ls = 0.0
+        for h in range(horizon - 1, -1, -1):
+            while atomic_add(done, h + 1, 0) < items:
+                pass
+            if atomic_add(bad, 0, 0) != 0:
+                break
+            c = 0.0
+            for it in range(items):
+                c = max(c, part_max[h + 1, it])
+            if c == 0.0:
+                c = 1.0
+            ls += np.log(c)
+            log_scale[h] = ls
+            end = np.exp(-ls)
+            z[h, S] = end
+            inv = 1.0 / c
+            zn = z[h + 1]
+            while True:
+                it = atomic_add(taken, h, 1)
+                if it >= items:
+                    break
+                mx = 0.0
+                ok = end < 1e280
+                for s in range(it * rows, min(S, (it + 1) * rows)):
+                    acc = 0.0
+                    for a in range(n):
+                        acc += weight[s, a] * zn[transitions[s, a]]
+                    v = acc * inv
+                    z[h, s] = v
+                    mx = max(mx, v)
+                    if v == 0.0:
+                        for a in range(n):
+                            if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
+                                ok = False
+                    elif v < 1e-280:
                         ok = False
-            elif v < 1e-280 * c:
-                ok = False
-        if not ok:
-            break
-        if c == 0.0:
-            c = 1.0
-        log_scale[h] = log_scale[h + 1] + np.log(c)
-        for s in range(S):
-            z[s] = z_new[s] / c
-            out[h, s] = z[s]
-        z[S] = np.exp(-log_scale[h])
-    if ok:
-        for h in prange(horizon + 1):
-            for s in range(S):
-                v = out[h, s]
-                out[h, s] = np.log(v) + log_scale[h] if v > 0.0 else -np.inf
-    return ok
+                part_max[h, it] = mx
+                if not ok:
+                    atomic_add(bad, 0, 1)
+                atomic_add(done, h, 1)
+    # read through the atomic: numba does not see the intrinsic write to ``bad`` and would fold a plain
+    # read of the freshly zeroed array to 0
+    if atomic_add(bad, 0, 0) != 0:
+        return False
+    for h in prange(horizon + 1):
+        e = np.empty(_TILE)
+        bits = np.empty(_TILE, np.int64)
+        ls = log_scale[h]
+        for a0 in range(0, S, _TILE):
+            t = min(_TILE, S - a0)
+            for i in range(t):
+                e[i] = z[h, a0 + i]
+            for i in range(t, _TILE):
+                e[i] = 1.0
+            log_inplace(e, bits)          # ln 0 = -inf
+            for i in range(t):
+                out[h, a0 + i] = e[i] + ls
+    return True
+
+
+@njit(cache=True)
+def end_transitions(next_state):
+    """next_state (S, n) with -1 for an end -> int32 transitions with S for an end (half the bytes a step reads)."""
+    S, n = next_state.shape
+    t = np.empty((S, n), np.int32)
+    for s in range(S):
+        for a in range(n):
+            v = next_state[s, a]
+            t[s, a] = S if v < 0 else v
+    return t
+
+
+def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
+    """The linear-space recursion from a reward table r (S, n) with every finite entry >= -700 and
+    next_state with -1 for an end: ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
+    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), horizon, out, get_num_threads())
 
 
 @njit(parallel=True, cache=True)
