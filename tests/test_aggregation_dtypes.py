@@ -238,3 +238,42 @@ def test_underflowing_row_is_shifted_in_split_mode():
     ref, _, lz = reference_geometric(lp, np.array([1.0]))
     assert abs(log_z[0] - float(lz[0, 0])) < 1e-12
     assert ulps(out, ref).max() <= 1.0
+
+
+# ------------------------------------------------------------------------------------ recursion
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([(700, 64), (3000, 6), (40, 500)]), st.integers(0, 30),
+       st.sampled_from([0.0, 0.2]), st.integers(0, 2**31))
+def test_one_region_recursion_matches_the_twin_with_many_items(workers, shape, horizon, end, seed):
+    """S n above one item (2^14 pairs): several items per step, taken by any number of workers."""
+    from aggregation import examples
+    S, n = shape
+    t = examples.random_teachers(2, S, n, seed, end_prob=end, zero_fraction=0.2)
+    w = np.array([0.3, 0.7])
+    reward = _reference.pooled_weights(t.log_probs, w)
+    weight = np.empty((S, n))
+    min_r = _kernels.pooled_exp_kernel(t.log_probs, np.array([0, 1]), w, weight, workers)
+    assert min_r == pytest.approx(reward[np.isfinite(reward)].min(), rel=1e-14)
+    np.testing.assert_allclose(weight, np.exp(reward), rtol=1e-14, atol=0)    # exp within 1 ulp, r to a few
+    out = np.empty((horizon + 1, S))
+    assert _kernels.linear_recursion_kernel(weight, t._transitions, horizon, out, workers)
+    np.testing.assert_allclose(out, _reference.sequence_log_partition(t.next_state, reward, horizon),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_transitions_are_int32_with_S_for_an_end():
+    from aggregation import examples
+    t = examples.random_teachers(2, 50, 7, 0, end_prob=0.3)
+    assert t._transitions.dtype == np.int32 and not t._transitions.flags.writeable
+    np.testing.assert_array_equal(t._transitions, np.where(t.next_state < 0, t.S, t.next_state))
+
+
+def test_weight_zero_teacher_is_skipped_without_a_copy():
+    """A weight-0 teacher may have -inf where the others do not: the fused pass never reads it."""
+    from aggregation import examples
+    t = examples.random_teachers(3, 40, 5, 1, zero_fraction=0.3)
+    w = np.array([0.5, 0.0, 0.5])
+    got = ag.sequence_log_partition(t, w, 12)
+    reward = _reference.pooled_weights(t.log_probs[[0, 2]], w[[0, 2]])
+    np.testing.assert_allclose(got, _reference.sequence_log_partition(t.next_state, reward, 12), rtol=1e-10, atol=1e-10)
