@@ -10,7 +10,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import atomic_add, exp_inplace, fetch_add_one, log_inplace, soft_value
+from .jit import atomic_add, exp_inplace, fetch_add_one, log_inplace, soft_value, yield_cpu
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -400,8 +400,11 @@ def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
     for wk in prange(max(1, min(n_workers, items))):
         ls = 0.0
         for h in range(horizon - 1, -1, -1):
+            spins = 0
             while atomic_add(done, h + 1, 0) < items:
-                pass
+                spins += 1
+                if spins > 1000:
+                    yield_cpu()     # the worker holding the last item may be waiting for this core
             if atomic_add(bad, 0, 0) != 0:
                 break
             c = 0.0

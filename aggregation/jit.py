@@ -25,7 +25,9 @@ keep the old code.
 """
 
 import math
+import os
 
+import llvmlite.ir as llvm_ir
 import numpy as np
 from numba import njit, types
 from numba.core import cgutils
@@ -239,3 +241,25 @@ def _atomic_add(typingctx, counter, i, value):
 @overload(atomic_add)
 def _atomic_add_jit(counter, i, value):
     return lambda counter, i, value: _atomic_add(counter, i, value)
+
+
+def yield_cpu():
+    """Give the core to another runnable thread (POSIX sched_yield): a spin-wait that has waited a while
+    calls it, so that on a busy machine the thread it waits for gets the core sooner."""
+    os.sched_yield()
+
+
+@intrinsic
+def _sched_yield(typingctx):
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, llvm_ir.FunctionType(llvm_ir.IntType(32), []),
+                                            "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@overload(yield_cpu)
+def _yield_cpu_jit():
+    return lambda: _sched_yield()

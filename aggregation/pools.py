@@ -10,11 +10,32 @@ up-cast copy) and give float64 for every other input; the arithmetic in between 
 calls do not page-fault a fresh array each time. The probability-space pools return float64.
 """
 
+from contextlib import contextmanager
+
+import numba
 import numpy as np
-from numba import get_num_threads
 
 from . import _kernels
 from .validate import as_array, check_log_probs, check_out, check_probs, check_weights, float_dtype, positive_teachers
+
+
+# Below this many input entries a pool runs on one thread: a parallel region's start-up and join cost
+# microseconds on an idle machine and a scheduler time slice (milliseconds) when the other core is busy.
+_PARALLEL_MIN_ENTRIES = 1 << 16
+
+
+@contextmanager
+def _threads_for(work, minimum):
+    """numba threads for a kernel of ``work`` units: 1 below ``minimum``, else the current count; yields it."""
+    before = numba.get_num_threads()
+    if work >= minimum or before == 1:
+        yield before
+        return
+    numba.set_num_threads(1)
+    try:
+        yield 1
+    finally:
+        numba.set_num_threads(before)
 
 
 def _active(log_probs, weights, name):
@@ -48,7 +69,8 @@ def _geometric(log_probs, weights, name="log_probs", out=None):
     out = result.reshape(flat.shape[1:])
     log_z = np.empty(flat.shape[1])
     status = np.empty(flat.shape[1], np.int8)
-    _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, get_num_threads())
+    with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
+        _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, threads)
     if status.any():
         row = int(np.flatnonzero(status)[0])
         if status[row] == 1:
@@ -112,7 +134,8 @@ def log_arithmetic_pool(log_probs, weights, out=None):
     flat = lp.reshape(K, -1, n)
     result = _result(lp, out)
     status = np.empty(flat.shape[1], np.int8)
-    _kernels.log_arithmetic_pool_kernel(flat, np.log(w), result.reshape(flat.shape[1:]), status, get_num_threads())
+    with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
+        _kernels.log_arithmetic_pool_kernel(flat, np.log(w), result.reshape(flat.shape[1:]), status, threads)
     if status.any():
         check_log_probs(log_probs)
     return result

@@ -13,16 +13,14 @@ and emits at most ``horizon`` tokens. Sequence-level targets:
 
 import math
 import warnings
-from contextlib import contextmanager
 
-import numba
 import numpy as np
 from scipy.special import logsumexp
 
 from . import _kernels
 from .validate import (as_array, check_horizon, check_int, check_log_probs, check_probs, check_token_ids, check_weights,
                        positive_teachers)
-from .pools import _geometric, log_arithmetic_pool
+from .pools import _geometric, _threads_for, log_arithmetic_pool
 
 # Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
 # its relative accuracy, so the log-space kernel is used instead.
@@ -30,20 +28,6 @@ _LINEAR_MIN_REWARD = -700.0
 # Below this many (state, token) pairs a step is one work item of the recursion: the whole recursion
 # runs on one thread (a parallel region's start-up costs microseconds, far more when the other core is busy).
 _PARALLEL_MIN_WORK = 1 << 14
-
-
-@contextmanager
-def _threads_for(work):
-    """numba threads for a recursion of ``work`` (state, token) pairs per step: 1 when it is small."""
-    before = numba.get_num_threads()
-    if work >= _PARALLEL_MIN_WORK or before == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
 
 
 class NumericalFallbackWarning(RuntimeWarning):
@@ -130,8 +114,7 @@ def _log_partition(teachers, weights, horizon):
     keep = positive_teachers(w)
     S, n = teachers.S, teachers.n
     out = np.empty((horizon + 1, S))
-    with _threads_for(S * n):
-        threads = numba.get_num_threads()
+    with _threads_for(S * n, _PARALLEL_MIN_WORK) as threads:
         weight = np.empty((S, n))
         min_reward = _kernels.pooled_exp_kernel(teachers.log_probs, keep.astype(np.int64), w[keep], weight, threads)
         if not (min_reward >= _LINEAR_MIN_REWARD and
