@@ -2,6 +2,7 @@
 
     python benchmarks/bench_aggregation.py [--threads 2] [--rounds 5] [--K 2,4,8] [--V 32000,151936]
         [--N 256,2048] [--dtypes float32,float64] [--max-gb 1.3] [--shapes random,tree,llm] [--csv PATH]
+    python benchmarks/bench_aggregation.py --table benchmarks/bench_aggregation*.csv     # the README's tables
 
 Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv`` by default):
 
@@ -175,7 +176,7 @@ def pool_contenders(pool, x, w, threads):
     return fns
 
 
-def pool_rows(args, floor, bandwidth, notes):
+def pool_rows(args, floor, bandwidth, notes, sink):
     rows = []
     rng = np.random.default_rng(0)
     for dtype in args.dtypes:
@@ -212,6 +213,7 @@ def pool_rows(args, floor, bandwidth, notes):
                                              ratio_min=mmm(ratio)[0], ratio_med=mmm(ratio)[1], ratio_max=mmm(ratio)[2],
                                              bw_fraction=nbytes / float(np.median(wall)) / bandwidth))
                         print_rows(rows[-len(res):])
+                        sink(rows[-len(res):])
                     del x
     return rows
 
@@ -230,7 +232,7 @@ def machines(names):
     return out
 
 
-def recursion_contenders(t, H):
+def recursion_contenders(t, H, skip=()):
     import numba
     import torch
     import aggregation as ag
@@ -283,14 +285,15 @@ def recursion_contenders(t, H):
         finally:
             numba.set_num_threads(threads)
 
-    return {"ours": lambda: ag.sequence_log_partition(t, w, H), "ours-1thread": ours_1, "numpy": numpy_log,
-            "numpy-linear": numpy_linear, "torch": torch_log}
+    fns = {"ours": lambda: ag.sequence_log_partition(t, w, H), "ours-1thread": ours_1, "numpy": numpy_log,
+           "numpy-linear": numpy_linear, "torch": torch_log}
+    return {k: f for k, f in fns.items() if k not in skip}
 
 
-def recursion_rows(args):
+def recursion_rows(args, sink):
     rows = []
     for name, (t, H) in machines(args.shapes).items():
-        fns = recursion_contenders(t, H)
+        fns = recursion_contenders(t, H, args.skip_recursion)
         ref = fns["numpy"]()
         for k, f in fns.items():
             np.testing.assert_allclose(f(), ref, rtol=1e-8, atol=1e-8, err_msg=f"{name} {k}")
@@ -311,6 +314,7 @@ def recursion_rows(args):
                                  cpu_med=float(np.median(cpu)), ratio_min=mmm(ratio)[0],
                                  ratio_med=mmm(ratio)[1], ratio_max=mmm(ratio)[2], bw_fraction=float("nan")))
             print_rows(rows[-len(res):])
+            sink(rows[-len(res):])
     return rows
 
 
@@ -328,6 +332,45 @@ def print_rows(rows):
               f"{r['ratio_med']:.2f} / {r['ratio_max']:.2f}, bw {r['bw_fraction']:.0%}", flush=True)
 
 
+def table(paths):
+    """Markdown tables of one or more CSVs this script wrote: per pool case, ours / floor and each peer / ours
+    (median of the round-by-round ratios, [min, max]), the bandwidth fraction, wall and CPU medians."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += list(csv.DictReader(line for line in f if not line.startswith("#")))
+    pools = [r for r in rows if r["section"] == "pool"]
+    peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor"})
+    print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | bw of STREAM | "
+          + " | ".join(f"{p} / ours" for p in peers) + " | ours-fresh / ours |")
+    print("|" + "---|" * (8 + len(peers)))
+    key = lambda r: (r["case"], r["dtype"], int(r["V"]), int(r["N"]), int(r["K"]))
+    for k in sorted({key(r) for r in pools}):
+        g = {r["contender"]: r for r in pools if key(r) == k}
+        o, fl = g["ours"], g["floor"]
+        f = lambda r: f"{float(r['ratio_med']):.2f} [{float(r['ratio_min']):.2f}, {float(r['ratio_max']):.2f}]"
+        inv = lambda r: (f"{1 / float(r['ratio_med']):.2f} [{1 / float(r['ratio_max']):.2f}, "
+                         f"{1 / float(r['ratio_min']):.2f}]")
+        print(f"| {k[0]} | {k[4]} | {k[2]} | {k[3]} | {k[1]} | {float(o['wall_med']) * 1e3:.1f} "
+              f"({float(o['cpu_med']) * 1e3:.1f}) | {inv(fl)} | {float(o['bw_fraction']):.0%} | "
+              + " | ".join(f(g[p]) if p in g else "-" for p in peers) + f" | {f(g['ours-fresh'])} |")
+    rec = [r for r in rows if r["section"].startswith("recursion")]
+    if rec:
+        print()
+        print("| machine | S, n, H | core busy | ours ms (cpu ms) | ours 1 thread / ours | numpy / ours | "
+              "numpy-linear / ours | torch / ours |")
+        print("|---|---|---|---|---|---|---|---|")
+        rkey = lambda r: (r["case"], r["section"])
+        for k in sorted({rkey(r) for r in rec}, key=lambda k: (k[0], k[1])):
+            g = {r["contender"]: r for r in rec if rkey(r) == k}
+            o = g["ours"]
+            f = lambda r: f"{float(r['ratio_med']):.2f} [{float(r['ratio_min']):.2f}, {float(r['ratio_max']):.2f}]"
+            print(f"| {k[0]} | {o['N']}, {o['V']}, {o['dtype'][2:]} | {'yes' if 'busy' in k[1] else 'no'} | "
+                  f"{float(o['wall_med']) * 1e3:.1f} ({float(o['cpu_med']) * 1e3:.1f}) | "
+                  + " | ".join(f(g[c]) if c in g else "-" for c in ("ours-1thread", "numpy", "numpy-linear", "torch"))
+                  + " |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -340,9 +383,14 @@ def main(argv=None):
     parser.add_argument("--shapes", type=lambda s: [x for x in s.split(",") if x], default=["random", "tree", "llm"],
                         help="recursion machines (empty: none)")
     parser.add_argument("--no-pools", action="store_true")
+    parser.add_argument("--skip-recursion", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help="recursion contenders to leave out (e.g. torch, when it takes minutes a call)")
+    parser.add_argument("--table", nargs="+", metavar="CSV", help="print the Markdown tables of these CSVs and exit")
     parser.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                       "bench_aggregation.csv"))
     args = parser.parse_args(argv)
+    if args.table:
+        return table(args.table)
     if args.threads < 1 or args.rounds < 1:
         parser.exit(2, "bench_aggregation: --threads and --rounds must be >= 1\n")
     if not set(args.dtypes) <= {"float32", "float64"}:
@@ -363,25 +411,31 @@ def main(argv=None):
           f"numba {numba.__version__}, numpy {np.__version__}, threads {args.threads}, "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print(f"STREAM triad (median): {bandwidth / 1e9:.1f} GB/s")
-    rows = [dict(section="stream", case="triad", K=0, V=0, N=0, dtype="float64", contender="numba", threads=args.threads,
-                 wall_min=0, wall_med=0, wall_max=0, cpu_med=0, ratio_min=0, ratio_med=0, ratio_max=0,
-                 bw_fraction=bandwidth / 1e9)]
-    if not args.no_pools:
-        rows += pool_rows(args, floor, bandwidth, notes)
-    if args.shapes:
-        rows += recursion_rows(args)
-    load_end = os.getloadavg()
-    for n in notes:
-        print("note:", n)
-    print(f"load average at the end: {load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f}")
     with open(args.csv, "w", newline="") as f:
-        f.write(f"# {time.strftime('%Y-%m-%d %H:%M')} UTC; load average at start {load[0]:.1f}, at end "
-                f"{load_end[0]:.1f}; {os.cpu_count()} cpus; stream row: bw_fraction = GB/s\n")
+        f.write(f"# {time.strftime('%Y-%m-%d %H:%M')} UTC; load average at start {load[0]:.1f}; {os.cpu_count()} cpus; "
+                f"stream row: bw_fraction = GB/s\n")
         for n in notes:
             f.write(f"# {n}\n")
         wr = csv.DictWriter(f, fieldnames=FIELDS)
         wr.writeheader()
-        wr.writerows(rows)
+
+        def sink(rows):
+            wr.writerows(rows)
+            f.flush()
+        sink([dict(section="stream", case="triad", K=0, V=0, N=0, dtype="float64", contender="numba",
+                   threads=args.threads, wall_min=0, wall_med=0, wall_max=0, cpu_med=0, ratio_min=0, ratio_med=0,
+                   ratio_max=0, bw_fraction=bandwidth / 1e9)])
+        if not args.no_pools:
+            pool_rows(args, floor, bandwidth, notes, sink)
+        if args.shapes:
+            recursion_rows(args, sink)
+        load_end = os.getloadavg()
+        f.write(f"# load average at the end {load_end[0]:.1f}\n")
+        for n in notes:
+            f.write(f"# {n}\n")
+    for n in notes:
+        print("note:", n)
+    print(f"load average at the end: {load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f}")
     print(f"wrote {args.csv}")
 
 
