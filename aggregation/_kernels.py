@@ -61,7 +61,7 @@ _ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one ite
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
 def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
-    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64), e[t:] = -inf.
+    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64).
     Returns (sum of max(x, 0) over the inputs, sum of e[:t]): > 0 iff some input is > 0, NaN iff one is NaN."""
     K = log_probs.shape[0]
     pos = 0.0
@@ -80,8 +80,6 @@ def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
     for i in range(t):
         chk += e[i]
         srow[a0 + i] = e[i]
-    for i in range(t, e.shape[0]):
-        e[i] = -np.inf
     return pos, chk
 
 
@@ -94,10 +92,8 @@ def _exp_sum(srow, a0, a1, shift, e, ba, bb):
         t = min(T, a1 - b0)
         for i in range(t):
             e[i] = srow[b0 + i] - shift
-        for i in range(t, T):
-            e[i] = -np.inf
-        exp_inplace(e, ba, bb)
-        for i in range(T):
+        exp_inplace(e[:t], ba[:t], bb[:t])      # only the t entries: a short row costs t exps, not a tile's
+        for i in range(t):
             tot += e[i]
     return tot
 
@@ -110,11 +106,12 @@ def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb):
     pos = 0.0
     chk = 0.0
     for b0 in range(a0, a1, T):
-        p, c = _pooled_tile(log_probs, weights, m, b0, min(T, a1 - b0), e, srow)
+        t = min(T, a1 - b0)
+        p, c = _pooled_tile(log_probs, weights, m, b0, t, e, srow)
         pos += p
         chk += c
-        exp_inplace(e, ba, bb)
-        for i in range(T):
+        exp_inplace(e[:t], ba[:t], bb[:t])
+        for i in range(t):
             tot += e[i]
     return tot, pos, chk
 
@@ -229,7 +226,6 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
     a streaming logsumexp over k keeps (max, sum), so the first teacher costs no exp and each later
     one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags)."""
     K = log_probs.shape[0]
-    T = mx.shape[0]
     pos = 0.0
     chk = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
     lw = log_weights[0]
@@ -239,10 +235,6 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
         chk += x
         mx[i] = lw + x
         sm[i] = 1.0
-    for i in range(t, T):
-        mx[i] = 0.0
-        sm[i] = 1.0
-        d[i] = 0.0
     for k in range(1, K):
         lw = log_weights[k]
         for i in range(t):
@@ -252,14 +244,14 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
             diff = (lw + x) - mx[i]
             # both -inf: diff is NaN and the term is 0
             d[i] = -abs(diff) if diff == diff else -np.inf
-        exp_inplace(d, ba, bb)
+        exp_inplace(d[:t], ba[:t], bb[:t])
         for i in range(t):
             tk = lw + np.float64(log_probs[k, m, a0 + i])
             up = tk > mx[i]
             sm[i] = sm[i] * d[i] + 1.0 if up else sm[i] + d[i]
             mx[i] = tk if up else mx[i]
     # sm >= 1
-    log_inplace(sm, ba)
+    log_inplace(sm[:t], ba[:t])
     return pos, chk
 
 
@@ -338,6 +330,8 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
     rows = max(1, _ITEM_WORK // n)
     items = (S + rows - 1) // rows
     mins = np.full(items, np.inf)
+    flat = log_probs.reshape((log_probs.shape[0], S * n))
+    out = weight.reshape(S * n)
     counter = np.zeros(1, np.int64)
     for wk in prange(max(1, min(n_workers, items))):
         e = np.zeros(_TILE)
@@ -348,24 +342,26 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
             if it >= items:
                 break
             mn = np.inf
-            for s in range(it * rows, min(S, (it + 1) * rows)):
-                for a0 in range(0, n, _TILE):
-                    t = min(_TILE, n - a0)
-                    k0 = teachers[0]
-                    w0 = weights[0]
+            # tiles over the item's (state, token) entries as one flat range: a short row (n = 6) costs
+            # n exps, not a tile's
+            f1 = min(S, (it + 1) * rows) * n
+            for b0 in range(it * rows * n, f1, _TILE):
+                t = min(_TILE, f1 - b0)
+                k0 = teachers[0]
+                w0 = weights[0]
+                for i in range(t):
+                    e[i] = w0 * flat[k0, b0 + i]
+                for j in range(1, K2):
+                    kj = teachers[j]
+                    wj = weights[j]
                     for i in range(t):
-                        e[i] = w0 * log_probs[k0, s, a0 + i]
-                    for j in range(1, K2):
-                        kj = teachers[j]
-                        wj = weights[j]
-                        for i in range(t):
-                            e[i] += wj * log_probs[kj, s, a0 + i]
-                    for i in range(t):
-                        v = e[i]
-                        mn = min(mn, v if v > -np.inf else np.inf)
-                    exp_inplace(e, ba, bb)
-                    for i in range(t):
-                        weight[s, a0 + i] = e[i]
+                        e[i] += wj * flat[kj, b0 + i]
+                for i in range(t):
+                    v = e[i]
+                    mn = min(mn, v if v > -np.inf else np.inf)
+                exp_inplace(e[:t], ba[:t], bb[:t])
+                for i in range(t):
+                    out[b0 + i] = e[i]
             mins[it] = mn
     return mins.min()
 
@@ -453,9 +449,7 @@ def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
             t = min(_TILE, S - a0)
             for i in range(t):
                 e[i] = z[h, a0 + i]
-            for i in range(t, _TILE):
-                e[i] = 1.0
-            log_inplace(e, bits)          # ln 0 = -inf
+            log_inplace(e[:t], bits[:t])          # ln 0 = -inf
             for i in range(t):
                 out[h, a0 + i] = e[i] + ls
     return True

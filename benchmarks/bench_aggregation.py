@@ -335,10 +335,12 @@ def print_rows(rows):
 def table(paths):
     """Markdown tables of one or more CSVs this script wrote: per pool case, ours / floor and each peer / ours
     (median of the round-by-round ratios, [min, max]), the bandwidth fraction, wall and CPU medians."""
-    rows = []
+    keyed = {}                        # a row of a later CSV replaces the same row of an earlier one
     for path in paths:
         with open(path) as f:
-            rows += list(csv.DictReader(line for line in f if not line.startswith("#")))
+            for r in csv.DictReader(line for line in f if not line.startswith("#")):
+                keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
+    rows = list(keyed.values())
     pools = [r for r in rows if r["section"] == "pool"]
     peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor"})
     print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | bw of STREAM | "
