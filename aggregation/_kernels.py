@@ -1,4 +1,4 @@
-"""numba kernels: plain contiguous float64 arrays in, arrays out, log space, no validation.
+"""numba kernels: plain contiguous arrays in, arrays out, log space, no validation.
 
 Every kernel has a slow NumPy twin in ``_reference.py``; the tests compare the two. The public
 wrappers in ``pools.py`` and ``sequence.py`` validate their arguments and mask out weight-0 teachers
@@ -7,12 +7,12 @@ The vectorised exp / log and the soft backward step they build on are in ``jit.p
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import exp_inplace, log_inplace, soft_value
+from .jit import atomic_add, exp_inplace, fetch_add_one, log_inplace, soft_value, yield_cpu
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def exp_kernel(x):
     """Vectorised exp of a 1-D array (the building block, exposed for its accuracy test)."""
     out = x.copy()
@@ -22,9 +22,9 @@ def exp_kernel(x):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def log_kernel(x):
-    """Vectorised ln of a 1-D array of positive normal floats."""
+    """Vectorised ln of a 1-D array (the building block, exposed for its accuracy test)."""
     out = x.copy()
     b = np.empty(x.shape[0], np.int64)
     log_inplace(out, b)
@@ -32,136 +32,272 @@ def log_kernel(x):
 
 
 # ----------------------------------------------------------------------------------- token pools
+#
+# dtypes and accuracy. The pools read float32 or float64 and write the input's dtype; every value is
+# widened to float64 in registers, and the sums, exps and logs run in float64 on L1-sized tiles. That is
+# what the error analysis asks for, not a habit: a log-probability near 0 (a token of probability
+# near 1) is the difference of two numbers of size |ln Z| (or the log of a sum near 1), so a float32
+# exp or a float32 sum would leave an absolute error ~1e-7 there, thousands of float32 ulps of the
+# result. In float64 the result is the exact value for the given inputs and weights up to the float64
+# rounding of the terms, rounded once to the output dtype:
+#     |out - exact| <= 1 ulp of the output dtype at exact + (8 + N) u (|s| + |ln Z| + 1),   u = 2^-53,
+# with N = n for the geometric pool (a float64 sum of n positive terms is within (n - 1) u of exact) and
+# N = K for the mixture (scale max_k |ln p_k| + 1 in place of |s| + |ln Z| + 1); ln Z itself is within
+# (8 + n) u (|ln Z| + 1). For float32 outputs the second term is below the first unless |out| is
+# below (8 + N) 2^-29 times the scale: float32 results are within 1 ulp of the exact value rounded
+# except for log-probabilities within ~1e-4 of 0 at n = 152k. tests/test_aggregation_dtypes.py checks
+# the bound for both dtypes against an extended-precision (long double) reference.
+# Bandwidth: 4 bytes a value read and written for float32, as the data.
+#
+# Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
+# there are fewer than 4 rows a worker), and ``n_workers`` workers take items one at a time from an
+# atomic counter (``jit.fetch_add_one``): a worker whose core is busy takes fewer items instead of
+# stalling the others, and a single row still uses every core.
 
-@njit(parallel=True, cache=True, fastmath=_FM)
-def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_chunks):
+_TILE = 512          # vocabulary entries of a float64 tile (4 KB; a worker's tiles stay in L1)
+_BLOCK = 8192        # vocabulary entries of a work item when rows are split
+_ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one item
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
+    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64).
+    Returns (sum of max(x, 0) over the inputs, sum of e[:t]): > 0 iff some input is > 0, NaN iff one is NaN."""
+    K = log_probs.shape[0]
+    pos = 0.0
+    w0 = weights[0]
+    for i in range(t):
+        x = np.float64(log_probs[0, m, a0 + i])
+        pos += max(x, 0.0)
+        e[i] = w0 * x
+    for k in range(1, K):
+        wk = weights[k]
+        for i in range(t):
+            x = np.float64(log_probs[k, m, a0 + i])
+            pos += max(x, 0.0)
+            e[i] += wk * x
+    chk = 0.0
+    for i in range(t):
+        chk += e[i]
+        srow[a0 + i] = e[i]
+    return pos, chk
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _exp_sum(srow, a0, a1, shift, e, ba, bb):
+    """sum of exp(srow[a0:a1] - shift), tile by tile through e (float64)."""
+    tot = 0.0
+    T = e.shape[0]
+    for b0 in range(a0, a1, T):
+        t = min(T, a1 - b0)
+        for i in range(t):
+            e[i] = srow[b0 + i] - shift
+        exp_inplace(e[:t], ba[:t], bb[:t])      # only the t entries: a short row costs t exps, not a tile's
+        for i in range(t):
+            tot += e[i]
+    return tot
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb):
+    """s = sum_k w_k log_probs[k, m, a0:a1] into srow[a0:a1]; returns (sum exp(s), pos, chk)."""
+    T = e.shape[0]
+    tot = 0.0
+    pos = 0.0
+    chk = 0.0
+    for b0 in range(a0, a1, T):
+        t = min(T, a1 - b0)
+        p, c = _pooled_tile(log_probs, weights, m, b0, t, e, srow)
+        pos += p
+        chk += c
+        exp_inplace(e[:t], ba[:t], bb[:t])
+        for i in range(t):
+            tot += e[i]
+    return tot, pos, chk
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _row_status(tot, pos, chk, srow, n, e, ba, bb):
+    """(status, ln Z) of a row from its pass: 1 = an entry > 0 or NaN, 2 = empty support. s <= 0, so exp(s)
+    cannot overflow and no max-shift is needed unless the sum underflows; then it is redone shifted."""
+    if not (pos == 0.0) or chk != chk:
+        return 1, 0.0
+    if tot >= 1e-280:
+        return 0, np.log(tot)
+    shift = -np.inf
+    for a in range(n):
+        shift = max(shift, srow[a])
+    if shift == -np.inf:
+        return 2, 0.0
+    return 0, shift + np.log(_exp_sum(srow, 0, n, shift, e, ba, bb))
+
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers, block=0):
     """out[m] = s - ln Z, ln Z = log_z[m] = logsumexp(s), s = sum_k w_k log_probs[k, m]   (theory section 1).
 
-    log_probs: (K, M, n), weights: (K,) all positive, out: (M, n), log_z: (M,), status: (M,) int8.
-    n_chunks: the thread count; each thread owns a block of rows and its scratch rows.
-    One read of the input. The status of each row is a by-product of that pass (a separate NumPy
-    validation pass costs as much as the pool): 1 = some entry > 0 or NaN, 2 = empty support
-    (every token -inf under some teacher). The wrapper raises on a non-zero status.
+    log_probs: (K, M, n) float32 or float64, weights: (K,) float64 all positive, out: (M, n) of the same
+    dtype as log_probs (or float64), log_z: (M,) float64, status: (M,) int8. n_workers: the worker count
+    (the thread count). block: vocabulary entries per item when rows are split (0: 8192).
+    One read of the input: the first pass keeps s in a float64 row of the worker's (a vocabulary row
+    fits in L2 at any size up to 2^17 tokens), the second writes out from it. The status of each row is a
+    by-product of the pass (a separate NumPy validation pass costs as much as the pool): 1 = some
+    entry > 0 or NaN, 2 = empty support (every token -inf under some teacher). The wrapper raises on a
+    non-zero status; out is then not valid for that row.
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1).
     """
     K, M, n = log_probs.shape
-    chunks = min(n_chunks, max(M, 1))
-    s_buf = np.empty((chunks, n))
-    e_buf = np.empty((chunks, n))
-    a_buf = np.empty((chunks, n), np.int64)
-    b_buf = np.empty((chunks, n), np.int64)
-    for c in prange(chunks):
-        s = s_buf[c]
-        e = e_buf[c]
-        for m in range(c * M // chunks, (c + 1) * M // chunks):
-            # s = sum_k w_k x_k, two teachers per pass over s; pos > 0 iff some entry is > 0
-            pos = 0.0
-            first = 2 - K % 2
-            w0 = weights[0]
-            if first == 1:
-                for a in range(n):
-                    x = log_probs[0, m, a]
-                    pos += max(x, 0.0)
-                    s[a] = w0 * x
-            else:
-                w1 = weights[1]
-                for a in range(n):
-                    x = log_probs[0, m, a]
-                    y = log_probs[1, m, a]
-                    pos += max(x, 0.0) + max(y, 0.0)
-                    s[a] = w0 * x + w1 * y
-            for k in range(first, K, 2):
-                wk = weights[k]
-                wl = weights[k + 1]
-                for a in range(n):
-                    x = log_probs[k, m, a]
-                    y = log_probs[k + 1, m, a]
-                    pos += max(x, 0.0) + max(y, 0.0)
-                    s[a] += wk * x + wl * y
-            # s <= 0, so exp(s) cannot overflow and no max-shift is needed unless the sum underflows
-            nan_check = 0.0
-            for a in range(n):
-                e[a] = s[a]
-                nan_check += s[a]
-            if not (pos == 0.0) or nan_check != nan_check:
-                status[m] = 1
-                continue
-            exp_inplace(e, a_buf[c], b_buf[c])
-            tot = 0.0
-            for a in range(n):
-                tot += e[a]
-            shift = 0.0
-            if tot < 1e-280:
-                shift = -np.inf
-                for a in range(n):
-                    shift = max(shift, s[a])
-                if shift == -np.inf:
-                    status[m] = 2
+    workers = max(1, min(n_workers, M * n))
+    if block <= 0:
+        block = _BLOCK
+    counter = np.zeros(1, np.int64)
+    if M >= _ROWS_PER_WORKER * workers:
+        # one row per item: two passes over the row while it is in cache
+        srows = np.empty((workers, n))
+        for wk in prange(workers):
+            srow = srows[wk]
+            e = np.empty(_TILE)
+            ba = np.empty(_TILE, np.int64)
+            bb = np.empty(_TILE, np.int64)
+            while True:
+                m = fetch_add_one(counter)
+                if m >= M:
+                    break
+                tot, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, bb)
+                st, lse = _row_status(tot, pos, chk, srow, n, e, ba, bb)
+                status[m] = st
+                if st != 0:
                     continue
+                log_z[m] = lse
                 for a in range(n):
-                    e[a] = s[a] - shift
-                exp_inplace(e, a_buf[c], b_buf[c])
-                tot = 0.0
-                for a in range(n):
-                    tot += e[a]
-            status[m] = 0
-            lse = shift + np.log(tot)
-            log_z[m] = lse
-            for a in range(n):
-                out[m, a] = s[a] - lse
+                    out[m, a] = srow[a] - lse
+        return
+    # few rows: blocks of the vocabulary, partial sums per block, then the rows' ln Z, then the writes
+    nb = (n + block - 1) // block
+    items = M * nb
+    srows = np.empty((M, n))
+    part = np.empty((items, 3))
+    for wk in prange(workers):
+        e = np.empty(_TILE)
+        ba = np.empty(_TILE, np.int64)
+        bb = np.empty(_TILE, np.int64)
+        while True:
+            it = fetch_add_one(counter)
+            if it >= items:
+                break
+            m = it // nb
+            a0 = (it % nb) * block
+            tot, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, bb)
+            part[it, 0] = tot
+            part[it, 1] = pos
+            part[it, 2] = chk
+    e = np.empty(_TILE)
+    ba = np.empty(_TILE, np.int64)
+    bb = np.empty(_TILE, np.int64)
+    for m in range(M):
+        tot = 0.0
+        pos = 0.0
+        chk = 0.0
+        for it in range(m * nb, (m + 1) * nb):
+            tot += part[it, 0]
+            pos += part[it, 1]
+            chk += part[it, 2]
+        st, lse = _row_status(tot, pos, chk, srows[m], n, e, ba, bb)
+        status[m] = st
+        log_z[m] = lse
+    counter2 = np.zeros(1, np.int64)
+    for wk in prange(workers):
+        while True:
+            it = fetch_add_one(counter2)
+            if it >= items:
+                break
+            m = it // nb
+            if status[m] != 0:
+                continue
+            a0 = (it % nb) * block
+            lse = log_z[m]
+            for a in range(a0, min(n, a0 + block)):
+                out[m, a] = srows[m, a] - lse
 
 
-@njit(parallel=True, cache=True, fastmath=_FM)
-def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_chunks):
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
+    """mx[:t], sm[:t] with logsumexp_k (ln w_k + x_k) = mx + ln sm over log_probs[:, m, a0:a0 + t]:
+    a streaming logsumexp over k keeps (max, sum), so the first teacher costs no exp and each later
+    one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags)."""
+    K = log_probs.shape[0]
+    pos = 0.0
+    chk = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
+    lw = log_weights[0]
+    for i in range(t):
+        x = np.float64(log_probs[0, m, a0 + i])
+        pos += max(x, 0.0)
+        chk += x
+        mx[i] = lw + x
+        sm[i] = 1.0
+    for k in range(1, K):
+        lw = log_weights[k]
+        for i in range(t):
+            x = np.float64(log_probs[k, m, a0 + i])
+            pos += max(x, 0.0)
+            chk += x
+            diff = (lw + x) - mx[i]
+            # both -inf: diff is NaN and the term is 0
+            d[i] = -abs(diff) if diff == diff else -np.inf
+        exp_inplace(d[:t], ba[:t], bb[:t])
+        for i in range(t):
+            tk = lw + np.float64(log_probs[k, m, a0 + i])
+            up = tk > mx[i]
+            sm[i] = sm[i] * d[i] + 1.0 if up else sm[i] + d[i]
+            mx[i] = tk if up else mx[i]
+    # sm >= 1
+    log_inplace(sm[:t], ba[:t])
+    return pos, chk
+
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, block=0):
     """out[m, a] = logsumexp_k (ln w_k + log_probs[k, m, a])   (theory section 1).
 
-    log_probs: (K, M, n), log_weights: (K,) finite, out: (M, n), status: (M,) int8 (1 = entry > 0
-    or NaN). A streaming logsumexp over k keeps (max, sum) per token, so the first teacher costs no
-    exp and each later one a single exp(-|d|): K - 1 exps per entry, then one vectorised log.
+    log_probs: (K, M, n) float32 or float64, log_weights: (K,) float64 finite, out: (M, n) of the input's
+    dtype (or float64), status: (M,) int8 (1 = entry > 0 or NaN). Elementwise over (m, a), so the items are
+    blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; K - 1 exps and one
+    log per entry, in float64 tiles.
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1).
     """
     K, M, n = log_probs.shape
-    chunks = min(n_chunks, max(M, 1))
-    mx_buf = np.empty((chunks, n))
-    sm_buf = np.empty((chunks, n))
-    d_buf = np.empty((chunks, n))
-    a_buf = np.empty((chunks, n), np.int64)
-    b_buf = np.empty((chunks, n), np.int64)
-    for c in prange(chunks):
-        mx = mx_buf[c]
-        sm = sm_buf[c]
-        d = d_buf[c]
-        for m in range(c * M // chunks, (c + 1) * M // chunks):
-            pos = 0.0
-            nan_check = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
-            lw = log_weights[0]
-            for a in range(n):
-                x = log_probs[0, m, a]
-                pos += max(x, 0.0)
-                nan_check += x
-                mx[a] = lw + x
-                sm[a] = 1.0
-            for k in range(1, K):
-                lw = log_weights[k]
-                for a in range(n):
-                    x = log_probs[k, m, a]
-                    pos += max(x, 0.0)
-                    nan_check += x
-                    diff = (lw + x) - mx[a]
-                    # both -inf: diff is NaN and the term is 0
-                    d[a] = -abs(diff) if diff == diff else -np.inf
-                exp_inplace(d, a_buf[c], b_buf[c])
-                for a in range(n):
-                    t = lw + log_probs[k, m, a]
-                    up = t > mx[a]
-                    sm[a] = sm[a] * d[a] + 1.0 if up else sm[a] + d[a]
-                    mx[a] = t if up else mx[a]
-            if not (pos == 0.0) or nan_check != nan_check:
-                status[m] = 1
-                continue
-            status[m] = 0
-            # sm >= 1, so the vectorised log applies
-            log_inplace(sm, a_buf[c])
-            for a in range(n):
-                out[m, a] = mx[a] + sm[a]
+    workers = max(1, min(n_workers, M * n))
+    if block <= 0:
+        block = _BLOCK // 2
+    nb = (n + block - 1) // block
+    items = M * nb
+    flags = np.zeros(items, np.int8)
+    counter = np.zeros(1, np.int64)
+    for wk in prange(workers):
+        mx = np.empty(_TILE)
+        sm = np.empty(_TILE)
+        d = np.empty(_TILE)
+        ba = np.empty(_TILE, np.int64)
+        bb = np.empty(_TILE, np.int64)
+        while True:
+            it = fetch_add_one(counter)
+            if it >= items:
+                break
+            m = it // nb
+            a0 = (it % nb) * block
+            a1 = min(n, a0 + block)
+            for b0 in range(a0, a1, _TILE):
+                t = min(_TILE, a1 - b0)
+                pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba, bb)
+                if not (pos == 0.0) or chk != chk:
+                    flags[it] = 1
+                for i in range(t):
+                    out[m, b0 + i] = mx[i] + sm[i]
+    for m in range(M):
+        st = 0
+        for it in range(m * nb, (m + 1) * nb):
+            st = max(st, flags[it])
+        status[m] = st
 
 
 # ------------------------------------------------------------------------- finite-state machines
@@ -180,64 +316,161 @@ def pooled_weights_kernel(log_probs, weights):
     return r
 
 
-@njit(parallel=True, cache=True)
-def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
-    """Backward recursion for ln Z in linear space with a per-step scale   (theory section 2).
+_ITEM_WORK = 1 << 14   # (state, token) pairs of one work item of the recursion
 
-    Z_h(s) = sum_a exp(r[s, a]) Z_{h+1}(next_state[s, a]), Z_H = 1, Z = 1 after an end (-1).
-    exp(r) is taken once; each step is a gather and multiply-add, then the vector is divided by its
-    maximum c_h and ln c_h accumulated, so out[h] = ln(scaled Z_h) + sum ln c.
-    next_state: (S, n) int64, reward: (S, n) with every finite entry >= -700, out: (H + 1, S).
-    Returns False when a state with a positive Z underflowed (its scaled value fell below 1e-280,
-    or to 0 although some continuation has positive weight): out is then not valid and the caller
-    falls back to the log-space kernel.
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
+    """weight[s, a] = exp(sum_j weights[j] log_probs[teachers[j], s, a]): the pooled probabilities of the
+    linear recursion in one pass, fused (no copy of the positive-weight teachers' table, no reward
+    table, no separate finiteness pass). teachers: int64 indices of the positive-weight teachers.
+    Returns the smallest finite pooled log-weight (inf when there is none)."""
+    K2 = teachers.shape[0]
+    S, n = weight.shape
+    rows = max(1, _ITEM_WORK // n)
+    items = (S + rows - 1) // rows
+    mins = np.full(items, np.inf)
+    flat = log_probs.reshape((log_probs.shape[0], S * n))
+    out = weight.reshape(S * n)
+    counter = np.zeros(1, np.int64)
+    for wk in prange(max(1, min(n_workers, items))):
+        e = np.zeros(_TILE)
+        ba = np.empty(_TILE, np.int64)
+        bb = np.empty(_TILE, np.int64)
+        while True:
+            it = fetch_add_one(counter)
+            if it >= items:
+                break
+            mn = np.inf
+            # tiles over the item's (state, token) entries as one flat range: a short row (n = 6) costs
+            # n exps, not a tile's
+            f1 = min(S, (it + 1) * rows) * n
+            for b0 in range(it * rows * n, f1, _TILE):
+                t = min(_TILE, f1 - b0)
+                k0 = teachers[0]
+                w0 = weights[0]
+                for i in range(t):
+                    e[i] = w0 * flat[k0, b0 + i]
+                for j in range(1, K2):
+                    kj = teachers[j]
+                    wj = weights[j]
+                    for i in range(t):
+                        e[i] += wj * flat[kj, b0 + i]
+                for i in range(t):
+                    v = e[i]
+                    mn = min(mn, v if v > -np.inf else np.inf)
+                exp_inplace(e[:t], ba[:t], bb[:t])
+                for i in range(t):
+                    out[b0 + i] = e[i]
+            mins[it] = mn
+    return mins.min()
+
+
+@njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
+def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
+    """Backward recursion for ln Z in linear space   (theory section 2).
+
+    Z_h(s) = sum_a weight[s, a] Z_{h+1}(t(s, a)), Z_H = 1, Z = 1 after an end. weight = exp(r): (S, n);
+    transitions: (S, n) int32 with S standing for "ended"; out: (H + 1, S) <- ln Z.
+    One parallel region for all steps: the states are cut into items of ~2^14 (state, token) pairs, each
+    step's items are taken from an atomic counter, and a worker starts step h - 1 once every item of step h
+    is done (it waits on the items, never on another worker, so a worker whose core is busy holds up at
+    most the item it has taken). The values of step h are divided by the largest value of step h + 1 (each
+    worker reduces the items' maxima itself) and the logs of the scales are summed.
+    Returns False when a state with a positive Z underflowed (a scaled value below 1e-280, or 0 although
+    some continuation has positive weight) or the scale of an end overflowed: out is then not valid and the
+    caller falls back to the log-space kernel.
     """
-    S, n = reward.shape
-    weight = np.empty((S, n))
-    nxt = np.empty((S, n), np.int64)
-    for s in prange(S):
-        for a in range(n):
-            weight[s, a] = np.exp(reward[s, a])
-            t = next_state[s, a]
-            nxt[s, a] = S if t < 0 else t
-    z = np.ones(S + 1)          # scaled Z_{h+1}; z[S] stands for "ended", true value 1
-    z_new = np.empty(S + 1)
+    S, n = weight.shape
+    rows = max(1, _ITEM_WORK // n)
+    items = (S + rows - 1) // rows
+    z = np.empty((horizon + 1, S + 1))
+    z[horizon, :] = 1.0
     log_scale = np.zeros(horizon + 1)
-    out[horizon, :] = 1.0
-    ok = True
-    for h in range(horizon - 1, -1, -1):
-        for s in prange(S):
-            acc = 0.0
-            for a in range(n):
-                acc += weight[s, a] * z[nxt[s, a]]
-            z_new[s] = acc
-        c = 0.0
-        for s in range(S):
-            c = max(c, z_new[s])
-        for s in range(S):
-            v = z_new[s]
-            if v == 0.0:
-                for a in range(n):
-                    t = nxt[s, a]
-                    if reward[s, a] > -np.inf and (t == S or z[t] > 0.0):
+    part_max = np.empty((horizon + 1, items))
+    part_max[horizon, :] = 1.0
+    taken = np.zeros(horizon + 1, np.int64)
+    done = np.zeros(horizon + 1, np.int64)
+    done[horizon] = items
+    bad = np.zeros(1, np.int64)
+    for wk in prange(max(1, min(n_workers, items))):
+        ls = 0.0
+        for h in range(horizon - 1, -1, -1):
+            spins = 0
+            while atomic_add(done, h + 1, 0) < items:
+                spins += 1
+                if spins > 1000:
+                    yield_cpu()     # the worker holding the last item may be waiting for this core
+            if atomic_add(bad, 0, 0) != 0:
+                break
+            c = 0.0
+            for it in range(items):
+                c = max(c, part_max[h + 1, it])
+            if c == 0.0:
+                c = 1.0
+            ls += np.log(c)
+            log_scale[h] = ls
+            end = np.exp(-ls)
+            z[h, S] = end
+            inv = 1.0 / c
+            zn = z[h + 1]
+            while True:
+                it = atomic_add(taken, h, 1)
+                if it >= items:
+                    break
+                mx = 0.0
+                ok = end < 1e280
+                for s in range(it * rows, min(S, (it + 1) * rows)):
+                    acc = 0.0
+                    for a in range(n):
+                        acc += weight[s, a] * zn[transitions[s, a]]
+                    v = acc * inv
+                    z[h, s] = v
+                    mx = max(mx, v)
+                    if v == 0.0:
+                        for a in range(n):
+                            if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
+                                ok = False
+                    elif v < 1e-280:
                         ok = False
-            elif v < 1e-280 * c:
-                ok = False
-        if not ok:
-            break
-        if c == 0.0:
-            c = 1.0
-        log_scale[h] = log_scale[h + 1] + np.log(c)
-        for s in range(S):
-            z[s] = z_new[s] / c
-            out[h, s] = z[s]
-        z[S] = np.exp(-log_scale[h])
-    if ok:
-        for h in prange(horizon + 1):
-            for s in range(S):
-                v = out[h, s]
-                out[h, s] = np.log(v) + log_scale[h] if v > 0.0 else -np.inf
-    return ok
+                part_max[h, it] = mx
+                if not ok:
+                    atomic_add(bad, 0, 1)
+                atomic_add(done, h, 1)
+    # read through the atomic: numba does not see the intrinsic write to ``bad`` and would fold a plain
+    # read of the freshly zeroed array to 0
+    if atomic_add(bad, 0, 0) != 0:
+        return False
+    for h in prange(horizon + 1):
+        e = np.empty(_TILE)
+        bits = np.empty(_TILE, np.int64)
+        ls = log_scale[h]
+        for a0 in range(0, S, _TILE):
+            t = min(_TILE, S - a0)
+            for i in range(t):
+                e[i] = z[h, a0 + i]
+            log_inplace(e[:t], bits[:t])          # ln 0 = -inf
+            for i in range(t):
+                out[h, a0 + i] = e[i] + ls
+    return True
+
+
+@njit(cache=True)
+def end_transitions(next_state):
+    """next_state (S, n) with -1 for an end -> int32 transitions with S for an end (half the bytes a step reads)."""
+    S, n = next_state.shape
+    t = np.empty((S, n), np.int32)
+    for s in range(S):
+        for a in range(n):
+            v = next_state[s, a]
+            t[s, a] = S if v < 0 else v
+    return t
+
+
+def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
+    """The linear-space recursion from a reward table r (S, n) with every finite entry >= -700 and
+    next_state with -1 for an end: ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
+    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), horizon, out, get_num_threads())
 
 
 @njit(parallel=True, cache=True)

@@ -3,18 +3,44 @@
 Arrays put the teacher axis first and the vocabulary last, ``(K, ..., n)``, with any number of
 middle axes; weights are ``(K,)`` on the simplex. Weight-0 teachers are left out of every sum, so a
 teacher with weight 0 may put probability 0 anywhere.
+
+dtypes: the log-space pools keep float32 (float32 in, float32 out, read and written as float32, with no
+up-cast copy) and give float64 for every other input; the arithmetic in between is float64 (see
+``_kernels.py`` for why and for the error bound). ``out=`` takes a preallocated result, so that repeated
+calls do not page-fault a fresh array each time. The probability-space pools return float64.
 """
 
+from contextlib import contextmanager
+
+import numba
 import numpy as np
-from numba import get_num_threads
 
 from . import _kernels
-from .validate import as_array, check_log_probs, check_probs, check_weights, positive_teachers
+from .validate import as_array, check_log_probs, check_out, check_probs, check_weights, float_dtype, positive_teachers
+
+
+# Below this many input entries a pool runs on one thread: a parallel region's start-up and join cost
+# microseconds on an idle machine and a scheduler time slice (milliseconds) when the other core is busy.
+_PARALLEL_MIN_ENTRIES = 1 << 16
+
+
+@contextmanager
+def _threads_for(work, minimum):
+    """numba threads for a kernel of ``work`` units: 1 below ``minimum``, else the current count; yields it."""
+    before = numba.get_num_threads()
+    if work >= minimum or before == 1:
+        yield before
+        return
+    numba.set_num_threads(1)
+    try:
+        yield 1
+    finally:
+        numba.set_num_threads(before)
 
 
 def _active(log_probs, weights, name):
     """Validate the shapes and weights; drop weight-0 teachers (after checking their entries too)."""
-    lp = as_array(log_probs, name, min_ndim=2)
+    lp = as_array(log_probs, name, dtype=float_dtype(log_probs), min_ndim=2)
     w = check_weights(weights, lp.shape[0], other=name)
     if lp.shape[-1] == 0:
         raise ValueError(f"{name} has an empty vocabulary axis (axis -1)")
@@ -25,16 +51,26 @@ def _active(log_probs, weights, name):
     return lp, w
 
 
-def _geometric(log_probs, weights, name="log_probs"):
-    """Run the geometric kernel; returns (log G, ln Z) with the middle axes restored."""
+def _result(lp, out):
+    """The (M, n) result array of a pool of lp (K, ..., n): ``out`` (checked) or a fresh one."""
+    if out is None:
+        return np.empty(lp.shape[1:], lp.dtype)
+    return check_out(out, lp.shape[1:], lp.dtype)
+
+
+def _geometric(log_probs, weights, name="log_probs", out=None):
+    """Run the geometric kernel; returns (log G, ln Z) with the middle axes restored, both of the input's
+    dtype (float32 stays float32)."""
     lp, w = _active(log_probs, weights, name)
     K, n = lp.shape[0], lp.shape[-1]
     middle = lp.shape[1:-1]
     flat = lp.reshape(K, -1, n)
-    out = np.empty(flat.shape[1:])
+    result = _result(lp, out)
+    out = result.reshape(flat.shape[1:])
     log_z = np.empty(flat.shape[1])
     status = np.empty(flat.shape[1], np.int8)
-    _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, get_num_threads())
+    with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
+        _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, threads)
     if status.any():
         row = int(np.flatnonzero(status)[0])
         if status[row] == 1:
@@ -42,10 +78,10 @@ def _geometric(log_probs, weights, name="log_probs"):
         idx = np.unravel_index(row, middle) if middle else ()
         raise ValueError(f"{name}: empty support intersection at middle index {tuple(int(i) for i in idx)}: "
                          f"every token has probability 0 under some positive-weight teacher (Z = 0)")
-    return out.reshape(middle + (n,)), log_z.reshape(middle)
+    return result, log_z.reshape(middle).astype(lp.dtype, copy=False)
 
 
-def log_geometric_pool(log_probs, weights, return_log_partition=False):
+def log_geometric_pool(log_probs, weights, return_log_partition=False, out=None):
     """Normalised weighted geometric pool in log space (the RKL minimiser, theory section 1).
 
     ln G(a) = sum_k w_k ln p_k(a) - ln Z,   ln Z = logsumexp_a sum_k w_k ln p_k(a).
@@ -57,12 +93,15 @@ def log_geometric_pool(log_probs, weights, return_log_partition=False):
     weights : (K,) on the simplex.
     return_log_partition : also return ln Z, shape (...), from the same pass (the bridge's sampler
         needs both at every step; :func:`log_partition` alone runs the same kernel).
+    out : optional (..., n) array of the result's dtype to write ln G into (returned).
 
     Returns
     -------
-    (..., n) log-probabilities, or (ln G, ln Z). Raises ValueError for an empty support intersection.
+    (..., n) log-probabilities, or (ln G, ln Z); float32 for float32 input, float64 otherwise.
+    Raises ValueError for an empty support intersection. Accuracy: within 1 ulp of the result's dtype of
+    the exact value plus (8 + n) 2^-53 (|s| + |ln Z| + 1) (float64 arithmetic inside, ``_kernels.py``).
     """
-    log_g, log_z = _geometric(log_probs, weights)
+    log_g, log_z = _geometric(log_probs, weights, out=out)
     return (log_g, log_z) if return_log_partition else log_g
 
 
@@ -74,7 +113,7 @@ def log_partition(log_probs, weights):
     return _geometric(log_probs, weights)[1]
 
 
-def log_arithmetic_pool(log_probs, weights):
+def log_arithmetic_pool(log_probs, weights, out=None):
     """Weighted arithmetic mixture in log space (the FKL minimiser, theory section 1).
 
     ln A(a) = logsumexp_k (ln w_k + ln p_k(a)).
@@ -83,20 +122,23 @@ def log_arithmetic_pool(log_probs, weights):
     ----------
     log_probs : (K, ..., n) log-probabilities (-inf allowed).
     weights : (K,) on the simplex.
+    out : optional (..., n) array of the result's dtype to write into (returned).
 
     Returns
     -------
-    (..., n) log-probabilities.
+    (..., n) log-probabilities; float32 for float32 input, float64 otherwise. Accuracy: within 1 ulp of
+    the result's dtype of the exact value plus (8 + K) 2^-53 (max_k |ln p_k(a)| + 1).
     """
     lp, w = _active(log_probs, weights, "log_probs")
     K, n = lp.shape[0], lp.shape[-1]
     flat = lp.reshape(K, -1, n)
-    out = np.empty(flat.shape[1:])
+    result = _result(lp, out)
     status = np.empty(flat.shape[1], np.int8)
-    _kernels.log_arithmetic_pool_kernel(flat, np.log(w), out, status, get_num_threads())
+    with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
+        _kernels.log_arithmetic_pool_kernel(flat, np.log(w), result.reshape(flat.shape[1:]), status, threads)
     if status.any():
         check_log_probs(log_probs)
-    return out.reshape(lp.shape[1:])
+    return result
 
 
 def arithmetic_pool(probs, weights):

@@ -13,38 +13,21 @@ and emits at most ``horizon`` tokens. Sequence-level targets:
 
 import math
 import warnings
-from contextlib import contextmanager
 
-import numba
 import numpy as np
 from scipy.special import logsumexp
 
 from . import _kernels
 from .validate import (as_array, check_horizon, check_int, check_log_probs, check_probs, check_token_ids, check_weights,
                        positive_teachers)
-from .pools import _geometric, log_arithmetic_pool
+from .pools import _geometric, _threads_for, log_arithmetic_pool
 
 # Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
 # its relative accuracy, so the log-space kernel is used instead.
 _LINEAR_MIN_REWARD = -700.0
-# The recursion opens one parallel region per step; below this many (state, token) pairs a step is
-# shorter than a region's start-up (microseconds, far more when the other core is busy), so it runs
-# on one thread.
+# Below this many (state, token) pairs a step is one work item of the recursion: the whole recursion
+# runs on one thread (a parallel region's start-up costs microseconds, far more when the other core is busy).
 _PARALLEL_MIN_WORK = 1 << 14
-
-
-@contextmanager
-def _threads_for(work):
-    """numba threads for a recursion of ``work`` (state, token) pairs per step: 1 when it is small."""
-    before = numba.get_num_threads()
-    if work >= _PARALLEL_MIN_WORK or before == 1:
-        yield
-        return
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(before)
 
 
 class NumericalFallbackWarning(RuntimeWarning):
@@ -88,6 +71,11 @@ class FiniteStateTeachers:
         self.start = int(start)
         self.next_state.flags.writeable = False
         self.log_probs.flags.writeable = False
+        if S >= 2**31 - 1:
+            raise ValueError(f"S = {S} states: at most 2^31 - 2 (transitions are stored as int32)")
+        # int32 transitions with S for an end, made once: every step of the recursion reads them
+        self._transitions = _kernels.end_transitions(self.next_state)
+        self._transitions.flags.writeable = False
 
     @classmethod
     def from_probs(cls, next_state, probs, start=0):
@@ -118,18 +106,23 @@ def _reward(teachers, weights):
     return _kernels.pooled_weights_kernel(np.ascontiguousarray(teachers.log_probs[keep]), w[keep])
 
 
-def _log_partition(teachers, reward, horizon):
-    S = teachers.S
+def _log_partition(teachers, weights, horizon):
+    """ln Z (H + 1, S): the fused pooled exp and the one-region linear recursion; the log-space kernel when
+    the linear one would underflow."""
+    _check_teachers(teachers)
+    w = check_weights(weights, teachers.K, other="teachers.log_probs")
+    keep = positive_teachers(w)
+    S, n = teachers.S, teachers.n
     out = np.empty((horizon + 1, S))
-    finite = reward[np.isfinite(reward)]
-    linear_ok = finite.size == 0 or finite.min() >= _LINEAR_MIN_REWARD
-    with _threads_for(reward.size):
-        if not (linear_ok and _kernels.sequence_log_partition_linear_kernel(teachers.next_state, reward, horizon,
-                                                                           out)):
+    with _threads_for(S * n, _PARALLEL_MIN_WORK) as threads:
+        weight = np.empty((S, n))
+        min_reward = _kernels.pooled_exp_kernel(teachers.log_probs, keep.astype(np.int64), w[keep], weight, threads)
+        if not (min_reward >= _LINEAR_MIN_REWARD and
+                _kernels.linear_recursion_kernel(weight, teachers._transitions, horizon, out, threads)):
             warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
                           "differing by more than ~1e280, or pooled probabilities below 1e-304); using the "
                           "log-space recursion", NumericalFallbackWarning, stacklevel=3)
-            _kernels.sequence_log_partition_log_kernel(teachers.next_state, reward, horizon, out)
+            _kernels.sequence_log_partition_log_kernel(teachers.next_state, _reward(teachers, w), horizon, out)
     if out[0, teachers.start] == -np.inf:
         raise ValueError(f"empty support intersection at the sequence level: no response of at most "
                          f"{horizon} tokens from the start state {teachers.start} has positive probability "
@@ -149,8 +142,7 @@ def sequence_log_partition(teachers, weights, horizon):
     completion has positive weight. Raises ValueError when that happens at the start state.
     """
     horizon = check_horizon(horizon)
-    reward = _reward(teachers, weights)
-    return _log_partition(teachers, reward, horizon)
+    return _log_partition(teachers, weights, horizon)
 
 
 def sequence_geometric_conditionals(teachers, weights, horizon):
@@ -163,8 +155,8 @@ def sequence_geometric_conditionals(teachers, weights, horizon):
     (horizon, S, n) log-probabilities; rows of states with Z = 0 (never reached under g) are -inf.
     """
     horizon = check_horizon(horizon)
+    log_z = _log_partition(teachers, weights, horizon)
     reward = _reward(teachers, weights)
-    log_z = _log_partition(teachers, reward, horizon)
     out = np.empty((horizon, teachers.S, teachers.n))
     _kernels.geometric_conditionals_kernel(teachers.next_state, reward, log_z, out)
     return out

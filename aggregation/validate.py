@@ -29,6 +29,24 @@ def as_array(x, name, dtype=np.float64, min_ndim=1):
     return arr
 
 
+def float_dtype(x):
+    """The dtype a pool computes in for input ``x``: float32 stays float32 (the dtype of real logits), any
+    other input (float64, integers, lists, float16) becomes float64."""
+    return np.float32 if getattr(x, "dtype", None) == np.float32 else np.float64
+
+
+def check_out(out, shape, dtype, name="out"):
+    """An ``out=`` array: a writeable C-contiguous ndarray of exactly ``shape`` and ``dtype``."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"{name} must be a NumPy array, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"{name} has shape {out.shape} and dtype {out.dtype}; the result has shape "
+                         f"{tuple(shape)} and dtype {np.dtype(dtype)}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    return out
+
+
 def check_weights(weights, n_teachers, name="weights", other="log_probs"):
     """Weights on the simplex: 1-D, length K, finite, >= 0, summing to 1 (1e-6 relative)."""
     w = as_array(weights, name)

@@ -1,16 +1,32 @@
-"""Speed of the aggregation engine against NumPy / SciPy / torch baselines, side by side in one run.
+"""Speed of the aggregation engine against the peers a user could pick, at LLM sizes and dtypes, in one run.
 
-    python benchmarks/bench_aggregation.py [--threads 2] [--repeats 15] [--markdown]
+    python benchmarks/bench_aggregation.py [--threads 2] [--rounds 5] [--K 2,4,8] [--V 32000,151936]
+        [--N 256,2048] [--dtypes float32,float64] [--max-gb 1.3] [--shapes random,tree,llm] [--csv PATH]
+    python benchmarks/bench_aggregation.py --table benchmarks/bench_aggregation*.csv     # the README's tables
 
-Each row times the public function (validation included) and the fastest straightforward
-implementation of the same result in each baseline library, as the minimum over interleaved
-repeats, on float64 with the same thread count everywhere. Also reported: the fraction of the
-memory-bandwidth bound (bytes the computation must touch / time, against a measured np.copyto
-bandwidth) and whether a second process finds every kernel in numba's cache.
+Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv`` by default):
+
+- STREAM: a numba triad ``a = b + 3 c`` over 3 x 64 MiB arrays on every thread, 24 bytes an element
+  (no write-allocate counted), best and median of the rounds: the machine's bandwidth limit.
+- pools: ``log_geometric_pool`` and ``log_arithmetic_pool`` (public wrappers, validation included; "ours"
+  writes into an ``out=`` array, "ours-fresh" allocates its result) against NumPy, numexpr, torch and JAX
+  (each skipped with a note when not installed), and the floor: a numba kernel with the same reads and
+  writes and no exp or log (out = sum_k w_k x_k in the input's dtype). Inputs are (K, N, V) log-probs
+  in float32 or float64 (negative normals, not normalised: the pools do not need it).
+- recursion: ``sequence_log_partition`` on three machines (a random machine, a prefix tree with S ~ 3e5,
+  an LLM-like machine with S = 10^4 and n = 256) against NumPy (log space and linear space) and torch;
+  ours at 2 threads and at 1 thread in the same rounds, and again while a spinning process keeps one
+  core busy.
+
+Every contender runs once per round, in the same order, for ``--rounds`` rounds after a warm-up call; for
+each, wall and CPU time (``time.process_time``: all threads of this process) as min / median / max, and
+the ratio peer / ours taken round by round (min / median / max over the rounds). Memory bandwidth
+fraction: the bytes a pool must move (read K N V, write N V, in the dtype) over its median time, divided
+by the STREAM median. Correctness: every contender is checked against ours before it is timed.
 """
 
 import argparse
-import json
+import csv
 import os
 import platform
 import subprocess
@@ -18,59 +34,209 @@ import sys
 import time
 
 import numpy as np
-from scipy.special import logsumexp
-from timing import best_time  # (benchmarks/timing.py, beside this script)
 
 
-def copy_bandwidth(nbytes, repeats):
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    t = best_time({"copy": lambda: np.copyto(dst, src)}, repeats)["copy"]
-    return 2 * src.nbytes / t          # read + write
+def parse_list(text, kind=int):
+    return [kind(x) for x in text.split(",") if x]
 
 
-def pool_rows(repeats):
-    import torch
+# ------------------------------------------------------------------------------------------ harness
+
+def interleaved(fns, rounds):
+    """{name: (wall array, cpu array)} over ``rounds`` rounds, one call of each per round after a warm-up."""
+    for f in fns.values():
+        f()
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, f in fns.items():
+            c0, t0 = time.process_time(), time.perf_counter()
+            f()
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return {k: (np.array(wall[k]), np.array(cpu[k])) for k in fns}
+
+
+def mmm(x):
+    return float(np.min(x)), float(np.median(x)), float(np.max(x))
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+def numba_kernels():
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=True)
+    def triad(a, b, c):
+        for i in prange(a.shape[0]):
+            a[i] = b[i] + 3.0 * c[i]
+
+    @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+    def floor(x, w, out):
+        """out[m, a] = sum_k w_k x[k, m, a]: the pools' reads and writes, no exp or log."""
+        K, M, n = x.shape
+        block = 8192
+        nb = (n + block - 1) // block
+        for it in prange(M * nb):
+            m = it // nb
+            a0 = (it % nb) * block
+            for a in range(a0, min(n, a0 + block)):
+                acc = w[0] * np.float64(x[0, m, a])
+                for k in range(1, K):
+                    acc += w[k] * np.float64(x[k, m, a])
+                out[m, a] = acc
+
+    return triad, floor
+
+
+def stream(triad, rounds):
+    n = (64 << 20) // 8
+    a, b, c = np.empty(n), np.ones(n), np.full(n, 2.0)
+    res = interleaved({"triad": lambda: triad(a, b, c)}, max(rounds, 5))["triad"][0]
+    return 24 * n / res
+
+
+# ------------------------------------------------------------------------------------------ pools
+
+def pool_contenders(pool, x, w, threads):
+    """{name: callable} for one pool on x (K, N, V); every callable returns the (N, V) result."""
     import aggregation as ag
+    K = x.shape[0]
+    dt = x.dtype
+    out = np.empty(x.shape[1:], dt)
+    wd = w.astype(dt)
+    lw = np.log(w).astype(dt)
+    fns = {}
+    if pool == "geometric":
+        fns["ours"] = lambda: ag.log_geometric_pool(x, w, out=out)
+        fns["ours-fresh"] = lambda: ag.log_geometric_pool(x, w)
 
-    K, M, n = 4, 4096, 512
+        def numpy_geometric():
+            s = np.tensordot(wd, x, axes=1)
+            m = s.max(axis=-1, keepdims=True)
+            return s - (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))
+        fns["numpy"] = numpy_geometric
+    else:
+        fns["ours"] = lambda: ag.log_arithmetic_pool(x, w, out=out)
+        fns["ours-fresh"] = lambda: ag.log_arithmetic_pool(x, w)
+
+        def numpy_mixture():
+            t = x + lw[:, None, None]
+            m = t.max(axis=0)
+            return m + np.log(np.exp(t - m).sum(axis=0))
+        fns["numpy"] = numpy_mixture
+    try:
+        import numexpr as ne
+        ne.set_num_threads(threads)
+        env = {f"x{k}": x[k] for k in range(K)}
+        if pool == "geometric":
+            s_expr = " + ".join(f"{float(w[k])!r} * x{k}" for k in range(K))
+
+            def numexpr_geometric():
+                s = ne.evaluate(s_expr, local_dict=env)
+                m = s.max(axis=-1, keepdims=True)
+                lse = np.log(ne.evaluate("sum(exp(s - m), axis=1)", local_dict={"s": s, "m": m}))[:, None] + m
+                return ne.evaluate("s - lse", local_dict={"s": s, "lse": lse})
+            fns["numexpr"] = numexpr_geometric
+        else:
+            terms = [f"(x{k} + {float(np.log(w[k]))!r})" for k in range(K)]
+            m_expr = terms[0]
+            for t in terms[1:]:
+                m_expr = f"where({t} > {m_expr}, {t}, {m_expr})"
+
+            def numexpr_mixture():
+                m = ne.evaluate(m_expr, local_dict=env)
+                return ne.evaluate("m + log(" + " + ".join(f"exp({t} - m)" for t in terms) + ")",
+                                   local_dict={**env, "m": m})
+            fns["numexpr"] = numexpr_mixture
+    except ImportError:
+        pass
+    try:
+        import torch
+        torch.set_num_threads(threads)
+        tx, tw, tlw = torch.from_numpy(x), torch.from_numpy(wd), torch.from_numpy(lw)
+        if pool == "geometric":
+            fns["torch"] = lambda: torch.log_softmax(torch.tensordot(tw, tx, dims=1), dim=-1).numpy()
+        else:
+            fns["torch"] = lambda: torch.logsumexp(tx + tlw[:, None, None], dim=0).numpy()
+    except ImportError:
+        pass
+    try:
+        import jax
+        import jax.numpy as jnp
+        jx, jw, jlw = jnp.asarray(x), jnp.asarray(wd), jnp.asarray(lw)
+        if pool == "geometric":
+            f = jax.jit(lambda x_, w_: jax.nn.log_softmax(jnp.tensordot(w_, x_, axes=1), axis=-1))
+            fns["jax"] = lambda: np.asarray(f(jx, jw).block_until_ready())
+        else:
+            f = jax.jit(lambda x_, lw_: jax.nn.logsumexp(x_ + lw_[:, None, None], axis=0))
+            fns["jax"] = lambda: np.asarray(f(jx, jlw).block_until_ready())
+    except ImportError:
+        pass
+    return fns
+
+
+def pool_rows(args, floor, bandwidth, notes, sink):
+    rows = []
     rng = np.random.default_rng(0)
-    lp = np.log(rng.dirichlet(np.ones(n), size=(K, M)))
-    w = rng.dirichlet(np.ones(K))
-    tl, tw = torch.from_numpy(lp), torch.from_numpy(w)
-    log_w = np.log(w)[:, None, None]
+    for dtype in args.dtypes:
+        dt = np.dtype(dtype)
+        for V in args.V:
+            for N in args.N:
+                for K in args.K:
+                    gb = K * N * V * dt.itemsize / 1e9
+                    if gb > args.max_gb:
+                        notes.append(f"skipped K={K} V={V} N={N} {dtype}: input {gb:.1f} GB > --max-gb {args.max_gb}")
+                        continue
+                    x = np.empty((K, N, V), dt)
+                    for k in range(K):
+                        x[k] = -np.abs(rng.standard_normal((N, V), dtype=np.float32)) * 3.0 - 6.0
+                    w = rng.dirichlet(np.ones(K))
+                    fl_out = np.empty((N, V), dt)
+                    nbytes = (K + 1) * N * V * dt.itemsize
+                    for pool in ("geometric", "mixture"):
+                        fns = pool_contenders(pool, x, w, args.threads)
+                        ref = fns["ours"]().astype(np.float64)
+                        tol = 1e-4 if dt == np.float32 else 1e-9
+                        for name, f in fns.items():
+                            np.testing.assert_allclose(np.asarray(f(), np.float64), ref, rtol=tol, atol=tol,
+                                                       err_msg=f"{pool} {name}")
+                        fns["floor"] = lambda: floor(x, w, fl_out)
+                        res = interleaved(fns, args.rounds)
+                        ours_wall = res["ours"][0]
+                        for name, (wall, cpu) in res.items():
+                            ratio = wall / ours_wall          # round by round: > 1 means ours is faster
+                            rows.append(dict(section="pool", case=pool, K=K, V=V, N=N, dtype=dtype,
+                                             contender=name, threads=args.threads,
+                                             wall_min=mmm(wall)[0], wall_med=mmm(wall)[1], wall_max=mmm(wall)[2],
+                                             cpu_med=float(np.median(cpu)),
+                                             ratio_min=mmm(ratio)[0], ratio_med=mmm(ratio)[1], ratio_max=mmm(ratio)[2],
+                                             bw_fraction=nbytes / float(np.median(wall)) / bandwidth))
+                        print_rows(rows[-len(res):])
+                        sink(rows[-len(res):])
+                    del x
+    return rows
 
-    def numpy_geometric():
-        s = np.tensordot(w, lp, axes=1)
-        m = s.max(axis=-1, keepdims=True)
-        return s - (m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True)))
 
-    geometric = {
-        "ours": lambda: ag.log_geometric_pool(lp, w),
-        "numpy": numpy_geometric,
-        "scipy": lambda: (lambda s: s - logsumexp(s, axis=-1, keepdims=True))(np.tensordot(w, lp, axes=1)),
-        "torch": lambda: torch.log_softmax(torch.tensordot(tw, tl, dims=1), dim=-1),
-    }
-    arithmetic = {
-        "ours": lambda: ag.log_arithmetic_pool(lp, w),
-        "numpy": lambda: (lambda x, m: m + np.log(np.exp(x - m).sum(axis=0)))(lp + log_w, (lp + log_w).max(axis=0)),
-        "scipy": lambda: logsumexp(lp, axis=0, b=w[:, None, None]),
-        "torch": lambda: torch.logsumexp(tl + tw.log()[:, None, None], dim=0),
-    }
-    np.testing.assert_allclose(geometric["ours"](), numpy_geometric(), atol=1e-12)
-    np.testing.assert_allclose(arithmetic["ours"](), arithmetic["scipy"](), atol=1e-12)
-    nbytes = lp.nbytes + lp.nbytes // K            # read (K, M, n), write (M, n)
-    return [("log_geometric_pool", f"({K}, {M}, {n})", best_time(geometric, repeats), nbytes, None),
-            ("log_arithmetic_pool", f"({K}, {M}, {n})", best_time(arithmetic, repeats), nbytes, None)]
+# ------------------------------------------------------------------------------------------ recursion
+
+def machines(names):
+    from aggregation import examples
+    out = {}
+    if "random" in names:
+        out["random"] = (examples.random_teachers(4, 10_000, 64, seed=0, end_prob=0.05), 256)
+    if "tree" in names:
+        out["tree"] = (examples.prefix_tree(2, 8, 6, seed=0), 7)
+    if "llm" in names:
+        out["llm"] = (examples.llm_like_prefix_teachers(0, n=256, n_states=5000), 64)
+    return out
 
 
-def sequence_row(repeats):
+def recursion_contenders(t, H, skip=()):
+    import numba
     import torch
     import aggregation as ag
-    from aggregation import examples
-
-    K, S, n, H = 4, 10_000, 64, 256
-    t = examples.random_teachers(K, S, n, seed=0, end_prob=0.05)
+    K, S = t.K, t.S
     w = np.full(K, 1.0 / K)
     ended = t.next_state < 0
     idx = np.where(ended, 0, t.next_state)
@@ -96,10 +262,11 @@ def sequence_row(repeats):
             log_c += np.log(c)
             z[:S] = z_new / c
             z[S] = np.exp(-log_c)
-            out[h] = np.log(z[:S]) + log_c
+            with np.errstate(divide="ignore"):
+                out[h] = np.log(z[:S]) + log_c
         return out
 
-    tlp, tw_ = torch.from_numpy(t.log_probs), torch.from_numpy(w)
+    tlp, tw_ = torch.from_numpy(np.ascontiguousarray(t.log_probs)), torch.from_numpy(w)
     tidx, tend = torch.from_numpy(idx), torch.from_numpy(ended)
 
     def torch_log():
@@ -107,83 +274,171 @@ def sequence_row(repeats):
         out = torch.zeros(H + 1, S, dtype=torch.float64)
         for h in range(H - 1, -1, -1):
             out[h] = torch.logsumexp(r + torch.where(tend, 0.0, out[h + 1][tidx]), dim=1)
-        return out
+        return out.numpy()
 
-    fns = {"ours": lambda: ag.sequence_log_partition(t, w, H), "numpy": numpy_log,
+    threads = numba.get_num_threads()
+
+    def ours_1():
+        numba.set_num_threads(1)
+        try:
+            return ag.sequence_log_partition(t, w, H)
+        finally:
+            numba.set_num_threads(threads)
+
+    fns = {"ours": lambda: ag.sequence_log_partition(t, w, H), "ours-1thread": ours_1, "numpy": numpy_log,
            "numpy-linear": numpy_linear, "torch": torch_log}
-    ref = numpy_log()
-    np.testing.assert_allclose(fns["ours"](), ref, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(numpy_linear(), ref, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(torch_log().numpy(), ref, rtol=1e-9, atol=1e-9)
-    times = best_time(fns, max(3, repeats // 3))
-    # each step reads the weights and transitions and gathers Z: S n (8 + 8) bytes
-    nbytes = H * S * n * 16
-    ns_per = times["ours"] / (S * n * H) * 1e9
-    return [("sequence_log_partition", f"S={S}, n={n}, K={K}, H={H}", times, nbytes, ns_per)]
+    return {k: f for k, f in fns.items() if k not in skip}
 
 
-CACHE_PROBE = """
-import json, numpy as np, aggregation as ag
-from aggregation import _kernels, examples
-t = examples.random_teachers(3, 20, 4, seed=0)
-w = np.full(3, 1 / 3)
-ag.log_geometric_pool(t.log_probs, w); ag.log_arithmetic_pool(t.log_probs, w)
-ag.sequence_geometric_conditionals(t, w, 5); ag.sample_paths(t, w, 5, 3, 0); ag.state_occupancy(t, w, 5)
-stats = {}
-for name in dir(_kernels):
-    f = getattr(_kernels, name)
-    if hasattr(f, "stats") and f.signatures:
-        stats[name] = (sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values()))
-print(json.dumps(stats))
-"""
+def recursion_rows(args, sink):
+    rows = []
+    for name, (t, H) in machines(args.shapes).items():
+        fns = recursion_contenders(t, H, args.skip_recursion)
+        ref = fns["numpy"]()
+        for k, f in fns.items():
+            np.testing.assert_allclose(f(), ref, rtol=1e-8, atol=1e-8, err_msg=f"{name} {k}")
+        for busy in (False, True):
+            spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+            try:
+                res = interleaved(fns, max(3, args.rounds))
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+            ours_wall = res["ours"][0]
+            for k, (wall, cpu) in res.items():
+                ratio = wall / ours_wall
+                rows.append(dict(section="recursion" + ("+busy" if busy else ""), case=name, K=t.K, V=t.n, N=t.S,
+                                 dtype=f"H={H}", contender=k, threads=args.threads,
+                                 wall_min=mmm(wall)[0], wall_med=mmm(wall)[1], wall_max=mmm(wall)[2],
+                                 cpu_med=float(np.median(cpu)), ratio_min=mmm(ratio)[0],
+                                 ratio_med=mmm(ratio)[1], ratio_max=mmm(ratio)[2], bw_fraction=float("nan")))
+            print_rows(rows[-len(res):])
+            sink(rows[-len(res):])
+    return rows
 
 
-def cache_check():
-    """Run the probe twice in fresh processes: the second must load every kernel from the cache."""
-    runs = [json.loads(subprocess.run([sys.executable, "-c", CACHE_PROBE], check=True, capture_output=True,
-                                      text=True).stdout) for _ in range(2)]
-    second = runs[1]
-    misses = sum(m for _, m in second.values())
-    return len(second), misses
+# ------------------------------------------------------------------------------------------ output
+
+FIELDS = ["section", "case", "K", "V", "N", "dtype", "contender", "threads", "wall_min", "wall_med", "wall_max",
+          "cpu_med", "ratio_min", "ratio_med", "ratio_max", "bw_fraction"]
+
+
+def print_rows(rows):
+    for r in rows:
+        print(f"{r['section']:>14} {r['case']:>9} K={r['K']} V={r['V']} N={r['N']} {r['dtype']:>8} "
+              f"{r['contender']:>13}: wall {r['wall_min'] * 1e3:9.2f} / {r['wall_med'] * 1e3:9.2f} / "
+              f"{r['wall_max'] * 1e3:9.2f} ms, cpu {r['cpu_med'] * 1e3:9.2f} ms, peer/ours {r['ratio_min']:.2f} / "
+              f"{r['ratio_med']:.2f} / {r['ratio_max']:.2f}, bw {r['bw_fraction']:.0%}", flush=True)
+
+
+def table(paths):
+    """Markdown tables of one or more CSVs this script wrote: per pool case, ours / floor and each peer / ours
+    (median of the round-by-round ratios, [min, max]), the bandwidth fraction, wall and CPU medians."""
+    keyed = {}                        # a row of a later CSV replaces the same row of an earlier one
+    for path in paths:
+        with open(path) as f:
+            for r in csv.DictReader(line for line in f if not line.startswith("#")):
+                keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
+    rows = list(keyed.values())
+    pools = [r for r in rows if r["section"] == "pool"]
+    peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor"})
+    print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | bw of STREAM | "
+          + " | ".join(f"{p} / ours" for p in peers) + " | ours-fresh / ours |")
+    print("|" + "---|" * (8 + len(peers)))
+    key = lambda r: (r["case"], r["dtype"], int(r["V"]), int(r["N"]), int(r["K"]))
+    for k in sorted({key(r) for r in pools}):
+        g = {r["contender"]: r for r in pools if key(r) == k}
+        o, fl = g["ours"], g["floor"]
+        f = lambda r: f"{float(r['ratio_med']):.2f} [{float(r['ratio_min']):.2f}, {float(r['ratio_max']):.2f}]"
+        inv = lambda r: (f"{1 / float(r['ratio_med']):.2f} [{1 / float(r['ratio_max']):.2f}, "
+                         f"{1 / float(r['ratio_min']):.2f}]")
+        print(f"| {k[0]} | {k[4]} | {k[2]} | {k[3]} | {k[1]} | {float(o['wall_med']) * 1e3:.1f} "
+              f"({float(o['cpu_med']) * 1e3:.1f}) | {inv(fl)} | {float(o['bw_fraction']):.0%} | "
+              + " | ".join(f(g[p]) if p in g else "-" for p in peers) + f" | {f(g['ours-fresh'])} |")
+    rec = [r for r in rows if r["section"].startswith("recursion")]
+    if rec:
+        print()
+        print("| machine | S, n, H | core busy | ours ms (cpu ms) | ours 1 thread / ours | numpy / ours | "
+              "numpy-linear / ours | torch / ours |")
+        print("|---|---|---|---|---|---|---|---|")
+        rkey = lambda r: (r["case"], r["section"])
+        for k in sorted({rkey(r) for r in rec}, key=lambda k: (k[0], k[1])):
+            g = {r["contender"]: r for r in rec if rkey(r) == k}
+            o = g["ours"]
+            f = lambda r: f"{float(r['ratio_med']):.2f} [{float(r['ratio_min']):.2f}, {float(r['ratio_max']):.2f}]"
+            print(f"| {k[0]} | {o['N']}, {o['V']}, {o['dtype'][2:]} | {'yes' if 'busy' in k[1] else 'no'} | "
+                  f"{float(o['wall_med']) * 1e3:.1f} ({float(o['cpu_med']) * 1e3:.1f}) | "
+                  + " | ".join(f(g[c]) if c in g else "-" for c in ("ours-1thread", "numpy", "numpy-linear", "torch"))
+                  + " |")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--K", type=parse_list, default=[2, 4, 8])
+    parser.add_argument("--V", type=parse_list, default=[32000, 151936])
+    parser.add_argument("--N", type=parse_list, default=[256, 2048])
+    parser.add_argument("--dtypes", type=lambda s: s.split(","), default=["float32", "float64"])
+    parser.add_argument("--max-gb", type=float, default=1.3, help="skip pool inputs larger than this")
+    parser.add_argument("--shapes", type=lambda s: [x for x in s.split(",") if x], default=["random", "tree", "llm"],
+                        help="recursion machines (empty: none)")
+    parser.add_argument("--no-pools", action="store_true")
+    parser.add_argument("--skip-recursion", type=lambda s: [x for x in s.split(",") if x], default=[],
+                        help="recursion contenders to leave out (e.g. torch, when it takes minutes a call)")
+    parser.add_argument("--table", nargs="+", metavar="CSV", help="print the Markdown tables of these CSVs and exit")
+    parser.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                      "bench_aggregation.csv"))
     args = parser.parse_args(argv)
-    if args.threads < 1 or args.repeats < 1:
-        parser.exit(2, "bench_aggregation: --threads and --repeats must be >= 1\n")
+    if args.table:
+        return table(args.table)
+    if args.threads < 1 or args.rounds < 1:
+        parser.exit(2, "bench_aggregation: --threads and --rounds must be >= 1\n")
+    if not set(args.dtypes) <= {"float32", "float64"}:
+        parser.exit(2, "bench_aggregation: --dtypes takes float32 and/or float64\n")
 
     import numba
-    import torch
     numba.set_num_threads(args.threads)
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    triad, floor = numba_kernels()
+    notes = []
+    for mod in ("numexpr", "torch", "jax"):
+        try:
+            __import__(mod)
+        except ImportError:
+            notes.append(f"{mod} not installed: its column is skipped")
+    bandwidth = float(np.median(stream(triad, args.rounds)))
+    load = os.getloadavg()
+    print(f"# bench_aggregation {time.strftime('%Y-%m-%d %H:%M')} UTC, {platform.machine()}, {os.cpu_count()} cpus, "
+          f"numba {numba.__version__}, numpy {np.__version__}, threads {args.threads}, "
+          f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"STREAM triad (median): {bandwidth / 1e9:.1f} GB/s")
+    with open(args.csv, "w", newline="") as f:
+        f.write(f"# {time.strftime('%Y-%m-%d %H:%M')} UTC; load average at start {load[0]:.1f}; {os.cpu_count()} cpus; "
+                f"stream row: bw_fraction = GB/s\n")
+        for n in notes:
+            f.write(f"# {n}\n")
+        wr = csv.DictWriter(f, fieldnames=FIELDS)
+        wr.writeheader()
 
-    bandwidth = copy_bandwidth(64 << 20, args.repeats)
-    rows = pool_rows(args.repeats) + sequence_row(args.repeats)
-    n_kernels, misses = cache_check()
-
-    header = ("| function | shape | ours (ms) | baselines (ms) | speed-up vs fastest | "
-              "bandwidth bound | ns / (state, token, step) | threads |")
-    print(f"# bench_aggregation  {time.strftime('%Y-%m-%d')}  {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cpus, numpy {np.__version__}, numba {numba.__version__}, torch {torch.__version__}")
-    print(f"np.copyto bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write)")
-    print(header)
-    print("|" + "---|" * 8)
-    for name, shape, times, nbytes, ns_per in rows:
-        ours = times["ours"]
-        base = {k: v for k, v in times.items() if k != "ours"}
-        fastest = min(base, key=base.get)
-        base_txt = ", ".join(f"{k} {v * 1e3:.2f}" for k, v in base.items())
-        frac = nbytes / ours / bandwidth
-        ns_txt = f"{ns_per:.2f}" if ns_per is not None else "-"
-        print(f"| {name} | {shape} | {ours * 1e3:.2f} | {base_txt} | {base[fastest] / ours:.2f}x vs {fastest} | "
-              f"{frac:.0%} | {ns_txt} | {numba.get_num_threads()} |")
-    print(f"\nsecond process: {n_kernels} kernels used, {misses} compiled anew "
-          f"({'all cache hits' if misses == 0 else 'RECOMPILED'})")
+        def sink(rows):
+            wr.writerows(rows)
+            f.flush()
+        sink([dict(section="stream", case="triad", K=0, V=0, N=0, dtype="float64", contender="numba",
+                   threads=args.threads, wall_min=0, wall_med=0, wall_max=0, cpu_med=0, ratio_min=0, ratio_med=0,
+                   ratio_max=0, bw_fraction=bandwidth / 1e9)])
+        if not args.no_pools:
+            pool_rows(args, floor, bandwidth, notes, sink)
+        if args.shapes:
+            recursion_rows(args, sink)
+        load_end = os.getloadavg()
+        f.write(f"# load average at the end {load_end[0]:.1f}\n")
+        for n in notes:
+            f.write(f"# {n}\n")
+    for n in notes:
+        print("note:", n)
+    print(f"load average at the end: {load_end[0]:.1f} {load_end[1]:.1f} {load_end[2]:.1f}")
+    print(f"wrote {args.csv}")
 
 
 if __name__ == "__main__":

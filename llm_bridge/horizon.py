@@ -54,7 +54,9 @@ from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 def torch_geometric_pool(log_probs, weights):
     """(ln l (B, n), ln z (B,)) float64 of teachers' log-probs ``[(B, n)]`` with weights (K',):
     ``ln l = sum_k w_k ln p_k - ln z``, ``ln z = logsumexp_a sum_k w_k ln p_k(a)`` (theory section 1), in torch
-    (aggregation's NumPy pool validates and copies every row: too slow for 500 rows of 49k tokens)."""
+    (not aggregation's pool: it now reads float32 without a copy, but returns float32 for float32 input, and
+    the callers here take float64 ln l and ln z; a float64 result from it needs the float64 (K', B, n) copy
+    that made it too slow for 500 rows of 49k tokens, and stacking the K' rows is a copy of its own)."""
     r = sum(float(w) * lp.double() for w, lp in zip(weights, log_probs))
     log_z = torch.logsumexp(r, dim=-1)
     return r - log_z[:, None], log_z

@@ -1,0 +1,282 @@
+"""The engine's building blocks and pools at the bit level: exp and log against NumPy in ulps over the
+whole float64 range (0, subnormals, +-inf, NaN), the pools' float32 / float64 results against an
+extended-precision (x87 long double) reference within the bounds their docstrings state, dtype
+preservation, ``out=``, and the work queue (any worker count and block size gives the same result)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import aggregation as ag
+from aggregation import _kernels, _reference, jit
+
+pytestmark = pytest.mark.nojit
+
+U64 = np.finfo(np.float64).eps / 2
+LONG = np.longdouble
+
+
+def ulps(got, ref):
+    """|got - ref| in units of the spacing of got's dtype at ref (ref may be long double); 0 where both
+    are equal or both NaN."""
+    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(got.astype(LONG) - ref.astype(LONG)) / np.spacing(np.abs(ref).astype(got.dtype)).astype(LONG)
+    return np.where(same, 0.0, d)
+
+
+SPECIAL = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, 1.0, 2.0, np.sqrt(2.0), 0.5, 5e-324, 1e-310,
+                    2.2250738585072014e-308, 2.225073858507201e-308, 1.7976931348623157e308, -5e-324])
+
+
+def test_exp_within_one_ulp_of_numpy_over_the_whole_range():
+    x = np.concatenate([np.linspace(-760.0, 709.78, 100_001), SPECIAL, -SPECIAL,
+                        [-745.13, -745.2, -744.4, -708.4, -708.39, 709.782712893384, 709.7827128933841, 710.0]])
+    with np.errstate(all="ignore"):
+        got, ref = _kernels.exp_kernel(x), np.exp(x)
+    assert ulps(got, ref).max() <= 1.0
+    # the specials exactly: -inf -> 0, +inf -> inf, NaN -> NaN, 0 and subnormals -> 1, overflow -> inf
+    np.testing.assert_array_equal(got[np.isnan(x) | np.isinf(x) | (np.abs(x) < 1e-300) | (x > 709.8)],
+                                  ref[np.isnan(x) | np.isinf(x) | (np.abs(x) < 1e-300) | (x > 709.8)])
+
+
+def test_log_within_two_ulps_of_numpy_over_the_whole_range():
+    """Random bit patterns cover every binade, the subnormals among them; then the specials."""
+    bits = np.random.default_rng(0).integers(0, 0x7FF0000000000000, 20_000, dtype=np.int64)
+    sub = np.random.default_rng(1).integers(1, 1 << 52, 2_000, dtype=np.int64)       # subnormals
+    x = np.concatenate([bits.view(np.float64), sub.view(np.float64), SPECIAL, -SPECIAL,
+                        1.0 + np.linspace(-1e-3, 1e-3, 2001)])
+    with np.errstate(all="ignore"):
+        got, ref = _kernels.log_kernel(x), np.log(x)
+    assert ulps(got, ref).max() <= 2.0
+    special = ~np.isfinite(ref) | (x == 1.0)
+    np.testing.assert_array_equal(got[special], ref[special])     # 0 -> -inf, inf -> inf, x < 0 or NaN -> NaN
+
+
+def test_exp_and_log_are_compiled_with_numpys_error_model():
+    """The error model is what lets LLVM vectorise the division of log (documented in jit.py)."""
+    for f in (jit.exp_inplace, jit.exp_parts, jit.log_inplace, _kernels.log_geometric_pool_kernel,
+              _kernels.log_arithmetic_pool_kernel):
+        assert getattr(f, "targetoptions", {"error_model": "numpy"}).get("error_model") == "numpy"
+
+
+# ------------------------------------------------------------------------------------------ pools
+
+def reference_geometric(lp, w):
+    """(ln G, s, ln Z) in long double from the given (float32 or float64) inputs."""
+    s = np.tensordot(w.astype(LONG), lp.astype(LONG), axes=1)
+    top = s.max(axis=-1, keepdims=True)
+    lz = top + np.log(np.exp(s - top).sum(axis=-1, keepdims=True))
+    return s - lz, s, lz
+
+
+def reference_arithmetic(lp, w):
+    t = lp.astype(LONG) + np.log(w.astype(LONG)).reshape((-1,) + (1,) * (lp.ndim - 1))
+    top = t.max(axis=0)
+    with np.errstate(invalid="ignore"):
+        r = top + np.log(np.exp(t - top).sum(axis=0))
+    return np.where(np.isneginf(top), -np.inf, r)
+
+
+@st.composite
+def teachers(draw):
+    K, M, n = draw(st.integers(1, 8)), draw(st.integers(1, 6)), draw(st.integers(1, 400))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    with np.errstate(divide="ignore"):
+        lp = np.log(rng.dirichlet(np.full(n, draw(st.sampled_from([0.01, 0.3, 3.0]))), size=(K, M)))
+    lp[rng.random(lp.shape) < draw(st.sampled_from([0.0, 0.3]))] = -np.inf
+    lp[..., 0] = np.log(draw(st.sampled_from([0.5, 1e-30, 1.0 - 1e-6])))
+    w = rng.dirichlet(np.ones(K)) + 1e-3
+    return lp, w / w.sum(), draw(st.integers(1, 3)), draw(st.sampled_from([0, 1, 7, 512, 600]))
+
+
+def error_bound(ref, dtype, scale, terms):
+    """The docstrings' bound: one ulp of the result's dtype, plus (8 + terms) float64 units of the size of
+    the terms (a sum of ``terms`` positive numbers in float64 is within (terms - 1) u of exact)."""
+    return np.spacing(np.abs(ref).astype(dtype)).astype(LONG) + (8 + terms) * U64 * scale
+
+
+@settings(max_examples=25, deadline=None)
+@given(teachers(), st.sampled_from([np.float32, np.float64]))
+def test_geometric_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
+    lp64, w, workers, block = inputs
+    lp = lp64.astype(dtype)
+    K, M, n = lp.shape
+    out, log_z, status = np.empty((M, n), dtype), np.empty(M), np.empty(M, np.int8)
+    _kernels.log_geometric_pool_kernel(lp, w, out, log_z, status, workers, block)
+    assert not status.any()
+    ref, s, lz = reference_geometric(lp, w)
+    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    err = np.abs(out.astype(LONG)[fin] - ref[fin])
+    scale = (np.abs(s) + np.abs(lz) + 1)[fin]
+    assert np.all(err <= error_bound(ref[fin], dtype, scale, n))
+    assert np.all(np.abs(log_z - lz[:, 0]) <= (8 + n) * U64 * (np.abs(lz[:, 0]) + 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(teachers(), st.sampled_from([np.float32, np.float64]))
+def test_arithmetic_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
+    lp64, w, workers, block = inputs
+    lp = lp64.astype(dtype)
+    K, M, n = lp.shape
+    out, status = np.empty((M, n), dtype), np.empty(M, np.int8)
+    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, workers, block)
+    assert not status.any()
+    ref = reference_arithmetic(lp, w)
+    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    err = np.abs(out.astype(LONG)[fin] - ref[fin])
+    scale = np.abs(np.where(np.isinf(lp), 0, lp)).max(axis=0).astype(LONG)[fin] + 1
+    assert np.all(err <= error_bound(ref[fin], dtype, scale, K))
+
+
+def test_float32_pools_are_more_accurate_than_float32_arithmetic():
+    """The bound is not vacuous: a token of probability 1 - 1e-6 (ln G ~ -1e-6, ulp 1e-13) under
+    teachers whose s is ~ -9 elsewhere is only right to 1 ulp if s - ln Z is taken in float64."""
+    n = 4000
+    p = np.full((2, 1, n), 1e-6 / (n - 1))
+    p[0, 0, 0], p[1, 0, 0] = 1.0 - 1e-6, 1.0 - 2e-6
+    p[1, 0, 1:] *= 2.0
+    lp = np.log(p).astype(np.float32)
+    w = np.array([0.3, 0.7])
+    got = ag.log_geometric_pool(lp, w)
+    ref, s64, lz = reference_geometric(lp, w)
+    assert got.dtype == np.float32
+    # the stated bound there: 1 ulp (1.1e-13) + (8 + n) u (|s| + |ln Z| + 1), under 6 ulps in all
+    bound = error_bound(ref[0, :1], np.float32, (np.abs(s64) + np.abs(lz) + 1)[0, :1], n)
+    assert np.abs(got[0, :1].astype(LONG) - ref[0, :1]) <= bound
+    assert bound < 6 * abs(np.spacing(np.float32(ref[0, 0])))
+    # the same in float32 arithmetic is off by hundreds of ulps there
+    s = (np.float32(0.3) * lp[0] + np.float32(0.7) * lp[1]).astype(np.float32)
+    lz32 = np.log(np.exp(s).sum(dtype=np.float32), dtype=np.float32)
+    assert ulps((s - lz32)[0, :1], ref[0, :1]).max() > 50
+
+
+def test_pools_keep_float32_and_give_float64_for_everything_else():
+    rng = np.random.default_rng(0)
+    lp = np.log(rng.dirichlet(np.ones(50), size=(3, 4)))
+    w = np.array([0.2, 0.3, 0.5])
+    for x, dtype in ((lp.astype(np.float32), np.float32), (lp, np.float64), (lp.tolist(), np.float64),
+                     (lp.astype(np.float16), np.float64)):
+        g, lz = ag.log_geometric_pool(x, w, return_log_partition=True)
+        a = ag.log_arithmetic_pool(x, w)
+        assert g.dtype == dtype and lz.dtype == dtype and a.dtype == dtype
+        assert ag.log_partition(x, w).dtype == dtype
+        x64 = np.asarray(x, dtype=np.float64) if not isinstance(x, list) else lp
+        np.testing.assert_allclose(g, _reference.log_geometric_pool(np.asarray(x64, dtype), w), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(a, _reference.log_arithmetic_pool(np.asarray(x64, dtype), w), rtol=1e-6, atol=1e-6)
+    # weight-0 teachers dropped, float32 kept
+    w0 = np.array([0.0, 0.5, 0.5])
+    assert ag.log_geometric_pool(lp.astype(np.float32), w0).dtype == np.float32
+
+
+def test_out_is_filled_and_returned_and_checked():
+    rng = np.random.default_rng(1)
+    lp = np.log(rng.dirichlet(np.ones(30), size=(2, 3, 5))).astype(np.float32)
+    w = np.array([0.4, 0.6])
+    for pool in (ag.log_geometric_pool, ag.log_arithmetic_pool):
+        out = np.full((3, 5, 30), np.nan, np.float32)
+        got = pool(lp, w, out=out)
+        assert got is out
+        np.testing.assert_array_equal(out, pool(lp, w))
+        for bad in (np.empty((3, 5, 30)), np.empty((3, 30), np.float32), np.empty((30, 5, 3), np.float32).T,
+                    [[0.0] * 30]):
+            with pytest.raises(ValueError, match="out"):
+                pool(lp, w, out=bad)
+    ro = np.empty((3, 5, 30), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        ag.log_arithmetic_pool(lp, w, out=ro)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 20), st.integers(1, 600), st.integers(0, 2**31))
+def test_any_worker_count_and_block_size_gives_the_same_pool(workers, block, n, seed):
+    """Rows mode (many rows), split mode (few rows, blocks of the vocabulary), one item per entry."""
+    rng = np.random.default_rng(seed)
+    for M in (1, 3, 13):
+        lp = np.log(rng.dirichlet(np.ones(n), size=(3, M))).astype(np.float32)
+        w = rng.dirichlet(np.ones(3))
+        base = np.empty((M, n), np.float32), np.empty(M), np.empty(M, np.int8)
+        _kernels.log_geometric_pool_kernel(lp, w, *base, 1, 0)
+        got = np.empty((M, n), np.float32), np.empty(M), np.empty(M, np.int8)
+        _kernels.log_geometric_pool_kernel(lp, w, *got, workers, block)
+        # the partial sums are added in another order: equal to a float64 rounding of ln Z
+        np.testing.assert_allclose(got[0], base[0], rtol=0, atol=4e-7 * np.abs(base[0]).max() + 1e-12)
+        np.testing.assert_allclose(got[1], base[1], rtol=1e-13, atol=1e-13)
+        a_base, a_got = np.empty((M, n), np.float32), np.empty((M, n), np.float32)
+        st_ = np.empty(M, np.int8)
+        _kernels.log_arithmetic_pool_kernel(lp, np.log(w), a_base, st_, 1, 0)
+        _kernels.log_arithmetic_pool_kernel(lp, np.log(w), a_got, st_, workers, block)
+        np.testing.assert_array_equal(a_got, a_base)       # elementwise: bit-identical
+
+
+@pytest.mark.parametrize("M, workers, block", [(4, 2, 2), (4, 1, 0), (40, 2, 0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bad_rows_are_flagged_in_every_mode(M, workers, block, dtype):
+    lp = np.log(np.full((2, M, 4), 0.25)).astype(dtype)
+    lp[1, 1, 2] = 0.5
+    lp[0, 2, 3] = np.nan
+    lp[:, 0, :] = np.log(0.25)
+    lp[0, M - 1, :2] = -np.inf
+    lp[1, M - 1, 2:] = -np.inf                                  # empty support in the last row
+    out, log_z, status = np.empty((M, 4), dtype), np.empty(M), np.empty(M, np.int8)
+    _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, workers, block)
+    assert list(status[:3]) == [0, 1, 1] and status[M - 1] == 2 and not status[3:M - 1].any()
+    _kernels.log_arithmetic_pool_kernel(lp, np.log([0.5, 0.5]), out, status, workers, block)
+    assert list(status[:3]) == [0, 1, 1] and not status[3:].any()
+    with pytest.raises(ValueError, match="empty support"):
+        ag.log_geometric_pool(np.delete(lp, [1, 2], axis=1), [0.5, 0.5])
+
+
+def test_underflowing_row_is_shifted_in_split_mode():
+    """Every s below -745: exp(s) underflows to 0 and the row is redone with a max-shift."""
+    lp = np.full((1, 1, 10_000), -800.0, np.float32)
+    lp[0, 0, 123] = -790.0
+    out, log_z, status = np.empty((1, 10_000), np.float32), np.empty(1), np.empty(1, np.int8)
+    _kernels.log_geometric_pool_kernel(lp, np.array([1.0]), out, log_z, status, 2, 1000)
+    assert status[0] == 0
+    ref, _, lz = reference_geometric(lp, np.array([1.0]))
+    assert abs(log_z[0] - float(lz[0, 0])) < 1e-12
+    assert ulps(out, ref).max() <= 1.0
+
+
+# ------------------------------------------------------------------------------------ recursion
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([(700, 64), (3000, 6), (40, 500)]), st.integers(0, 30),
+       st.sampled_from([0.0, 0.2]), st.integers(0, 2**31))
+def test_one_region_recursion_matches_the_twin_with_many_items(workers, shape, horizon, end, seed):
+    """S n above one item (2^14 pairs): several items per step, taken by any number of workers."""
+    from aggregation import examples
+    S, n = shape
+    t = examples.random_teachers(2, S, n, seed, end_prob=end, zero_fraction=0.2)
+    w = np.array([0.3, 0.7])
+    reward = _reference.pooled_weights(t.log_probs, w)
+    weight = np.empty((S, n))
+    min_r = _kernels.pooled_exp_kernel(t.log_probs, np.array([0, 1]), w, weight, workers)
+    assert min_r == pytest.approx(reward[np.isfinite(reward)].min(), rel=1e-14)
+    np.testing.assert_allclose(weight, np.exp(reward), rtol=1e-14, atol=0)    # exp within 1 ulp, r to a few
+    out = np.empty((horizon + 1, S))
+    assert _kernels.linear_recursion_kernel(weight, t._transitions, horizon, out, workers)
+    np.testing.assert_allclose(out, _reference.sequence_log_partition(t.next_state, reward, horizon),
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_transitions_are_int32_with_S_for_an_end():
+    from aggregation import examples
+    t = examples.random_teachers(2, 50, 7, 0, end_prob=0.3)
+    assert t._transitions.dtype == np.int32 and not t._transitions.flags.writeable
+    np.testing.assert_array_equal(t._transitions, np.where(t.next_state < 0, t.S, t.next_state))
+
+
+def test_weight_zero_teacher_is_skipped_without_a_copy():
+    """A weight-0 teacher may have -inf where the others do not: the fused pass never reads it."""
+    from aggregation import examples
+    t = examples.random_teachers(3, 40, 5, 1, zero_fraction=0.3)
+    w = np.array([0.5, 0.0, 0.5])
+    got = ag.sequence_log_partition(t, w, 12)
+    reward = _reference.pooled_weights(t.log_probs[[0, 2]], w[[0, 2]])
+    np.testing.assert_allclose(got, _reference.sequence_log_partition(t.next_state, reward, 12), rtol=1e-10, atol=1e-10)
