@@ -44,6 +44,7 @@ from scipy.special import logsumexp
 import aggregation as ag
 from aggregation.validate import check_horizons, check_int, positive_teachers
 
+from .backend import Streams
 from .partition import Z_95, _sample, log_mean_exp_stats
 from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 
@@ -103,7 +104,9 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
     Parameters
     ----------
     teachers : llm_bridge.Teachers; contexts : list of non-empty token-id lists (prompt + prefix).
-    horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator.
+    horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator, or one per
+        context (contexts may share one: each step every context draws its samples' uniforms in context
+        order, so a context's draws do not depend on which other contexts share its batch).
     score_last : optional list of ints, one per context: score its last ``score_last[i]`` tokens
         (an option) from the same forward pass.
 
@@ -128,6 +131,8 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
             if not 1 <= check_int(n, f"score_last[{i}]", 1) < len(c):
                 raise ValueError(f"score_last[{i}] = {n} must be below the context's length {len(c)}")
             teachers.check_ids(c[-n:], f"contexts[{i}] scored tokens")
+    if isinstance(rng, (list, tuple)) and len(rng) != len(contexts):
+        raise ValueError(f"rng has {len(rng)} generators for {len(contexts)} contexts")
     keep = positive_teachers(teachers.weights)
     w = teachers.weights[keep]
     runs = _runs(teachers)
@@ -163,7 +168,9 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
             factors[lo:lo + len(chunk), :, h] = np.where(alive, log_z.cpu().numpy(), 0.0).reshape(len(chunk), -1)
             if h == horizon - 1:
                 break
-            drawn = _sample(log_l.cpu().numpy(), rng)
+            streams = Streams([(g, n_samples) for g in rng[lo:lo + len(chunk)]]) \
+                if isinstance(rng, (list, tuple)) else rng
+            drawn = _sample(log_l.cpu().numpy(), streams)
             sampled[lo:lo + len(chunk), :, h] = drawn.reshape(len(chunk), -1)
             tokens = torch.from_numpy(drawn).to(teachers.device)
             alive &= ~torch.isin(tokens, ends).cpu().numpy()
@@ -398,7 +405,9 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
     teachers : llm_bridge.Teachers.
     questions : list of dicts with ``id``, ``prompt_ids`` (non-empty), ``correct_ids`` and
         ``incorrect_ids`` (non-empty token-id lists: the two options).
-    horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed.
+    horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed, or
+        one per question (each question's samples then depend on its seed alone; without ``ess_floor`` and
+        ``after_correct``).
     ess_floor, max_samples : the heavy-tail correction of :func:`sample_contexts` (None: N fixed).
     after_correct : optional llm_bridge.Teachers (same K and weights) that continue after C only: the
         options are scored, and continued after I, by ``teachers`` (the positive control: a teacher
@@ -434,7 +443,13 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
                 raise ValueError(f"questions[{i}].{key} is empty")
     contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
     score_last = [len(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
-    rng = np.random.default_rng(seed)
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != len(questions) or ess_floor is not None or after_correct is not None:
+            raise ValueError("one seed per question needs len(seed) == len(questions), no ess_floor and no "
+                             "after_correct")
+        rng = [g for s in seed for g in [np.random.default_rng(s)] * 2]        # C and I draw from one stream
+    else:
+        rng = np.random.default_rng(seed)
     if after_correct is None and ess_floor is None:
         factors, tokens, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, rng, max_rows,
                                                           return_tokens=True, score_last=score_last)

