@@ -47,20 +47,18 @@ def strip_figure(positions, rows=None, vetoes=None):
             n = p[col] if col else p.vetoes - p.end_vetoes - p.template_vetoes
             v = p[n > 0]
             ax.plot(v.position, np.full(len(v), 1.12 * top), "v", color=colour, ms=4, label=KIND_LABELS[kind])
+        named = ""
         if vetoes is not None and len(vetoes):
-            here = vetoes[(vetoes["id"] == pid) & (vetoes.response == resp)]
-            for pos, g in here.groupby("position"):
-                said = "; ".join(f"{t} vetoes {_label(x)}" for t, x in
-                                 sorted({(t, str(x)) for t, x in zip(g.teacher, g.token_text.fillna(""))}))
-                ax.annotate(said, (pos, 1.12 * top), xytext=(0, 4), textcoords="offset points", fontsize=5,
-                            ha="right" if pos > 0.6 * len(x) else "left", va="bottom")
-        ax.set_ylim(-0.15 * top, 1.45 * top)
+            named = _vetoes_named(vetoes[(vetoes["id"] == pid) & (vetoes.response == resp)],
+                                  max(0, 105 - len(f"prompt {pid}, response of {resp}; vetoed: ")))
+        ax.set_ylim(-0.15 * top, 1.25 * top)
         step = math.ceil(len(x) / 90) if len(x) else 1
         ax.set_xticks(x[::step])
         ax.set_xticklabels([_label(t) for t in p.token_text.fillna("")[::step]], rotation=90, fontsize=5)
         ax.set_xlim(-0.7, max(len(x), 1) - 0.3)
         ax.set_ylabel("nats", fontsize=7)
-        ax.set_title(f"prompt {pid}, response of {resp}", fontsize=7, loc="left")
+        ax.set_title(f"prompt {pid}, response of {resp}" + (f"; vetoed: {named}" if named else ""), fontsize=7,
+                     loc="left")
     handles, labels = axes[0].get_legend_handles_labels()
     legend_below(fig, handles, labels, ncol=5)
     fig.suptitle(f"A and l teach different tokens at {int(positions.argmax_differs.sum())} of {len(positions)} positions; "
@@ -68,6 +66,22 @@ def strip_figure(positions, rows=None, vetoes=None):
                  f"vetoes;\nKL(A || l) along the {len(rows)} responses with the most end and template vetoes, then "
                  "vetoes, then KL (one scale for all)", fontsize=8)
     return fig
+
+
+def _vetoes_named(vetoes, width=90):
+    """'storyteller: <|im_end|> at 6; concise: ␣the at 2, 5 (+3 more)': who vetoes which token where, end and
+    template tokens first, cut to about ``width`` characters (vetoes.csv has every one)."""
+    rank = vetoes.kind.map({"end": 0, "template": 1, "text": 2})
+    groups = (vetoes.assign(rank=rank, text=vetoes.token_text.fillna("").astype(str))
+              .groupby(["rank", "teacher", "text"], sort=True).position.apply(lambda p: sorted(set(p))))
+    items = [f"{t}: {_label(x)} at {', '.join(map(str, p[:3]))}{'…' * (len(p) > 3)}" for (_, t, x), p in groups.items()]
+    shown = []
+    for item in items:
+        if len("; ".join(shown + [item])) > width:
+            break
+        shown.append(item)
+    rest = len(items) - len(shown)
+    return "; ".join(shown) + (f" (+{rest} more)" if rest else "")
 
 
 def _label(token, width=12):

@@ -17,13 +17,14 @@ every row. A served backend (an inference server's completions with log-probabil
 same three methods; ``distributions`` is then top-k plus the tail mass (see issue 43).
 """
 
+import inspect
+
 import numpy as np
 import torch
 
 from aggregation.validate import check_int
 
-from .partition import _sample
-from .teachers import Teacher, _accepts, _cache_name, _cache_of, expand_cache
+from .teachers import Teacher
 
 
 class Streams:
@@ -67,39 +68,40 @@ class InProcess:
 
         Rows of models sharing one module run as one left-padded, KV-cached batch (templates differ: each
         row is ``template_j + prompt``, left-padded and masked)."""
+        from .partition import _sample            # partition imports this module
         max_tokens = check_int(max_tokens, "max_tokens", 1)
         out = [[] for _ in rows]
         groups = {}
         for i, (j, _) in enumerate(rows):
-            groups.setdefault(id(self.models[j].model), []).append(i)
-        for members in groups.values():
-            self._generate_group(rows, members, max_tokens, rngs, out)
-        return out
-
-    def _generate_group(self, rows, members, max_tokens, rngs, out):
-        ms = self.models
-        model = ms[rows[members[0]][0]].model
-        logits, cache, mask, pos = _prefill(model, [list(ms[rows[i][0]].template_ids) + list(rows[i][1])
-                                                    for i in members], self.device)
-        live = np.ones(len(members), dtype=bool)
+            groups.setdefault(j, []).append(i)
         ends = set(self.end_token_ids)
-        feed = np.zeros(len(members), dtype=np.int64)
+        state = {}
+        for j, members in groups.items():
+            logits, cache, mask, pos = prefill(self.models[j], [rows[i][1] for i in members], 1, self.device)
+            state[j] = [logits[:, -1], cache, mask, pos, np.ones(len(members), dtype=bool),
+                        np.zeros(len(members), dtype=np.int64)]
         for t in range(max_tokens):
-            idx = np.flatnonzero(live)
-            lp = torch.stack([self.teachers.log_softmax(logits[b], ms[rows[members[b]][0]].temperature)
-                              for b in idx]).double().cpu().numpy()
-            drawn = _sample(lp, Streams([(rngs[members[b]], 1) for b in idx]))
-            for b, a in zip(idx, drawn):
-                out[members[b]].append(int(a))
-                feed[b] = a
+            # every live row draws, in row order (one prompt's rows draw from its generator in turn)
+            order = sorted((i, j, b) for j, members in groups.items() for b, i in enumerate(members) if state[j][4][b])
+            lp = torch.stack([self.teachers.log_softmax(state[j][0][b], self.models[j].temperature)
+                              for _, j, b in order]).double().cpu().numpy()
+            drawn = _sample(lp, Streams([(rngs[i], 1) for i, _, _ in order]))
+            for (i, j, b), a in zip(order, drawn):
+                out[i].append(int(a))
+                state[j][5][b] = a
                 if int(a) in ends:
-                    live[b] = False
-            if t == max_tokens - 1 or not live.any():
+                    state[j][4][b] = False
+            if t == max_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            res = model(input_ids=torch.from_numpy(feed).to(self.device)[:, None], attention_mask=mask,
-                        position_ids=pos[:, None], use_cache=True, **{_cache_name(model): cache})
-            logits, cache, pos = res.logits[:, -1], _cache_of(res), pos + 1
+            for j, st in state.items():
+                if st[4].any():
+                    _, cache, mask, pos, _, feed = st
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                    logits, cache = step(self.models[j].model, torch.from_numpy(feed).to(self.device), cache, mask, pos)
+                    st[:4] = [logits, cache, mask, pos + 1]
+            if not any(st[4].any() for st in state.values()):
+                break
+        return out
 
     # -- scoring ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -139,17 +141,34 @@ class InProcess:
 
 
 @torch.no_grad()
-def _prefill(model, seqs, device):
-    """Run every sequence (a template + prompt), left-padded (the padding repeats the row's first token and
-    is masked out; TabularLM's first token, BOS, resets it). Returns (last logits (B, V), cache, attention
-    mask (B, L), next positions (B,))."""
-    L = max(len(x) for x in seqs)
-    ids = torch.tensor([[x[0]] * (L - len(x)) + x for x in seqs], device=device)
-    mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in seqs], device=device)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    res = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
-    return res.logits[:, -1], _cache_of(res), mask, positions[:, -1] + 1
+def step(model, tokens, cache, mask=None, positions=None):
+    """Feed one token per sequence, ``tokens`` (B,), to a model with its cache (and, for left-padded batches,
+    the attention mask including the new token and the new tokens' positions (B,)); returns (next-token
+    logits (B, V), the cache)."""
+    extra = {} if mask is None else {"attention_mask": mask, "position_ids": positions[:, None]}
+    out = model(input_ids=tokens[:, None], use_cache=True, **{_cache_name(model): cache}, **extra)
+    return out.logits[:, -1], _cache_of(out)
+
+
+@torch.no_grad()
+def prefill(teacher, contexts, n_last, device):
+    """Run a teacher's template once (its KV cache repeated over the batch), then the contexts left-padded
+    after it (the padding repeats each context's first token and is masked out; TabularLM's first token is
+    BOS, which resets it; positions continue from the template). Returns (logits of the last ``n_last``
+    positions (B, n_last, V), cache, attention mask (B, L), next positions (B,))."""
+    model = teacher.model
+    B, Lt = len(contexts), len(teacher.template_ids)
+    L = max(len(c) for c in contexts)
+    ids = torch.tensor([[c[0]] * (L - len(c)) + list(c) for c in contexts], device=device)
+    mask = torch.tensor([[1] * Lt + [0] * (L - len(c)) + [1] * len(c) for c in contexts], device=device)
+    positions = Lt + (mask[:, Lt:].cumsum(1) - 1).clamp(min=0)
+    extra = {"logits_to_keep": n_last} if _accepts(model, "logits_to_keep") else {}
+    if Lt:
+        head = model(input_ids=torch.tensor([list(teacher.template_ids)], device=device), use_cache=True,
+                     **_keep_last(model))
+        extra[_cache_name(model)] = expand_cache(_cache_of(head), B)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+    return out.logits[:, -n_last:], _cache_of(out), mask, positions[:, -1] + 1
 
 
 @torch.no_grad()
@@ -191,3 +210,40 @@ def _features(teacher, seqs, device):
         logits = head(h)
         return cap * torch.tanh(logits / cap) if cap else logits
     return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# transformers' calling conventions (and TabularLM's)
+# ------------------------------------------------------------------------------------------------
+def expand_cache(cache, batch):
+    """Repeat a batch-1 cache ``batch`` times along the batch axis (transformers Cache or a tensor)."""
+    if isinstance(cache, torch.Tensor):
+        return cache.repeat_interleave(batch, dim=0)
+    if hasattr(cache, "batch_repeat_interleave"):
+        cache.batch_repeat_interleave(batch)
+        return cache
+    if isinstance(cache, tuple):        # legacy tuple-of-tuples cache
+        return tuple(tuple(x.repeat_interleave(batch, dim=0) for x in layer) for layer in cache)
+    raise ValueError(f"cannot expand a cache of type {type(cache).__name__} along the batch axis")
+
+
+def _accepts(model, name):
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _cache_name(model):
+    """The cache keyword: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _keep_last(model):
+    """Ask transformers models for the last position's logits only (prefill memory O(n), not O(T n))."""
+    return {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}

