@@ -85,7 +85,7 @@ gallery-diagnose: .venv/.installed-test
 	    --no-resume && \
 	  mkdir -p docs/diagnose/$$pair && \
 	  cp results/diagnose/$$pair/summary.json results/diagnose/$$pair/prompts.csv results/diagnose/$$pair/vetoes.csv \
-	    results/diagnose/$$pair/flip.csv results/diagnose/$$pair/positions.csv results/diagnose/$$pair/report.html \
+	    results/diagnose/$$pair/flip.csv results/diagnose/$$pair/responses.csv results/diagnose/$$pair/report.html \
 	    docs/diagnose/$$pair/ || exit 1; \
 	done
 	cp results/diagnose/end_veto/figures/diagnosis_strips.png docs/diagnose/end_veto_strips.png

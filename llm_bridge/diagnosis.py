@@ -584,7 +584,10 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
             words.append(f"{len(undefined)} without a flip to measure (not every teacher prefers C)")
         first = flips[flips.option_source == "first tokens"] if "option_source" in flips else flips.iloc[:0]
         if len(first):
-            pairs = ", ".join(f"{_show(c)} vs {_show(i)}" for c, i in zip(first.option_c, first.option_i))
+            count = {}
+            for c, i in zip(first.option_c, first.option_i):
+                count[f"{_show(c)} vs {_show(i)}"] = count.get(f"{_show(c)} vs {_show(i)}", 0) + 1
+            pairs = ", ".join(p + (f" on {n}" if n > 1 else "") for p, n in count.items())
             words.append(f"caution: {len(first)} prompt{'s' * (len(first) != 1)} without options compare the pool's "
                          f"two preferred first tokens ({pairs}), a matter of style, not of a correct answer")
         applies = "" if target == "g" else " (it matters only to sequence-level reverse KL, g)"

@@ -21,6 +21,7 @@ the student then being the veto reference) it writes to ``--out``:
   flip.csv               one row per prompt: options, margins, the drift with its interval, the measured
                          first flip or the smallest drift detectable at 80% power (``flip_bound``)
   prompts.csv            one row per prompt: the counts above and the flip estimate
+  responses.csv          one row per response followed: its token ids and text
   summary.json           the totals, the thresholds, the settings and ``advice`` (what to do, then each
                          finding's verdict, the rule that decides it and an action: llm_bridge.diagnosis.advise)
   figures/diagnosis_*.png and report.html (one self-contained file opening with the advice: figures embedded,
@@ -351,6 +352,13 @@ def prompt_seed(base_seed, prompt_id):
     return int(cell_seeds(base_seed, json.dumps([prompt_id]), 1)[0])
 
 
+def responses_table(positions):
+    """One row per (prompt, response): its token ids (space-separated) and its text, as followed."""
+    g = positions.groupby(["id", "response"], sort=False)
+    return pd.DataFrame([dict(id=pid, response=resp, tokens=" ".join(map(str, p.token)), text="".join(p.token_text))
+                         for (pid, resp), p in g], columns=["id", "response", "tokens", "text"])
+
+
 def per_prompt(tables):
     """One row per prompt: responses, positions, mean and largest KL(A || l), argmax differences, vetoes
     by kind, confident-expert positions and the flip verdict (the measured first flip or the powered bound)."""
@@ -560,6 +568,7 @@ def main(argv=None):
         if name != "flip" or len(df):
             write_csv(out / FILES[name], df)
     write_csv(out / "prompts.csv", prompts)
+    write_csv(out / "responses.csv", responses_table(tables["positions"]))
     atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=1)))
     if not args.no_figures:
         import figures

@@ -259,6 +259,26 @@ def test_a_student_reference_replaces_a_and_thresholds_are_validated():
         diagnose_path(lp, [0.5, 0.5], [0, 1])
 
 
+@pytest.mark.parametrize("floor", [0.05, 0.1, 0.3])
+def test_every_token_at_the_veto_floor_is_a_candidate(floor):
+    """The reference spreads its mass evenly over the most tokens that can each reach the floor,
+    m = floor(1 / floor) (0.05: 20 of them), and one teacher gives each of them 1e-6: all m are vetoed, the
+    last of the tied candidates too (keeping fewer than m + 1 candidates would lose some)."""
+    import math
+    from llm_bridge.diagnosis import Thresholds, diagnose_path, veto_candidates
+    m, n = int(math.floor(1 / floor + 1e-9)), 40
+    th = Thresholds(veto_floor=floor * (1 - 1e-9))          # 1 / m = floor, up to the rounding of exp(log)
+    assert veto_candidates(th) == m + 1
+    ref = np.zeros(n)
+    ref[:m] = 1.0 / m
+    teacher0 = np.full(n, 1e-6)
+    teacher0[m:] = (1 - m * 1e-6) / (n - m)
+    with np.errstate(divide="ignore"):
+        lp = np.log(np.stack([teacher0, ref]))[:, None]                                 # (2, 1, n)
+    v = diagnose_path(lp, [0.5, 0.5], [m], thresholds=th, reference=lp[1])["vetoes"]
+    assert sorted(v.token) == list(range(m)) and set(v.teacher) == {"teacher0"}
+
+
 @pytest.mark.parametrize("row", range(4))
 def test_planted_flips_equal_the_exact_horizon(row):
     """theory section 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
@@ -871,7 +891,7 @@ def html_escape(text):
 @pytest.mark.parametrize("pair", ["end_veto", "control"])
 def test_the_shipped_examples_are_reproduced(tmp_path, pair):
     """`make gallery-diagnose`'s command for one pair, rerun: the same seeds give the same responses as the
-    committed docs/diagnose/<pair>/positions.csv and, along them, the same findings (vetoes row for row, every
+    committed docs/diagnose/<pair>/responses.csv and, along them, the same findings (vetoes row for row, every
     count per prompt, the flip options and verdicts); probabilities agree to float32 noise.
 
     Sampling by inverse CDF turns float32 noise into a different token when a uniform lands within ~1e-6 of a
@@ -889,11 +909,9 @@ def test_the_shipped_examples_are_reproduced(tmp_path, pair):
                           str(EXAMPLES / "prompts.jsonl"), "--max-tokens", "16", "--out", str(out), "--no-figures",
                           "--quiet"]) == 0
     read = (lambda folder, name: pd.read_csv(folder / name, keep_default_na=False, na_values=[""]))
-    responses = (lambda folder: read(folder, "positions.csv").groupby(["id", "response"], sort=False).token.apply(list))
-    new, old = responses(out), responses(docs)
-    assert list(new.index) == list(old.index)
-    same = sorted({pid for (pid, _), a, b in zip(new.index, new, old) if a == b} -
-                  {pid for (pid, _), a, b in zip(new.index, new, old) if a != b})
+    new, old = read(out, "responses.csv"), read(docs, "responses.csv")
+    assert list(zip(new["id"], new.response)) == list(zip(old["id"], old.response))
+    same = sorted(set(new["id"][new.tokens == old.tokens]) - set(new["id"][new.tokens != old.tokens]))
     assert len(same) >= 5, f"responses differ from the committed ones beyond float noise: only {same} agree"
     keys = ["id", "response", "position", "teacher", "token", "token_text", "kind", "is_response_token"]
     pick = (lambda df: df[df["id"].isin(same)].reset_index(drop=True))
