@@ -252,7 +252,11 @@ def diagnose_path(log_probs, weights, tokens, end_token_ids=(), template_token_i
     log_probs : (K, T, n) every teacher's conditionals along the response; weights : (K,) on the simplex.
     tokens : (T,) the response's token ids (the ``token`` columns).
     reference : optional (T, n) log-probs of a student: the veto reference instead of A.
-    The other parameters and the result are :func:`diagnose_stats`'s.
+    end_token_ids, template_token_ids, thresholds, names, decode : as :func:`diagnose_stats` takes them.
+
+    Returns
+    -------
+    :func:`diagnose_stats`'s tables.
     """
     th = Thresholds() if thresholds is None else thresholds
     lp = np.asarray(log_probs, dtype=float)
