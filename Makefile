@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery clean oracle oracle-wheels mutate docs
+.PHONY: regret test install install-test bench figures gallery gallery-diagnose clean oracle oracle-wheels mutate docs
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -83,14 +83,19 @@ gallery: .venv/.installed-test
 	$(PY) sims/topk_bias.py --teachers llm_bridge/examples/teachers.json
 	$(PY) sims/flip_horizon.py
 	$(PY) -m figures --gallery
+	$(MAKE) gallery-diagnose
+
+# The two shipped diagnosis examples (docs/diagnose/: the end-veto pair and its control), from scratch.
+gallery-diagnose: .venv/.installed-test
 	for pair in end_veto control; do \
 	  $(PY) sims/diagnose.py --teachers llm_bridge/examples/diagnose/teachers_$$pair.json \
-	    --prompts llm_bridge/examples/diagnose/prompts.jsonl --max-tokens 16 --out results/diagnose/$$pair && \
+	    --prompts llm_bridge/examples/diagnose/prompts.jsonl --max-tokens 16 --out results/diagnose/$$pair \
+	    --no-resume && \
 	  mkdir -p docs/diagnose/$$pair && \
 	  cp results/diagnose/$$pair/summary.json results/diagnose/$$pair/prompts.csv results/diagnose/$$pair/vetoes.csv \
+	    results/diagnose/$$pair/flip.csv results/diagnose/$$pair/responses.csv results/diagnose/$$pair/report.html \
 	    docs/diagnose/$$pair/ || exit 1; \
 	done
-	cp results/diagnose/end_veto/report.html docs/diagnose/end_veto/
 	cp results/diagnose/end_veto/figures/diagnosis_strips.png docs/diagnose/end_veto_strips.png
 
 # Mutation testing of the verdict and statistics code ([tool.mutmut] in pyproject.toml): mutmut mutates these

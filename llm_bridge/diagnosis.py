@@ -46,13 +46,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-import aggregation as ag
 from aggregation.validate import check_horizons, check_int, check_weights, positive_teachers
 
 from .horizon import flip_horizon_study
-from .partition import _sample
 from .runs import describe
-from .teachers import Teacher, _accepts, _cache_name, _cache_of
 
 
 @dataclass(frozen=True)
@@ -92,117 +89,154 @@ class Thresholds:
 
 
 # ------------------------------------------------------------------------------------------------
-# following responses: every teacher's conditionals along each, in one KV-cached batch
+# following responses: the statistics the findings need at each position, computed on the fly
 # ------------------------------------------------------------------------------------------------
-@dataclass
-class Trace:
-    """One response to a prompt: its ``source`` (a teacher's name, ``"student"`` or ``"given<i>"``), its
-    ``tokens`` (T,), every teacher's conditionals ``teacher`` (K, T, n) float64 along it and, when a student
-    was given, the student's ``student`` (T, n)."""
-    source: str
-    tokens: list
-    teacher: np.ndarray
-    student: object = None
+STAT_FIELDS = ("token_lp", "entropy", "top", "top_lp", "top_a", "top_l",            # (K,) per position
+               "a_token", "l_token", "kl", "tv", "argmax_a", "argmax_a_prob", "argmax_l", "argmax_l_prob",
+               "cand", "cand_lp", "cand_a", "cand_l", "cand_ref")                  # (k,) / (K, k) candidates
+
+
+def veto_candidates(thresholds):
+    """How many of the reference's most probable tokens can be vetoed: at most floor(1 / veto_floor) tokens
+    have probability >= veto_floor (they sum to <= 1), one more for rounding."""
+    return int(math.floor(1.0 / thresholds.veto_floor + 1e-9)) + 1
 
 
 @torch.no_grad()
-def follow(teachers, prompt_ids, max_tokens, rng, responses=None, student=None):
-    """The responses to one prompt and every teacher's (and the student's) conditionals along them.
+def position_stats(log_probs, weights, tokens, reference=None, k=21):
+    """What the findings need at a block of positions, from every teacher's next-token log-probabilities.
 
     Parameters
     ----------
-    teachers : llm_bridge.Teachers; prompt_ids : non-empty token ids (the templates go before them).
-    max_tokens : int >= 1, the length of a sampled response (it stops earlier at an end token).
-    rng : numpy Generator (sampling by inverse CDF, :func:`llm_bridge.partition._sample`).
-    responses : optional list of token-id lists: score these instead of sampling.
-    student : optional :class:`llm_bridge.Teacher` (sharing the vocabulary): without ``responses`` one
-        rollout of the student is followed; its conditionals are returned along every response.
+    log_probs : (K, b, n) tensor (float32 or float64): teacher k's ln p_k(. | context) at b positions.
+    weights : (K,) on the simplex; tokens : (b,) the response's tokens there.
+    reference : optional (b, n) log-probs of a student (the veto reference instead of A).
+    k : how many of the reference's top tokens are kept as veto candidates (:func:`veto_candidates`).
 
     Returns
     -------
-    list of :class:`Trace`: the given responses, else the student's rollout, else one response sampled
-    from each positive-weight teacher (at its temperature). Every (response, scorer) pair is one row of
-    a left-padded, KV-cached batch per model (scorers sharing a model share its forward passes).
+    dict of NumPy arrays with leading axis b (:data:`STAT_FIELDS`): per teacher the token's log-prob, the
+    entropy, the top token, its log-prob, A's and l's probability of it; A's and l's probability of the
+    token, KL(A || l), TV and both argmaxes with their probabilities (the pools in float64); the reference's
+    top-k tokens ``cand`` with every teacher's log-prob of them (float32, as the models give them), A's,
+    l's and the reference's probability. Memory O(b x n) while computing, O(b x (K + k)) kept.
     """
-    prompt_ids = teachers.check_ids(prompt_ids, "prompt", allow_empty=False, input_ids=True)
+    lp = log_probs.double()
+    K, b, n = lp.shape
+    w = torch.as_tensor(np.asarray(weights, dtype=float), dtype=torch.float64, device=lp.device)
+    keep = torch.as_tensor(positive_teachers(np.asarray(weights, dtype=float)), device=lp.device)
+    wk, lk = w[keep], lp[keep]
+    log_a = torch.logsumexp(torch.log(wk)[:, None, None] + lk, dim=0)                  # (b, n)
+    r = (wk[:, None, None] * lk).sum(0)
+    log_l = r - torch.logsumexp(r, dim=1, keepdim=True)
+    A, Lp = log_a.exp(), log_l.exp()
+    kl = torch.where(A > 0, A * (log_a - log_l), torch.zeros_like(A)).sum(1)
+    tv = 0.5 * (A - Lp).abs().sum(1)
+    P = lp.exp()
+    entropy = -torch.where(P > 0, P * lp, torch.zeros_like(P)).sum(2)                  # (K, b)
+    top_lp, top = lp.max(dim=2)
+    idx = torch.arange(b, device=lp.device)
+    tok = torch.as_tensor(np.asarray(tokens, dtype=np.int64), device=lp.device)
+    ref = A if reference is None else reference.double().exp()
+    cand_ref, cand = torch.topk(ref, min(k, n), dim=1)
+    arg_a, arg_l = A.argmax(1), Lp.argmax(1)
+    out = dict(token_lp=log_probs[:, idx, tok].T, entropy=entropy.T, top=top.T, top_lp=top_lp.T,
+               top_a=A[idx[None], top].T, top_l=Lp[idx[None], top].T, a_token=A[idx, tok], l_token=Lp[idx, tok],
+               kl=kl, tv=tv, argmax_a=arg_a, argmax_a_prob=A[idx, arg_a], argmax_l=arg_l, argmax_l_prob=Lp[idx, arg_l],
+               cand=cand, cand_lp=log_probs.gather(2, cand[None].expand(K, -1, -1)).permute(1, 0, 2),
+               cand_a=A.gather(1, cand), cand_l=Lp.gather(1, cand), cand_ref=cand_ref)
+    return {key: v.cpu().numpy() for key, v in out.items()}
+
+
+def stack_stats(parts):
+    """Concatenate :func:`position_stats` blocks along positions (an empty list: zero positions)."""
+    return {key: np.concatenate([p[key] for p in parts]) for key in STAT_FIELDS} if parts else None
+
+
+@dataclass
+class Trace:
+    """One response to a prompt: its ``source`` (a teacher's name, ``"student"`` or ``"given<i>"``), its
+    ``tokens`` (T,), ``stats`` (:func:`position_stats` along it, leading axis T) and ``first`` (K, n):
+    every teacher's float32 log-probabilities of the first token (the only full distributions kept)."""
+    source: str
+    tokens: list
+    stats: dict
+    first: np.ndarray
+
+
+def follow(teachers, prompt_ids, max_tokens, rng, responses=None, student=None, thresholds=None):
+    """The responses to one prompt and what the findings need along them (:func:`follow_many` of one)."""
+    return follow_many(teachers, [prompt_ids], max_tokens, [rng], [responses], student, thresholds)[0]
+
+
+def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=None, thresholds=None, block=32):
+    """The responses to several prompts, and the statistics of every position along them.
+
+    Parameters
+    ----------
+    teachers : llm_bridge.Teachers; prompts : list of non-empty token-id lists (the templates go before).
+    max_tokens : int >= 1, the length of a sampled response (it stops after an end token).
+    rngs : one numpy Generator per prompt (sampling by inverse CDF, :func:`llm_bridge.partition._sample`):
+        a prompt's draws do not depend on the other prompts of the batch.
+    responses : optional, per prompt None or a list of token-id lists: score these instead of sampling.
+    student : optional :class:`llm_bridge.Teacher` (sharing the vocabulary): a prompt without responses
+        follows one rollout of the student, and the student is the veto reference.
+    thresholds : :class:`Thresholds` (its veto floor sets how many candidates are kept).
+    block : positions whose full distributions are held at once (every teacher's, in float64 while pooled).
+
+    Returns
+    -------
+    per prompt, a list of :class:`Trace`: the given responses, else the student's rollout, else one
+    response sampled from each positive-weight teacher (at its temperature). The responses are generated in
+    one batch (:meth:`llm_bridge.backend.InProcess.generate`), then scored by every teacher (and the
+    student) in one parallel pass (:meth:`~llm_bridge.backend.InProcess.distributions`), a block of
+    positions at a time: memory O(length x (K + k)), not O(length x vocabulary).
+    """
+    from .backend import InProcess
+    th = Thresholds() if thresholds is None else thresholds
+    prompts = [teachers.check_ids(p, f"prompts[{i}]", allow_empty=False, input_ids=True) for i, p in enumerate(prompts)]
+    if not prompts:
+        raise ValueError("prompts is empty")
+    if len(rngs) != len(prompts):
+        raise ValueError(f"rngs has {len(rngs)} entries for {len(prompts)} prompts")
     max_tokens = check_int(max_tokens, "max_tokens", 1)
-    scorers = list(teachers.teachers) + ([student] if student is not None else [])
-    if student is not None:
-        if not isinstance(student, Teacher):
-            raise ValueError(f"student must be an llm_bridge.Teacher, got {type(student).__name__}")
-        student.model.to(teachers.device).eval()
-    if responses is not None:
-        responses = [teachers.check_ids(r, f"responses[{i}]", allow_empty=False) for i, r in enumerate(responses)]
-        if not responses:
-            raise ValueError("responses is empty")
-        sources = [f"given{i}" for i in range(len(responses))]
-        samplers = [None] * len(responses)
-    elif student is not None:
-        sources, samplers = ["student"], [len(scorers) - 1]
-    else:
-        samplers = [int(k) for k in positive_teachers(teachers.weights)]
-        sources = [teachers.names[k] for k in samplers]
-    R, S = len(sources), len(scorers)
-    T = max(len(r) for r in responses) if responses is not None else max_tokens
-    tokens = np.full((R, T), -1, dtype=np.int64)
-    if responses is not None:
-        for r, resp in enumerate(responses):
-            tokens[r, :len(resp)] = resp
-    out = np.zeros((R, S, T, teachers.vocab_size))
-    ends = set(teachers.end_token_ids)
-    groups = {}
-    for s, sc in enumerate(scorers):
-        groups.setdefault(id(sc.model), []).append(s)
-    state = {}
-    for g, members in groups.items():
-        rows = [(r, s) for r in range(R) for s in members]
-        state[g] = [rows] + list(_prefill(scorers, teachers.device, [(s, prompt_ids) for _, s in rows]))
-    length = np.full(R, T if responses is None else 0)
-    if responses is not None:
-        length[:] = [len(r) for r in responses]
-    for t in range(T):
-        for g, st in state.items():
-            rows, logits = st[0], st[1]
-            for i, (r, s) in enumerate(rows):
-                if t < length[r]:
-                    out[r, s, t] = teachers.log_softmax(logits[i], scorers[s].temperature).double().cpu().numpy()
-        if responses is None:
-            for r in range(R):
-                if t < length[r]:
-                    tokens[r, t] = int(_sample(out[r, samplers[r], t][None], rng)[0])
-                    if tokens[r, t] in ends:
-                        length[r] = t + 1
-        if t == T - 1 or not np.any(length > t + 1):
-            break
-        for g, st in state.items():
-            rows, _, cache, mask, pos = st
-            model = scorers[rows[0][1]].model
-            feed = torch.tensor([max(int(tokens[r, t]), 0) for r, _ in rows], device=teachers.device)
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            res = model(input_ids=feed[:, None], attention_mask=mask, position_ids=pos[:, None], use_cache=True,
-                        **{_cache_name(model): cache})
-            st[1:] = [res.logits[:, -1], _cache_of(res), mask, pos + 1]
-    traces = []
-    for r in range(R):
-        n = int(length[r])
-        traces.append(Trace(sources[r], tokens[r, :n].tolist(), out[r, :teachers.K, :n],
-                            out[r, teachers.K, :n] if student is not None else None))
-    return traces
-
-
-def _prefill(scorers, device, rows):
-    """Run ``template_s + prompt`` for every row (s, prompt) of one model, left-padded (the padding repeats
-    the row's first token and is masked out; TabularLM's first token, BOS, resets it). Returns (last
-    logits (B, V), cache, attention mask (B, L), next positions (B,))."""
-    seqs = [list(scorers[s].template_ids) + list(p) for s, p in rows]
-    L = max(len(x) for x in seqs)
-    ids = torch.tensor([[x[0]] * (L - len(x)) + x for x in seqs], device=device)
-    mask = torch.tensor([[0] * (L - len(x)) + [1] * len(x) for x in seqs], device=device)
-    positions = (mask.cumsum(1) - 1).clamp(min=0)
-    model = scorers[rows[0][0]].model
-    extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-    res = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
-    return res.logits[:, -1], _cache_of(res), mask, positions[:, -1] + 1
+    responses = [None] * len(prompts) if responses is None else list(responses)
+    if len(responses) != len(prompts):
+        raise ValueError(f"responses has {len(responses)} entries for {len(prompts)} prompts")
+    backend = InProcess(teachers, [student] if student is not None else [])
+    K = teachers.K
+    rows, gen = [], []                      # rows: (prompt, source, tokens); gen: (row, model, prompt)
+    for p, given in enumerate(responses):
+        if given is not None:
+            given = [teachers.check_ids(r, f"responses[{i}]", allow_empty=False) for i, r in enumerate(given)]
+            if not given:
+                raise ValueError("responses is empty")
+            rows += [(p, f"given{i}", r) for i, r in enumerate(given)]
+            continue
+        samplers = [K] if student is not None else [int(k) for k in positive_teachers(teachers.weights)]
+        for j in samplers:
+            gen.append((len(rows), j, p))
+            rows.append((p, "student" if j == K else teachers.names[j], None))
+    if gen:
+        drawn = backend.generate([(j, prompts[p]) for _, j, p in gen], max_tokens, [rngs[p] for _, _, p in gen])
+        for (i, _, _), tokens in zip(gen, drawn):
+            rows[i] = rows[i][:2] + (tokens,)
+    ref = K if student is not None else None
+    parts = [[] for _ in rows]
+    first = [None] * len(rows)
+    for r, t, lp in backend.distributions([(prompts[p], tok) for p, _, tok in rows], block=block):
+        tokens = [rows[i][2][s] for i, s in zip(r, t)]
+        stats = position_stats(lp[:K], teachers.weights, tokens, None if ref is None else lp[ref],
+                               veto_candidates(th))
+        for i in np.unique(r):
+            sel = r == i
+            parts[i].append({key: v[sel] for key, v in stats.items()})
+            if first[i] is None and t[sel][0] == 0:
+                first[i] = lp[:K, np.flatnonzero(sel)[0]].cpu().numpy()
+    out = [[] for _ in prompts]
+    for i, (p, source, tokens) in enumerate(rows):
+        out[p].append(Trace(source, list(tokens), stack_stats(parts[i]), first[i]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -210,16 +244,51 @@ def _prefill(scorers, device, rows):
 # ------------------------------------------------------------------------------------------------
 def diagnose_path(log_probs, weights, tokens, end_token_ids=(), template_token_ids=(), thresholds=None,
                   reference=None, names=None, decode=None):
-    """Disagreement, vetoes and confident experts along one response (see the module docstring).
+    """Disagreement, vetoes and confident experts along one response (see the module docstring), from
+    every teacher's full conditionals: :func:`position_stats` then :func:`diagnose_stats`.
 
     Parameters
     ----------
     log_probs : (K, T, n) every teacher's conditionals along the response; weights : (K,) on the simplex.
     tokens : (T,) the response's token ids (the ``token`` columns).
+    reference : optional (T, n) log-probs of a student: the veto reference instead of A.
+    end_token_ids, template_token_ids, thresholds, names, decode : as :func:`diagnose_stats` takes them.
+
+    Returns
+    -------
+    :func:`diagnose_stats`'s tables.
+    """
+    th = Thresholds() if thresholds is None else thresholds
+    lp = np.asarray(log_probs, dtype=float)
+    if lp.ndim != 3:
+        raise ValueError(f"log_probs must be (K, T, n), got shape {lp.shape}")
+    K, T, n = lp.shape
+    w = check_weights(weights, K, other="log_probs")
+    tokens = np.asarray(tokens, dtype=np.int64)
+    if tokens.shape != (T,):
+        raise ValueError(f"tokens has shape {tokens.shape}, log_probs has {T} positions")
+    if T and (tokens.min() < 0 or tokens.max() >= n):
+        raise ValueError(f"tokens[{int(np.flatnonzero((tokens < 0) | (tokens >= n))[0])}] is outside [0, {n})")
+    if reference is not None:
+        reference = np.asarray(reference, dtype=float)
+        if reference.shape != (T, n):
+            raise ValueError(f"reference must be (T, n) = {(T, n)}, got {reference.shape}")
+        reference = torch.from_numpy(reference)
+    stats = position_stats(torch.from_numpy(lp), w, tokens, reference, veto_candidates(th)) if T else None
+    return diagnose_stats(stats, w, tokens, end_token_ids, template_token_ids, th, names, decode)
+
+
+def diagnose_stats(stats, weights, tokens, end_token_ids=(), template_token_ids=(), thresholds=None, names=None,
+                   decode=None):
+    """The diagnosis's tables along one response from its :func:`position_stats` (None: no position).
+
+    Parameters
+    ----------
+    stats : dict of arrays with leading axis T (:func:`position_stats`); weights : (K,) on the simplex.
+    tokens : (T,) the response's token ids (the ``token`` columns).
     end_token_ids, template_token_ids : the ids reported as kind ``end`` and ``template`` (an id in both
         is ``end``).
     thresholds : :class:`Thresholds` (default the stated defaults).
-    reference : optional (T, n) log-probs of a student: the veto reference instead of A.
     names : teacher names (default ``teacher<k>``); decode : optional id -> text for ``token_text``.
 
     Returns
@@ -233,79 +302,67 @@ def diagnose_path(log_probs, weights, tokens, end_token_ids=(), template_token_i
     entropy, a*, the expert's, A's and l's probability of it).
     """
     th = Thresholds() if thresholds is None else thresholds
-    lp = np.asarray(log_probs, dtype=float)
-    if lp.ndim != 3:
-        raise ValueError(f"log_probs must be (K, T, n), got shape {lp.shape}")
-    K, T, n = lp.shape
-    w = check_weights(weights, K, other="log_probs")
+    w = np.asarray(weights, dtype=float)
+    K = len(w)
     tokens = np.asarray(tokens, dtype=np.int64)
-    if tokens.shape != (T,):
-        raise ValueError(f"tokens has shape {tokens.shape}, log_probs has {T} positions")
-    if T and (tokens.min() < 0 or tokens.max() >= n):
-        raise ValueError(f"tokens[{int(np.flatnonzero((tokens < 0) | (tokens >= n))[0])}] is outside [0, {n})")
+    T = len(tokens)
+    if stats is None:
+        stats = {key: np.zeros((0,) + ((K,) if key in STAT_FIELDS[:6] else (K, 0) if key == "cand_lp" else
+                                       (0,) if key.startswith("cand") else ())) for key in STAT_FIELDS}
     names = [f"teacher{k}" for k in range(K)] if names is None else list(names)
     if len(names) != K:
         raise ValueError(f"names has {len(names)} entries for {K} teachers")
-    if reference is not None:
-        reference = np.asarray(reference, dtype=float)
-        if reference.shape != (T, n):
-            raise ValueError(f"reference must be (T, n) = {(T, n)}, got {reference.shape}")
     decode = decode or (lambda a: "")
     ends, template = set(int(e) for e in end_token_ids), set(int(e) for e in template_token_ids)
 
     def kind(a):
         return "end" if a in ends else "template" if a in template else "text"
 
+    s = stats
     keep = positive_teachers(w)
-    log_a = ag.log_arithmetic_pool(lp, w)                                  # (T, n)
-    log_l = ag.log_geometric_pool(lp, w)
-    A, Lp = np.exp(log_a), np.exp(log_l)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kl = np.where(A > 0, A * (log_a - log_l), 0.0).sum(axis=1)
-        P = np.exp(lp)
-        entropy = -np.where(P > 0, P * lp, 0.0).sum(axis=2)                # (K, T)
-    tv = 0.5 * np.abs(A - Lp).sum(axis=1)
-    ref = A if reference is None else np.exp(reference)
-    veto = (lp[keep] < th.veto_log_prob) & (ref[None] >= th.veto_floor)     # (K', T, n)
     v_rows = []
-    for j, t, a in zip(*np.nonzero(veto)):
-        k = int(keep[j])
-        v_rows.append(dict(position=int(t), teacher=names[k], token=int(a), token_text=decode(int(a)),
-                           kind=kind(int(a)), teacher_log_prob=lp[k, t, a], a_prob=A[t, a], l_prob=Lp[t, a],
-                           reference_prob=ref[t, a], is_response_token=bool(tokens[t] == a)))
+    for k in keep:                         # rows ordered by teacher, position, token (as np.nonzero over (K', T, n))
+        hit = (s["cand_lp"][:, k] < th.veto_log_prob) & (s["cand_ref"] >= th.veto_floor)    # (T, k)
+        found = sorted((int(t), int(s["cand"][t, c]), c) for t, c in zip(*np.nonzero(hit)))
+        for t, a, c in found:
+            v_rows.append(dict(position=t, teacher=names[k], token=a, token_text=decode(a), kind=kind(a),
+                               teacher_log_prob=float(s["cand_lp"][t, k, c]), a_prob=float(s["cand_a"][t, c]),
+                               l_prob=float(s["cand_l"][t, c]), reference_prob=float(s["cand_ref"][t, c]),
+                               is_response_token=bool(tokens[t] == a)))
     vetoes = pd.DataFrame(v_rows, columns=["position", "teacher", "token", "token_text", "kind", "teacher_log_prob",
                                            "a_prob", "l_prob", "reference_prob", "is_response_token"])
     e_rows, expert_at = [], [""] * T
+    entropy = s["entropy"]
     for t in range(T):
-        for j, k in enumerate(keep):
+        for k in keep:
             others = [int(i) for i in keep if i != k]
-            if not others or entropy[k, t] > th.expert_entropy:
+            if not others or entropy[t, k] > th.expert_entropy:
                 continue
-            low = min(entropy[i, t] for i in others)
-            top = int(np.argmax(lp[k, t]))
-            if low >= th.uninformative_entropy and Lp[t, top] - A[t, top] >= th.expert_gap:
+            low = min(entropy[t, i] for i in others)
+            top = int(s["top"][t, k])
+            if low >= th.uninformative_entropy and s["top_l"][t, k] - s["top_a"][t, k] >= th.expert_gap:
                 expert_at[t] = names[k]
-                e_rows.append(dict(position=t, expert=names[k], expert_entropy=entropy[k, t], others_min_entropy=low,
-                                   token=top, token_text=decode(top), expert_prob=P[k, t, top], a_prob=A[t, top],
-                                   l_prob=Lp[t, top]))
+                e_rows.append(dict(position=t, expert=names[k], expert_entropy=float(entropy[t, k]),
+                                   others_min_entropy=float(low), token=top, token_text=decode(top),
+                                   expert_prob=float(np.exp(s["top_lp"][t, k])), a_prob=float(s["top_a"][t, k]),
+                                   l_prob=float(s["top_l"][t, k])))
     experts = pd.DataFrame(e_rows, columns=["position", "expert", "expert_entropy", "others_min_entropy", "token",
                                             "token_text", "expert_prob", "a_prob", "l_prob"])
-    arg_a, arg_l = A.argmax(axis=1), Lp.argmax(axis=1)
+    arg_a, arg_l = s["argmax_a"].astype(np.int64), s["argmax_l"].astype(np.int64)
     idx = np.arange(T)
     count = (lambda what: np.bincount(vetoes.position[vetoes.kind == what], minlength=T) if len(vetoes)
              else np.zeros(T, int))
     positions = pd.DataFrame(dict(
         position=idx, token=tokens, token_text=[decode(int(a)) for a in tokens], token_kind=[kind(int(a)) for a in tokens],
-        a_prob=A[idx, tokens], l_prob=Lp[idx, tokens], kl_a_l=kl, tv=tv, argmax_a=arg_a,
-        argmax_a_text=[decode(int(a)) for a in arg_a], argmax_a_prob=A[idx, arg_a], argmax_l=arg_l,
-        argmax_l_text=[decode(int(a)) for a in arg_l], argmax_l_prob=Lp[idx, arg_l], argmax_differs=arg_a != arg_l,
+        a_prob=s["a_token"], l_prob=s["l_token"], kl_a_l=s["kl"], tv=s["tv"], argmax_a=arg_a,
+        argmax_a_text=[decode(int(a)) for a in arg_a], argmax_a_prob=s["argmax_a_prob"], argmax_l=arg_l,
+        argmax_l_text=[decode(int(a)) for a in arg_l], argmax_l_prob=s["argmax_l_prob"], argmax_differs=arg_a != arg_l,
         vetoes=count("text") + count("end") + count("template"), end_vetoes=count("end"),
         template_vetoes=count("template"), expert=expert_at))
-    top = lp.argmax(axis=2)
     teachers = pd.DataFrame(dict(
-        position=np.tile(idx, K), teacher=np.repeat(names, T), weight=np.repeat(w, T), entropy=entropy.ravel(),
-        token_log_prob=lp[:, idx, tokens].ravel(), top_token=top.ravel(),
-        top_prob=np.exp(np.take_along_axis(lp, top[..., None], axis=2)[..., 0]).ravel()))
+        position=np.tile(idx, K), teacher=np.repeat(names, T), weight=np.repeat(w, T), entropy=entropy.T.ravel(),
+        token_log_prob=s["token_lp"].T.astype(float).ravel(), top_token=s["top"].T.astype(np.int64).ravel(),
+        top_prob=np.exp(s["top_lp"].T.astype(float)).ravel()))
     return dict(positions=positions, teachers=teachers, vetoes=vetoes, experts=experts)
 
 
@@ -328,7 +385,7 @@ def first_token_options(first_log_probs, weights):
     return c, int(order[1])
 
 
-def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=512):
+def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=64):
     """Prefix flip risk of each prompt from :func:`llm_bridge.horizon.flip_horizon_study`.
 
     items : list of dicts with ``id``, ``prompt_ids`` and ``correct_ids`` / ``incorrect_ids`` (the options;
@@ -336,12 +393,20 @@ def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=512):
     table without its linear extrapolation H* (margins, drift with its interval, ``flip`` and
     ``first_flip``: the measured first significant flip, -1 when none; ``detectable_drift`` and
     ``detectable_horizon``: the smallest drift detected at 80% power and where), with ``flip_bound``, the
-    verdict in words (:func:`flip_bound`), and the study's per-horizon table.
+    verdict in words (:func:`flip_bound`), and the study's per-horizon table. ``seed``: one, or one per item
+    (each item's draws then do not depend on the others); ``max_rows``: sequences sampled at once (each a
+    KV cache of the prompt, the option and H tokens).
     """
     check_horizons(horizons)
     q, h = flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)
     q = q.drop(columns=["h_star", "h_star_lo", "h_star_hi"])
     q["flip_bound"] = [flip_bound(r) for r in q.itertuples(index=False)]
+    # numbers that do not apply are blank: no first flip where none was measured, no powered bound where a flip
+    # was measured or none is defined (not every teacher prefers C)
+    q["first_flip"] = q.first_flip.where(q.flip).astype(float)
+    bounded = q.teachers_prefer_correct & ~q.flip
+    q["detectable_drift"] = q.detectable_drift.where(bounded).astype(float)
+    q["detectable_horizon"] = q.detectable_horizon.where(bounded).astype(float)
     return q, h
 
 
@@ -385,6 +450,165 @@ def summarise(positions, vetoes, experts, flips=None):
                    detectable_drift_min=float(bounded.detectable_drift.min()) if len(bounded) else None,
                    detectable_drift_max=float(bounded.detectable_drift.max()) if len(bounded) else None)
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# advice: a verdict per finding, the rule that decides it, and what to do
+# ------------------------------------------------------------------------------------------------
+DISAGREEMENT_KL = 0.01
+"""Mean KL(A || l) (nats per position) at or above which the FKL and RKL targets differ materially. It sits
+between the two shipped examples (docs/diagnose.md): two concise personas (the control pair, well below it)
+and a concise persona with a storyteller (the end-veto pair, above it)."""
+
+
+def _show(token):
+    """A token's text with its whitespace visible: a space as ␣, a newline as ⏎, a tab as ⇥."""
+    return str(token).replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") if token != "" else "(empty)"
+
+
+def _where(rows, n=4):
+    """'prompt sky position 5, prompt cow positions 3, 9' for the first ``n`` (id, position) pairs."""
+    by = {}
+    for pid, pos in rows:
+        by.setdefault(str(pid), []).append(int(pos))
+    parts = [f"prompt {pid} position{'s' * (len(p) > 1)} {', '.join(map(str, sorted(set(p))))}"
+             for pid, p in list(by.items())[:n]]
+    return "; ".join(parts) + ("; ..." if len(by) > n else "")
+
+
+def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None):
+    """Each finding's verdict in words, the rule that decides it (threshold and where it comes from) and an
+    action; the first lines of every report.
+
+    Parameters
+    ----------
+    positions, vetoes, experts : the diagnosis tables over every prompt (``id`` and ``response`` columns);
+    flips : :func:`flip_risk`'s table or None (not estimated); thresholds : :class:`Thresholds`;
+    prediction : optional :class:`llm_bridge.runs.Prediction` of the user's run (its ``target``, ``label``).
+
+    Returns
+    -------
+    dict: ``todo`` (the short list of what to do, most important first) and ``findings``: one dict per
+    finding (``finding``, ``applies``, ``verdict``, ``rule``, ``action``); a finding that does not apply has
+    a one-line verdict saying why and empty rule and action.
+    """
+    th = Thresholds() if thresholds is None else thresholds
+    target = prediction.target if prediction is not None else None
+    findings, todo = [], []
+    n = len(positions)
+    kl = float(positions.kl_a_l.mean()) if n else 0.0
+    differ = int(positions.argmax_differs.sum()) if n else 0
+    rule = (f"mean KL(A || l) >= {DISAGREEMENT_KL:g} nats per position: the FKL target A and the RKL target l "
+            "differ materially (the threshold sits between the shipped control pair, two concise personas, and "
+            "the shipped end-veto pair, concise vs storyteller)")
+    if kl >= DISAGREEMENT_KL:
+        verdict = (f"FKL and RKL teach different targets here: mean KL(A || l) = {kl:.3g} nats >= {DISAGREEMENT_KL:g}; "
+                   f"they would teach different tokens at {differ} of {n} positions")
+        action = ("choose the loss deliberately: forward KL (A) keeps every teacher's tokens (mass-covering), "
+                  "reverse KL (l) keeps only what all teachers allow (their consensus)")
+        todo.append(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) {kl:.3g} >= "
+                    f"{DISAGREEMENT_KL:g} nats; different tokens at {differ} of {n} positions).")
+    else:
+        verdict = (f"FKL and RKL teach nearly the same target: mean KL(A || l) = {kl:.3g} nats < {DISAGREEMENT_KL:g}; "
+                   f"different tokens at {differ} of {n} positions")
+        action = "either loss is fine here"
+    findings.append(dict(finding="disagreement of the targets", applies=True, verdict=verdict, rule=rule,
+                         action=action))
+    veto_rule = (f"a positive-weight teacher gives the token ln p < {th.veto_log_prob:.3g} (p < "
+                 f"{math.exp(th.veto_log_prob):.2g}) where the reference gives it at least {th.veto_floor:g} "
+                 "(--veto-log-prob, --veto-floor; defaults: a teacher allowing it at most once in 10,000 "
+                 "against a reference giving it at least once in 20)")
+    for kind, what in (("end", "end token"), ("template", "chat-template token"), ("text", "token")):
+        v = vetoes[vetoes.kind == kind] if len(vetoes) else vetoes
+        title = {"end": "end-token vetoes", "template": "template-token vetoes", "text": "other vetoes"}[kind]
+        if v.empty:
+            findings.append(dict(finding=title, applies=True, rule=veto_rule, action="nothing to do",
+                                 verdict=f"no teacher vetoes {'an' if kind == 'end' else 'a'} {what} the reference "
+                                         "gives mass"))
+            continue
+        parts = []
+        for (teacher, token), g in v.groupby(["teacher", "token_text"], sort=False):
+            occ = g.drop_duplicates(["id", "response", "position"])
+            parts.append(f"{teacher} vetoes {_show(token)} at {len(occ)} position{'s' * (len(occ) != 1)} "
+                         f"({_where(zip(occ['id'], occ.position))}; l gives it at most {occ.l_prob.max():.2g}, "
+                         f"A at least {occ.a_prob.min():.2g})")
+        teachers = sorted(set(v.teacher))
+        tokens = ", ".join(sorted({_show(t) for t in v.token_text}))
+        effect = {"end": "a reverse-KL student learns not to stop", "template": "a reverse-KL student learns to "
+                  "avoid the chat template's token (a template mismatch between teachers)",
+                  "text": "reverse KL suppresses it"}[kind]
+        if target == "A":
+            verdict = "; ".join(parts) + f": your run's target A keeps it, so this does not bind"
+            action = "nothing to do for this run (it would bind under reverse KL)"
+        else:
+            verdict = "; ".join(parts) + f": {effect}"
+            action = (f"mask {tokens} in the reverse-KL loss, or lower the weight of {', '.join(teachers)}, "
+                      "or use forward KL (A keeps it)")
+            todo.append(f"{'Mask' if kind != 'text' else 'Check'} {tokens} under reverse KL: "
+                        f"{', '.join(teachers)} veto{'es' * (len(teachers) == 1)} it ({what}); or lower "
+                        f"{'its' if len(teachers) == 1 else 'their'} weight, or use FKL.")
+        findings.append(dict(finding=title, applies=True, verdict=verdict, rule=veto_rule, action=action))
+    e_rule = (f"one teacher's entropy <= {th.expert_entropy:g} nats, every other's >= {th.uninformative_entropy:g}, "
+              f"and l(a*) - A(a*) >= {th.expert_gap:g} for its top token a* (--expert-entropy, "
+              "--uninformative-entropy, --expert-gap)")
+    if experts.empty:
+        findings.append(dict(finding="confident experts", applies=True, rule=e_rule, action="nothing to do",
+                             verdict="no position where one teacher is sure and the others are not"))
+    else:
+        parts = [f"{name} at {len(g)} position{'s' * (len(g) != 1)} ({_where(zip(g['id'], g.position))})"
+                 for name, g in experts.groupby("expert", sort=False)]
+        findings.append(dict(finding="confident experts", applies=True, rule=e_rule,
+                             verdict="a confident expert where the others are uninformative: " + "; ".join(parts)
+                                     + ": reverse KL (l) follows the expert, forward KL (A) dilutes it",
+                             action="reverse KL if you trust the expert there, forward KL to hedge"))
+    flip_title = "prefix flip (sequence-level reverse KL)"
+    if target is not None and target != "g":
+        findings.append(dict(finding=flip_title, applies=False, rule="", action="",
+                             verdict=f"does not apply: your run reaches {prediction.label}, a token-level target "
+                                     "(only the sequence-level geometric pool g has the prefix bias)"))
+    elif flips is None or not len(flips):
+        findings.append(dict(finding=flip_title, applies=False, rule="", action="",
+                             verdict="not estimated (--no-flip)"))
+    else:
+        f_rule = ("a flip is measured at H when the 95% upper bound of g's margin m - D(H) is below 0 and every "
+                  "teacher prefers C; otherwise the smallest drift of D(H) the design detects at 80% power bounds "
+                  "what is not seen (llm_bridge.horizon)")
+        measured = flips[flips.flip]
+        undefined = flips[~flips.teachers_prefer_correct]
+        bounded = flips[flips.teachers_prefer_correct & ~flips.flip]
+        words = []
+        if len(measured):
+            words.append(f"g prefers the incorrect option after H = {int(measured.first_flip.min())} tokens on "
+                         f"{len(measured)} of {len(flips)} prompts ({', '.join(map(str, measured['id']))})")
+        if len(bounded):
+            lo, hi = bounded.detectable_drift.min(), bounded.detectable_drift.max()
+            words.append(f"{len(bounded)} prompt{'s' * (len(bounded) != 1)} show no flip detectable below a drift of "
+                         + (f"{lo:.3g}" if lo == hi else f"{lo:.3g} to {hi:.3g}") + " nats/token")
+        if len(undefined):
+            words.append(f"{len(undefined)} without a flip to measure (not every teacher prefers C)")
+        first = flips[flips.option_source == "first tokens"] if "option_source" in flips else flips.iloc[:0]
+        if len(first):
+            count = {}
+            for c, i in zip(first.option_c, first.option_i):
+                count[f"{_show(c)} vs {_show(i)}"] = count.get(f"{_show(c)} vs {_show(i)}", 0) + 1
+            pairs = ", ".join(p + (f" on {n}" if n > 1 else "") for p, n in count.items())
+            words.append(f"caution: {len(first)} prompt{'s' * (len(first) != 1)} without options compare the pool's "
+                         f"two preferred first tokens ({pairs}), a matter of style, not of a correct answer")
+        applies = "" if target == "g" else " (it matters only to sequence-level reverse KL, g)"
+        action = ("avoid sequence-level reverse KL on these prompts, or use a token-level loss" if len(measured)
+                  else "nothing to do" + applies)
+        if len(first):
+            action += "; give the prompts file options [C, I] to measure the flip between real answers"
+        if len(measured) and target in (None, "g"):
+            todo.append(f"Avoid sequence-level RKL on {', '.join(map(str, measured['id']))}: g flips to the "
+                        f"incorrect option by H = {int(measured.first_flip.min())}.")
+        findings.append(dict(finding=flip_title, applies=True, verdict="; ".join(words) + applies, rule=f_rule,
+                             action=action))
+    if not todo:
+        todo.append("Either loss is fine for these teachers and prompts: the targets barely differ (mean KL(A || l) "
+                    f"{kl:.3g} < {DISAGREEMENT_KL:g} nats), no teacher vetoes a token the reference wants, and no "
+                    "confident expert dominates.")
+    return dict(todo=todo, findings=findings)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ from scipy.special import logsumexp
 import aggregation as ag
 from aggregation.validate import check_horizons, check_int, positive_teachers
 
+from .backend import Streams, expand_cache, prefill, step
 from .partition import Z_95, _sample, log_mean_exp_stats
-from .teachers import _accepts, _cache_name, _cache_of, _keep_last, expand_cache
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,27 +72,6 @@ def _runs(teachers):
 
 
 @torch.no_grad()
-def _prefill_many(teachers, k, contexts, n_last):
-    """Teacher k's template (once, its KV cache repeated over the batch), then the contexts, left-padded
-    after it (padding repeats each context's first token and is masked out; TabularLM's first token is
-    BOS, which resets it; RoPE positions continue from the template). Returns (logits of the last
-    ``n_last`` positions (B, n_last, V), cache, attention mask (B, L), next positions (B,))."""
-    t = teachers.teachers[k]
-    model, dev = t.model, teachers.device
-    B, Lt = len(contexts), len(t.template_ids)
-    L = max(len(c) for c in contexts)
-    ids = torch.tensor([[c[0]] * (L - len(c)) + list(c) for c in contexts], device=dev)
-    mask = torch.tensor([[1] * Lt + [0] * (L - len(c)) + [1] * len(c) for c in contexts], device=dev)
-    positions = Lt + (mask[:, Lt:].cumsum(1) - 1).clamp(min=0)
-    extra = {"logits_to_keep": n_last} if _accepts(model, "logits_to_keep") else {}
-    if Lt:
-        head = model(input_ids=torch.tensor([list(t.template_ids)], device=dev), use_cache=True, **_keep_last(model))
-        extra[_cache_name(model)] = expand_cache(_cache_of(head), B)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
-    return out.logits[:, -n_last:], _cache_of(out), mask, positions[:, -1] + 1
-
-
-@torch.no_grad()
 def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_rows=512, return_tokens=False,
                             score_last=None):
     """Per-step ``ln z(v c_<h)`` of ``n_samples`` continuations of every context v, sampled from l.
@@ -105,7 +84,9 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
     Parameters
     ----------
     teachers : llm_bridge.Teachers; contexts : list of non-empty token-id lists (prompt + prefix).
-    horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator.
+    horizon : int >= 0, factors per continuation; n_samples : int >= 1; rng : numpy Generator, or one per
+        context (contexts may share one: each step every context draws its samples' uniforms in context
+        order, so a context's draws do not depend on which other contexts share its batch).
     score_last : optional list of ints, one per context: score its last ``score_last[i]`` tokens
         (an option) from the same forward pass.
 
@@ -130,6 +111,8 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
             if not 1 <= check_int(n, f"score_last[{i}]", 1) < len(c):
                 raise ValueError(f"score_last[{i}] = {n} must be below the context's length {len(c)}")
             teachers.check_ids(c[-n:], f"contexts[{i}] scored tokens")
+    if isinstance(rng, (list, tuple)) and len(rng) != len(contexts):
+        raise ValueError(f"rng has {len(rng)} generators for {len(contexts)} contexts")
     keep = positive_teachers(teachers.weights)
     w = teachers.weights[keep]
     runs = _runs(teachers)
@@ -145,7 +128,7 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
         state = []                                      # per run: [cache, mask, next positions]
         log_probs, kept = {}, {}
         for run in runs:
-            logits, cache, mask, pos = _prefill_many(teachers, run[0], chunk, n_last)
+            logits, cache, mask, pos = prefill(teachers.teachers[run[0]], chunk, n_last, teachers.device)
             state.append([expand_cache(cache, n_samples), mask.repeat_interleave(n_samples, 0),
                           pos.repeat_interleave(n_samples, 0)])
             for k in run:
@@ -165,7 +148,9 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
             factors[lo:lo + len(chunk), :, h] = np.where(alive, log_z.cpu().numpy(), 0.0).reshape(len(chunk), -1)
             if h == horizon - 1:
                 break
-            drawn = _sample(log_l.cpu().numpy(), rng)
+            streams = Streams([(g, n_samples) for g in rng[lo:lo + len(chunk)]]) \
+                if isinstance(rng, (list, tuple)) else rng
+            drawn = _sample(log_l.cpu().numpy(), streams)
             sampled[lo:lo + len(chunk), :, h] = drawn.reshape(len(chunk), -1)
             tokens = torch.from_numpy(drawn).to(teachers.device)
             alive &= ~torch.isin(tokens, ends).cpu().numpy()
@@ -175,13 +160,11 @@ def sample_log_factors_many(teachers, contexts, horizon, n_samples, rng, max_row
                 if not any(k in keep for k in run):
                     continue
                 cache, mask, pos = st
-                model = teachers.teachers[run[0]].model
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos[:, None],
-                            use_cache=True, **{_cache_name(model): cache})
-                st[:] = [_cache_of(out), mask, pos + 1]
+                logits, cache = step(teachers.teachers[run[0]].model, tokens, cache, mask, pos)
+                st[:] = [cache, mask, pos + 1]
                 for k in run:
-                    log_probs[k] = teachers.log_softmax(out.logits[:, -1], teachers.teachers[k].temperature)
+                    log_probs[k] = teachers.log_softmax(logits, teachers.teachers[k].temperature)
     out = (factors,) + ((sampled,) if return_tokens else ()) + ((scores,) if score_last is not None else ())
     return out if len(out) > 1 else factors
 
@@ -400,7 +383,9 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
     teachers : llm_bridge.Teachers.
     questions : list of dicts with ``id``, ``prompt_ids`` (non-empty), ``correct_ids`` and
         ``incorrect_ids`` (non-empty token-id lists: the two options).
-    horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed.
+    horizons : ints >= 0 (at least one > 0); n_samples : continuations per option; seed : NumPy seed, or
+        one per question (each question's samples then depend on its seed alone; without ``ess_floor`` and
+        ``after_correct``).
     ess_floor, max_samples : the heavy-tail correction of :func:`sample_contexts` (None: N fixed).
     after_correct : optional llm_bridge.Teachers (same K and weights) that continue after C only: the
         options are scored, and continued after I, by ``teachers`` (the positive control: a teacher
@@ -436,7 +421,13 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
                 raise ValueError(f"questions[{i}].{key} is empty")
     contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
     score_last = [len(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
-    rng = np.random.default_rng(seed)
+    if isinstance(seed, (list, tuple)):
+        if len(seed) != len(questions) or ess_floor is not None or after_correct is not None:
+            raise ValueError("one seed per question needs len(seed) == len(questions), no ess_floor and no "
+                             "after_correct")
+        rng = [g for s in seed for g in [np.random.default_rng(s)] * 2]        # C and I draw from one stream
+    else:
+        rng = np.random.default_rng(seed)
     if after_correct is None and ess_floor is None:
         factors, tokens, scores = sample_log_factors_many(teachers, contexts, max(hs), n_samples, rng, max_rows,
                                                           return_tokens=True, score_last=score_last)

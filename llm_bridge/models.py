@@ -109,6 +109,65 @@ def _cached_gguf(folder, gguf):
     return target
 
 
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_context_length(path):
+    """``<architecture>.context_length`` from a GGUF file's header (its key-value section, read without the
+    tensors; None when absent)."""
+    import struct
+
+    def read(f, fmt):
+        return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+    def string(f):
+        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+
+    def value(f, kind):
+        if kind in _GGUF_SCALARS:
+            return read(f, _GGUF_SCALARS[kind])
+        if kind == 8:
+            return string(f)
+        if kind == 9:
+            inner, n = read(f, "<I"), read(f, "<Q")
+            if inner in _GGUF_SCALARS:
+                f.seek(n * struct.calcsize(_GGUF_SCALARS[inner]), 1)
+            else:
+                for _ in range(n):
+                    value(f, inner)
+            return None
+        raise ValueError(f"GGUF file {path}: unknown value type {kind}")
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        read(f, "<I")
+        read(f, "<Q")
+        meta = {}
+        for _ in range(read(f, "<Q")):
+            key = string(f)
+            meta[key] = value(f, read(f, "<I"))
+            arch = meta.get("general.architecture")
+            if arch and f"{arch}.context_length" in meta:
+                return int(meta[f"{arch}.context_length"])
+    return None
+
+
+def context_length(spec):
+    """The number of positions a model (folder, .gguf file or package, as :func:`load_model` takes) was
+    built for, read from its config or GGUF header without loading it; None when it does not say."""
+    folder, gguf = resolve_model_path(spec)
+    if gguf is not None:
+        cached = cache_dir() / Path(gguf).stem / "config.json"
+        if not cached.exists():
+            return _gguf_context_length(folder / gguf)
+        folder = cached.parent
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config = config.get("text_config", config)
+    n = config.get("max_position_embeddings", config.get("n_positions"))
+    return int(n) if isinstance(n, int) else None
+
+
 def load_model(spec, device="cpu", dtype="auto"):
     """(model, tokenizer) from a folder, a .gguf file or a package; ``dtype`` 'auto' = float32 on CPU,
     bfloat16 on CUDA (the log-softmax is float32 either way)."""

@@ -30,7 +30,7 @@ from scipy.special import logsumexp
 import aggregation as ag
 from aggregation.validate import check_horizon, check_horizons, check_int, positive_teachers
 
-from .teachers import expand_cache
+from .backend import expand_cache
 
 Z_95 = 1.959963984540054    # two-sided 95% normal quantile: the intervals' stated coverage
 

@@ -7,7 +7,6 @@ vocabulary (Qwen-style checkpoints pad the logit rows past ``len(tokenizer)``), 
 positions so that memory is O(chunk x n) per teacher. The pools themselves are aggregation's.
 """
 
-import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,20 +137,16 @@ class Teachers:
         prompt_ids = self.check_ids(prompt_ids, "prompt", allow_empty=False, input_ids=True)
         continuation_ids = self.check_ids(continuation_ids, "continuation")
         chunk = check_int(chunk, "chunk", 1)
+        from .backend import InProcess
         T, n = len(continuation_ids), self.vocab_size
         path = np.empty((self.K, T))
         out_full = np.empty((self.K, T, n)) if full else None
         target = torch.tensor(continuation_ids, dtype=torch.long, device=self.device)
-        for k, t in enumerate(self.teachers):
-            ids = torch.tensor([t.template_ids + prompt_ids + continuation_ids], device=self.device)
-            logits_rows = _logit_rows(t.model, ids)
-            start = len(t.template_ids) + len(prompt_ids) - 1      # position predicting c_0
-            for lo in range(0, T, chunk):
-                hi = min(T, lo + chunk)
-                lp = self.log_softmax(logits_rows(start + lo, start + hi), t.temperature)
-                path[k, lo:hi] = lp.gather(1, target[lo:hi, None])[:, 0].double().cpu().numpy()
-                if full:
-                    out_full[k, lo:hi] = lp.double().cpu().numpy()
+        for _, t, lp in InProcess(self).distributions([(prompt_ids, continuation_ids)], block=chunk):
+            tt = torch.as_tensor(t, device=self.device)
+            path[:, t] = lp.gather(2, target[tt][None, :, None].expand(self.K, -1, 1))[..., 0].double().cpu().numpy()
+            if full:
+                out_full[:, t] = lp.double().cpu().numpy()
         return (path, out_full) if full else path
 
     def path_analysis(self, prompt_ids, continuation_ids, chunk=256):
@@ -198,30 +193,19 @@ class Teachers:
     def prefill(self, k, ids):
         """Run teacher k on ``template + ids`` (one sequence); returns (next-token log-probs (n,)
         float32 tensor, the model's cache)."""
+        from .backend import prefill
         t = self.teachers[k]
-        x = torch.tensor([t.template_ids + list(ids)], device=self.device)
-        out = t.model(input_ids=x, use_cache=True, **_keep_last(t.model))
-        return self.log_softmax(out.logits[0, -1], t.temperature), _cache_of(out)
+        logits, cache, _, _ = prefill(t, [list(ids)], 1, self.device)
+        return self.log_softmax(logits[0, -1], t.temperature), cache
 
     @torch.no_grad()
     def step(self, k, tokens, cache):
         """Feed one token per sequence, ``tokens: (B,)`` LongTensor, to teacher k with its cache;
         returns ((B, n) float32 log-probs, the cache)."""
+        from .backend import step
         t = self.teachers[k]
-        out = t.model(input_ids=tokens[:, None], use_cache=True, **{_cache_name(t.model): cache})
-        return self.log_softmax(out.logits[:, -1], t.temperature), _cache_of(out)
-
-
-def expand_cache(cache, batch):
-    """Repeat a batch-1 cache ``batch`` times along the batch axis (transformers Cache or a tensor)."""
-    if isinstance(cache, torch.Tensor):
-        return cache.repeat_interleave(batch, dim=0)
-    if hasattr(cache, "batch_repeat_interleave"):
-        cache.batch_repeat_interleave(batch)
-        return cache
-    if isinstance(cache, tuple):        # legacy tuple-of-tuples cache
-        return tuple(tuple(x.repeat_interleave(batch, dim=0) for x in layer) for layer in cache)
-    raise ValueError(f"cannot expand a cache of type {type(cache).__name__} along the batch axis")
+        logits, cache = step(t.model, tokens, cache)
+        return self.log_softmax(logits, t.temperature), cache
 
 
 def _rows(model):
@@ -230,52 +214,6 @@ def _rows(model):
     rows = getattr(getattr(model, "config", None), "vocab_size", None)
     rows = getattr(model, "vocab_size", None) if rows is None else rows
     return rows if isinstance(rows, int) else None
-
-
-def _accepts(model, name):
-    try:
-        return name in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _cache_name(model):
-    """The cache keyword: ``cache`` in transformers >= 5.2x, ``past_key_values`` before."""
-    return "cache" if _accepts(model, "cache") else "past_key_values"
-
-
-def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else getattr(out, "past_key_values", None)
-
-
-def _keep_last(model):
-    """Ask transformers models for the last position's logits only (prefill memory O(n), not O(T n))."""
-    return {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
-
-
-def _logit_rows(model, ids):
-    """A function (lo, hi) -> logits of positions lo..hi-1 of the single sequence ``ids``.
-
-    For transformers causal LMs (``logits = lm_head(final hidden state)``, as in Llama, Qwen2,
-    Mistral) the decoder runs once and the head is applied per chunk, so that memory for logits is
-    O(chunk x n) rather than O(T x n); Gemma-style final soft-capping is applied when configured.
-    Other modules (TabularLM) serve their full logits.
-    """
-    get_decoder = getattr(model, "get_decoder", None)
-    get_head = getattr(model, "get_output_embeddings", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    head = get_head() if callable(get_head) else None
-    if decoder is not None and head is not None and decoder is not model:
-        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
-        cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-
-        def rows(lo, hi):
-            logits = head(hidden[lo:hi])
-            return cap * torch.tanh(logits / cap) if cap else logits
-        return rows
-    logits = model(input_ids=ids, use_cache=False).logits[0]
-    return lambda lo, hi: logits[lo:hi]
 
 
 def resolve_device(device):

