@@ -562,7 +562,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
                                      + ": reverse KL (l) follows the expert, forward KL (A) dilutes it",
                              action="reverse KL if you trust the expert there, forward KL to hedge"))
     flip_title = "prefix flip (sequence-level reverse KL)"
-    if target is not None and target != "g":
+    if target is not None and target not in ("g", "computed"):
         findings.append(dict(finding=flip_title, applies=False, rule="", action="",
                              verdict=f"does not apply: your run reaches {prediction.label}, a token-level target "
                                      "(only the sequence-level geometric pool g has the prefix bias)"))
@@ -619,7 +619,10 @@ TARGET_WORDS = {"A": "the token-level mixture: forward KL, T1",
                 "J": "the generalised-JSD barycentre, between A and l",
                 "g": "the sequence-level geometric pool's conditionals: reverse KL over whole responses, T8",
                 "select": "one teacher's own conditionals", "none": "no divergence's minimiser",
-                "diverges": "away from the teachers"}
+                "diverges": "away from the teachers",
+                "mix": "a mixture of the data's conditionals and A: a data term beside forward KL",
+                "data": "the data's own conditionals: the cross-entropy alone",
+                "computed": "no closed form: where it goes is computed on the teachers' own tree below"}
 SAMPLE_WORDS = {"student": "the student's rollouts", "teacher": "the teachers' samples",
                 "dataset": "a data set's responses",
                 "mixed:teacher": "the student's rollouts mixed with the teachers' samples",
@@ -665,13 +668,19 @@ def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=No
     name = describe(run) if run is not None else "the run"
     out = dict(target=f"{name} on {SAMPLE_WORDS.get(samples, samples)} reaches {prediction.label} "
                       f"({TARGET_WORDS[t]})", vetoes="", disagreement="", experts="", flip="", notes="")
-    if t in ("none", "diverges"):
-        out["vetoes"] = ("it reaches no pool of the teachers: none of the findings is a target it reaches"
-                         if t == "none" else "it moves the student away from the teachers, vetoes or not")
+    if t in ("none", "diverges", "data"):
+        out["vetoes"] = {"none": "it reaches no pool of the teachers: none of the findings is a target it reaches",
+                         "diverges": "it moves the student away from the teachers, vetoes or not",
+                         "data": "it follows the data, not the teachers: none of the findings binds"}[t]
+        return out
+    if t == "computed":
+        out["vetoes"] = ("no closed form says whether the vetoes bind: see where it goes on the teachers' own tree"
+                         + (f" ({_veto_list(vetoes)} vetoed)" if not vetoes.empty else ""))
+        out["flip"] = "whether the prefix flip (g's, T8) applies depends on how far it goes towards g (below)"
         return out
     if vetoes.empty:
         out["vetoes"] = "no veto was found"
-    elif t == "A":
+    elif t in ("A", "mix"):
         out["vetoes"] = f"the vetoes do not bind: A keeps the mass the other teachers give {_veto_list(vetoes)}"
     elif t in ("l", "g"):
         low = float(vetoes.l_prob.max())
@@ -686,7 +695,8 @@ def exposure(prediction, samples, positions, vetoes, experts, flips=None, run=No
                          f"({', '.join(sorted(set(vetoes.teacher)))}): {_veto_list(vetoes)}")
     n = int(positions.argmax_differs.sum())
     follows = {"A": "A's token", "l": "l's token", "g": "l's token re-weighted by continuation partitions",
-               "J": "a distribution between them", "select": "the selected teacher's token"}[t]
+               "J": "a distribution between them", "select": "the selected teacher's token",
+               "mix": "A's token mixed with the data's"}[t]
     out["disagreement"] = f"at the {n} positions where argmax A ≠ argmax l it teaches {follows}"
     m = len(experts)
     if t in ("A", "l", "g", "J"):

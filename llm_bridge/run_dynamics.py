@@ -561,3 +561,58 @@ def fixed_point(run, machine, data_log_probs=None, reward=None, start=None, step
     distances = {name: float(tv(log_q, lp)[reached].max()) for name, lp in targets.items()}
     return FixedPoint(log_q, status, float(residual), distances, min(distances, key=distances.get),
                       runs.predict_target(run), reached)
+
+
+# ------------------------------------------------------------------------------------------------
+# a prefix-tree machine of real teachers (the diagnosis's --run)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TeacherTree:
+    """A prefix-tree machine cut from real teachers: ``machine`` (FiniteStateTeachers, each teacher's
+    conditionals restricted to the tree's tokens and renormalised), ``token_ids`` (S, width) the vocabulary
+    ids of each state's tokens, ``mass`` (K, S) the share of each teacher's conditional those tokens hold."""
+    machine: object
+    token_ids: np.ndarray
+    mass: np.ndarray
+
+
+def teacher_tree(teachers, prompt_ids, weights, width=3, depth=3):
+    """The ``width`` most probable tokens of the teachers' mixture (weights ``weights``) after the prompt, then
+    after each of them, to ``depth`` tokens: a prefix tree of (width^depth - 1) / (width - 1) states whose
+    conditionals are each teacher's next-token distribution there restricted to those tokens (renormalised).
+    ``teachers``: an :class:`llm_bridge.Teachers` (teacher_log_probs with full conditionals)."""
+    from aggregation import FiniteStateTeachers
+    if width < 2 or depth < 1:
+        raise ValueError(f"width = {width!r} must be >= 2 and depth = {depth!r} >= 1")
+    w = np.asarray(weights, dtype=float)
+    states, nxt, rows, ids, mass = [()], [], [], [], []
+    for prefix in states:                                   # breadth first: the list grows as it is read
+        if len(prefix) == depth:
+            break
+        _, full = teachers.teacher_log_probs(prompt_ids, list(prefix) + [0], full=True)
+        lp = full[:, len(prefix)]                           # (K, n) after the prefix
+        with np.errstate(divide="ignore"):
+            mixture = np.logaddexp.reduce(np.log(w)[:, None] + lp, axis=0)
+        top = np.argsort(-mixture, kind="stable")[:width]
+        part = lp[:, top]
+        rows.append(part - np.logaddexp.reduce(part, axis=-1, keepdims=True))
+        mass.append(np.exp(np.logaddexp.reduce(part, axis=-1)))
+        ids.append(top)
+        children = []
+        for a in top:
+            if len(prefix) + 1 < depth:
+                children.append(len(states))
+                states.append(prefix + (int(a),))
+            else:
+                children.append(-1)
+        nxt.append(children)
+    machine = FiniteStateTeachers(np.asarray(nxt, dtype=np.int64), np.stack(rows, axis=1), 0)
+    return TeacherTree(machine, np.asarray(ids), np.stack(mass, axis=1))
+
+
+def where_on_teachers(run, teachers, prompt_ids, width=3, depth=3):
+    """:func:`fixed_point` of ``run`` on :func:`teacher_tree` of real teachers: (FixedPoint, TeacherTree)."""
+    tree = teacher_tree(teachers, prompt_ids, run.weights, width, depth)
+    return fixed_point(run, tree.machine), tree

@@ -114,7 +114,7 @@ from aggregation.validate import check_weights
 from harness import Cell, atomic_write, cell_seeds, run_cells, write_csv
 from harness.cli import UsageError, usable_folder
 
-from llm_bridge import runs
+from llm_bridge import run_dynamics, runs
 from llm_bridge.diagnosis import (Thresholds, advise, diagnose_stats, exposure, exposure_text, first_token_options,
                                   flip_risk, follow_many, summarise)
 from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, read_jsonl,
@@ -518,18 +518,48 @@ def _run_section(run):
         return []
     items = "".join(f"<li><b>{k}</b>: {html.escape(run['exposure'][k])}</li>"
                     for k in ("vetoes", "disagreement", "experts", "flip", "notes") if run["exposure"][k])
-    return [f"<h2>Training run</h2><p>{html.escape(run['exposure']['target'])}.</p><ul>{items}</ul>"
+    where = f"<p>{html.escape(run['where']['text'])}</p>" if run.get("where") else ""
+    return [f"<h2>Training run</h2><p>{html.escape(run['exposure']['target'])}.</p><ul>{items}</ul>{where}"
             f"<p>Why: {html.escape(run['reason'])}</p>"]
 
 
-def run_summary(run, tables):
-    """summary.json's ``run``: the description, the prediction and its exposure (:func:`exposure`)."""
+def run_summary(run, tables, where=None):
+    """summary.json's ``run``: the description, the prediction, its exposure (:func:`exposure`) and, with
+    ``where`` (:func:`where_it_goes`), where the run goes on the teachers' own tree of continuations."""
     prediction = runs.predict_target(run)
     said = exposure(prediction, run.samples, tables["positions"], tables["vetoes"], tables["experts"],
                     tables["flip"] if len(tables["flip"]) else None, run=run)
+    text = exposure_text(said) + (f"\n{where['text']}" if where else "")
     return dict(description=runs.describe(run), samples=run.samples, target=prediction.target, label=prediction.label,
                 weights=prediction.weights, level=prediction.level, reason=prediction.reason,
-                source=list(prediction.source), exposure=said, text=exposure_text(said))
+                source=list(prediction.source), exposure=said, where=where, text=text)
+
+
+# --run's advice: a run whose fixed point on the teachers' own tree is farther than this (total variation, the
+# largest over the tree's states) from every pool and every teacher learns none of them
+FAR = 0.05
+
+
+def where_it_goes(run, settings, prompt, width=3, depth=3):
+    """Where ``run`` goes on the teachers' own tree of continuations of ``prompt`` (the mixture's ``width`` most
+    likely tokens at each of the first ``depth`` steps; llm_bridge.run_dynamics.where_on_teachers): the fixed
+    point's status and its distance (largest per-state total variation) to A, l, J, g and each teacher."""
+    s = {k: settings[k] for k in ("model", "student", "format", "personas", "weights", "device", "dtype")}
+    pt, _, decode, _ = setup(json.dumps(s, sort_keys=True))
+    fp, tree = run_dynamics.where_on_teachers(run, pt.teachers, pt.prompt_ids(prompt["prompt"]), width, depth)
+    names = {f"teacher {k + 1}": name for k, name in enumerate(pt.teachers.names)}
+    distances = {names.get(k, k): v for k, v in sorted(fp.distances.items(), key=lambda x: x[1])}
+    near = ", ".join(f"reaches {k}" if d < 1e-6 else f"{d:.2g} from {k}" for k, d in list(distances.items())[:3])
+    mass = float(tree.mass.min())
+    text = (f"On the teachers' own tree of continuations of prompt {prompt['id']!r} (their mixture's {width} most "
+            f"likely tokens at each of the first {depth} steps, starting "
+            f"{' / '.join(repr(decode(int(a))) for a in tree.token_ids[0])}; each teacher keeps at least "
+            f"{mass:.2g} of its mass there), this run "
+            + ("does not move" if fp.status == "static" else
+               (near if near.startswith("reaches") else f"ends {near}")
+               + ("" if fp.status == "fixed point" else f" ({fp.status})")) + ".")
+    return dict(prompt=prompt["id"], width=width, depth=depth, status=fp.status, distances=distances,
+                nearest=names.get(fp.nearest, fp.nearest), min_mass=round(mass, 4), text=text)
 
 
 def main(argv=None):
@@ -560,10 +590,17 @@ def main(argv=None):
                    flip_estimator="llm_bridge.horizon: first_significant_flip, else detectable_drift at 80% power")
     prediction = None
     if args.run_spec is not None:
-        summary["run"] = run_summary(args.run_spec, tables)
+        where = where_it_goes(args.run_spec, settings, args.prompt_list[0])
+        summary["run"] = run_summary(args.run_spec, tables, where)
         prediction = runs.predict_target(args.run_spec)
     summary["advice"] = advise(tables["positions"], tables["vetoes"], tables["experts"],
                                tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction)
+    if args.run_spec is not None and min(summary["run"]["where"]["distances"].values()) > FAR:
+        w = summary["run"]["where"]
+        summary["advice"]["todo"].append(
+            f"Check your run's flags: on the teachers' own continuations it goes to none of the pools (nearest: "
+            f"{w['nearest']}, {min(w['distances'].values()):.2g} total variation away, more than {FAR:g}: a run that "
+            "learns from its teachers ends near one of them or one of their pools).")
     for name, df in tables.items():
         if name != "flip" or len(df):
             write_csv(out / FILES[name], df)

@@ -754,6 +754,9 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"]["target"] == "l" and summary["run"]["text"] in printed
+    where = summary["run"]["where"]                  # on the teachers' own 3 x 3 x 3 tree the run reaches l
+    assert where["status"] == "fixed point" and where["nearest"] == "l" and where["distances"]["l"] < 1e-6
+    assert "this run reaches l" in printed and min(where["distances"][k] for k in ("A", "g")) > 1e-4
     assert "TRL GKDTrainer beta=1.0 lmbda=1.0 seq_kd=False teachers=routed on the student's rollouts reaches l" in printed
     for name in ("positions.csv", "teacher_positions.csv", "vetoes.csv", "experts.csv", "flip.csv", "prompts.csv",
                  "summary.json", "report.html", "figures/diagnosis_strips.png"):

@@ -444,3 +444,26 @@ def test_the_losses_page_fixed_point_example_prints_what_it_says(capsys):
     assert printed.startswith("fixed point (computed predicted); ")
     numbers = [float(x) for x in re.findall(r"([\d.]+) from", printed)]
     assert [f"{x:.2g}" for x in numbers] == re.findall(r"([\d.]+) from", said)
+
+
+def test_a_tree_cut_from_served_teachers_is_their_own_conditionals():
+    """teacher_tree on finite-state teachers served as models (TabularLM): each state's row is the teacher's own
+    conditional on the mixture's top tokens, renormalised (width = n keeps everything: mass 1); where_on_teachers
+    then reaches the run's target on it."""
+    from test_backend import tree_bridge
+    tree, bridge = tree_bridge()
+    full = rd.teacher_tree(bridge, [tree.n], (0.3, 0.7), width=3, depth=3)
+    assert full.machine.S == 13 and np.allclose(full.mass, 1.0, atol=1e-6)
+    assert np.allclose(full.machine.log_probs[:, 0], tree.log_probs[:, tree.start][:, full.token_ids[0]], atol=1e-5)
+    mixture = np.logaddexp.reduce(np.log([0.3, 0.7])[:, None] + tree.log_probs[:, tree.start], axis=0)
+    assert list(full.token_ids[0]) == list(np.argsort(-mixture)[:3])
+    child = tree.next_state[tree.start, full.token_ids[0][0]]        # the first child is the top token's state
+    assert np.allclose(full.machine.log_probs[:, 1], tree.log_probs[:, child][:, full.token_ids[1]], atol=1e-5)
+    cut = rd.teacher_tree(bridge, [tree.n], (0.3, 0.7), width=2, depth=2)
+    kept = tree.log_probs[:, tree.start][:, cut.token_ids[0]]
+    assert cut.machine.S == 3 and np.allclose(cut.mass[:, 0], np.exp(kept).sum(-1), atol=1e-6)
+    assert np.allclose(cut.machine.log_probs[:, 0], kept - np.logaddexp.reduce(kept, axis=-1, keepdims=True), atol=1e-5)
+    fp, _ = rd.where_on_teachers(TRLRun(beta=0.0, lmbda=1.0, weights=(0.3, 0.7)), bridge, [tree.n])
+    assert fp.distances["A"] < 1e-6 and fp.distances["l"] > 1e-3
+    with pytest.raises(ValueError, match="width"):
+        rd.teacher_tree(bridge, [tree.n], (0.3, 0.7), width=1)
