@@ -537,8 +537,8 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
         effect = {"end": "a reverse-KL student learns not to stop", "template": "a reverse-KL student learns to "
                   "avoid the chat template's token (a template mismatch between teachers)",
                   "text": "reverse KL suppresses it"}[kind]
-        if target == "A":
-            verdict = "; ".join(parts) + f": your run's target A keeps it, so this does not bind"
+        if target in ("A", "mix"):
+            verdict = "; ".join(parts) + f": your run's target {prediction.label} keeps it, so this does not bind"
             action = "nothing to do for this run (it would bind under reverse KL)"
         else:
             verdict = "; ".join(parts) + f": {effect}"
