@@ -547,8 +547,8 @@ def test_fkl_and_rkl_runs_are_exposed_differently_to_the_planted_vetoes(tmp_path
                            .replace(", ", "\n"), "rkl.yaml")
     assert (fkl["target"], fkl["label"], rkl["target"], rkl["label"]) == ("A", "A", "l", "l")
     f, r = fkl["exposure"], rkl["exposure"]
-    assert f["target"] == ("TRL GKDTrainer beta=0.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' samples "
-                           "reaches A (the token-level mixture: forward KL, T1)")
+    assert f["target"] == ("TRL GKDTrainer beta=0.0 lmbda=0.0 seq_kd=True teachers=pooled temperature=0.9 on the "
+                           "teachers' samples reaches A (the token-level mixture: forward KL, T1)")
     assert f["vetoes"] == f"the vetoes do not bind: A keeps the mass the other teachers give {listing}"
     assert r["vetoes"] == f"{listing} will be driven to zero (l gives them at most {l_max:.2g})"
     assert f["experts"] == "at the 2 confident-expert positions it dilutes the expert (l would follow it)"
@@ -557,8 +557,8 @@ def test_fkl_and_rkl_runs_are_exposed_differently_to_the_planted_vetoes(tmp_path
     assert r["disagreement"] == f"at the {differs} positions where argmax A ≠ argmax l it teaches l's token"
     assert f["flip"] == r["flip"] == "a token-level target: the prefix flip (g's, T8) does not apply"
     assert f["notes"] == r["notes"] == ""
-    assert rkl["text"].startswith("TRL GKDTrainer beta=1.0 lmbda=0.0 seq_kd=True teachers=pooled on the teachers' "
-                                  f"samples reaches l (the local geometric pool: per-token reverse KL, T2): {listing} "
+    assert rkl["text"].startswith("TRL GKDTrainer beta=1.0 lmbda=0.0 seq_kd=True teachers=pooled temperature=0.9 "
+                                  f"on the teachers' samples reaches l (the local geometric pool: per-token reverse KL, T2): {listing} "
                                   "will be driven to zero")
 
 
