@@ -232,10 +232,13 @@ MODEL_CASES = [
     TRLRun(beta=0.0, lmbda=0.5, seq_kd=True), TRLRun(beta=1.0, lmbda=0.0, seq_kd=True, teachers="pooled"),
     TRLRun(trainer="DistillationTrainer"), TRLRun(trainer="DistillationTrainer", beta=0.0, temperature=2.0),
     LigerRun(), LigerRun(beta=0.0), LigerRun(weight_hard_loss=0.0), LigerRun(weight_hard_loss=0.0, beta=1.0, temperature=2.0),
+    LigerRun(weight_soft_loss=0.0), LigerRun(samples="student"), LigerRun(beta=0.0, samples="teacher", teachers="routed",
+                                                                          weight_hard_loss=0.0),
     VerlRun(loss_mode="k3", use_task_rewards=False), VerlRun(loss_mode="k2"), VerlRun(loss_mode="k1", use_policy_gradient=True),
     VerlRun(loss_mode="forward_kl_topk", topk=3, vocab_size=3), VerlRun(defaults="dataclass"),
     TorchRLRun(kl_direction="reverse"), TorchRLRun(kl_direction="forward"),
     NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False), NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0),
+    NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, kl_loss_weight=0.5, ce_loss_scale=0.5),
     NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0, reverse_kl=True),
     NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0, kd_loss_mode="averaged_logits"),
     TinkerRun(kl_discount_factor=0.0), TinkerRun(kl_discount_factor=1.0), TinkerRun(kl_discount_factor=0.5),
@@ -386,10 +389,17 @@ def test_the_librarys_own_step_followed_alone_goes_where_the_model_goes(run):
 
 
 @pytest.mark.oracle
-def test_verls_task_reward_is_part_of_its_step():
-    """use_task_rewards: with a task reward the library's step and the model both leave A, to the same point."""
-    fp = check_library(VerlRun(loss_mode="k3"), 2, reward=lambda y: 1.0 if y[0] == 0 else 0.0)
+@pytest.mark.parametrize("coefficient", [1.0, 0.25])
+def test_verls_task_reward_is_part_of_its_step(coefficient):
+    """use_task_rewards: with a task reward the library's step and the model both leave A, to the same point, and
+    a smaller distillation_loss_coef leaves it further (the task's gradient weighs more)."""
+    def reward(y):
+        return 1.0 if y[0] == 0 else 0.0
+    fp = check_library(VerlRun(loss_mode="k3", distillation_loss_coef=coefficient), 2, reward=reward)
     assert fp.distances["A"] > 1e-2
+    if coefficient < 1:
+        full = rd.fixed_point(VerlRun(loss_mode="k3", weights=WEIGHTS[2]), machine(2), reward=reward)
+        assert fp.distances["A"] > full.distances["A"] + 1e-2
 
 
 @pytest.mark.oracle
