@@ -246,12 +246,15 @@ def t_power(effect, se, df, level=0.95):
     p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
     if math.isfinite(p):
         return p
-    # scipy's noncentral t can return NaN at few df and a large noncentrality: integrate over the chi-square
-    # instead, T = (Z + nc) / s with s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)]
+    # scipy's noncentral t can return NaN at few df and a large noncentrality, and at many df (388 and a
+    # noncentrality of 39: its far tail is NaN): integrate over the chi-square instead, T = (Z + nc) / s with
+    # s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)], in the chi-square's
+    # quantiles u (v = chi2.ppf(u)): an integral over (0, 1) whose mass no df can move out of reach of the
+    # quadrature (over v in (0, inf) it sits in a window of width ~sqrt(df) near df, which quad misses)
     from scipy.integrate import quad
-    tail = lambda v: (stats.norm.cdf(nc - crit * math.sqrt(v / df)) + stats.norm.cdf(-nc - crit * math.sqrt(v / df))) \
-        * stats.chi2.pdf(v, df)                                                                   # noqa: E731
-    return float(quad(tail, 0, math.inf)[0])
+    tail = lambda u: (stats.norm.cdf(nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df))      # noqa: E731
+                      + stats.norm.cdf(-nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df)))
+    return float(quad(tail, 0, 1, limit=200)[0])
 
 
 def t_mde_80(se, df, level=0.95, power_target=0.8):

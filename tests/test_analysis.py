@@ -374,6 +374,25 @@ def test_t_power_with_one_df_matches_simulated_t_tests_where_scipys_nct_fails(mo
         assert verdicts.t_power(3 * se, se, df) == pytest.approx(p, abs=1e-7)
 
 
+@pytest.mark.parametrize("df", [100, 388, 10_000])
+def test_t_power_at_many_df_and_a_large_noncentrality_where_scipys_far_tail_is_nan(df, monkeypatch):
+    """At 389 clusters and an effect 39 se away scipy's nct.cdf(-crit) is NaN; the power is then ~1 (the
+    z-test's power, which the t-test's approaches at many df), not ~0 (the old fallback's quadrature over
+    (0, inf) missed the chi-square's mass near df). The fallback alone agrees with the noncentral t where
+    that is finite, and the power rises with the effect up to 1."""
+    from scipy import stats
+    assert verdicts.t_power(0.02, 0.01 / np.sqrt(389), 388) == pytest.approx(1.0, abs=1e-12)
+    for nc in (3.0, 39.4, 100.0):
+        assert verdicts.t_power(nc, 1.0, df) == pytest.approx(verdicts.power(nc, 1.0), abs=0.01)
+    grid = np.linspace(0.0, 60.0, 121)
+    powers = np.array([verdicts.t_power(nc, 1.0, df) for nc in grid])
+    assert np.all(np.diff(powers) >= -1e-12) and powers[-1] == pytest.approx(1.0, abs=1e-12)
+    exact = {nc: verdicts.t_power(nc, 1.0, df) for nc in (0.0, 0.5, 2.0, 3.0, 5.0)}
+    monkeypatch.setattr(stats.nct, "sf", lambda *a: np.nan)
+    for nc, p in exact.items():
+        assert verdicts.t_power(nc, 1.0, df) == pytest.approx(p, abs=1e-8)
+
+
 def test_separating_condition_reads_masks_skips_nan_properties_and_rows_state_their_side():
     held = [1, 1, 0, 0]                                        # 0 / 1 as ints: a mask, not indices
     assert verdicts.separating_condition(held, {"sep": [0.5, 0.4, 0.1, 0.2]}) == "sep > 0.3"
