@@ -608,7 +608,7 @@ def paired_row(claim, condition, final_runs, cut, separation, quick, tolerance=T
     x, est, lo, hi, verdict = decide(tolerance)
     n = len(x)
     base = dict(claim=claim, condition=condition, n_draws=len(log_ratio), n_decidable=n, n_hold=int((x < 0).sum()),
-                stated_condition="")
+                stated_condition="", condition_p=np.nan)
     rule = (f"a task draw decides when the unweighted fixed point is >= {MULTIPLE:g} x {tolerance:g} from l; 95% "
             f"t-interval over the decidable draws of the mean log ratio; wholly below 0: reproduces; wholly above: "
             f"does not; else inconclusive; fewer than {MIN_DECIDABLE} decidable draws: inconclusive")

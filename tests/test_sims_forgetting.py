@@ -305,6 +305,14 @@ def test_learning_rates_that_learn_b_have_mean_quality_strictly_below_learned():
     assert forgetting.learning_rates_that_learn(df) == [1e-2]           # a mean of exactly LEARNED does not learn
 
 
+def test_learning_rates_that_learn_b_use_the_mean_not_the_median():
+    """A rate whose runs mostly learn B (quality 0.001) but one of three fails (0.1): mean 0.034 >= 0.01, median
+    0.001: it does not learn B by the stated rule (mean quality < LEARNED)."""
+    from sims import forgetting
+    df = pd.DataFrame(dict(lr=[1e-2] * 3 + [1e-1] * 3, quality=[0.001, 0.001, 0.1, 0.001, 0.002, 0.003]))
+    assert forgetting.learning_rates_that_learn(df) == [1e-1]
+
+
 def _ratio(log_ratios, margin):
     from sims import forgetting
     return forgetting.ratio_row("claim", "condition", "stat", log_ratios, margin)
