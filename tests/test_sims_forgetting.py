@@ -35,6 +35,9 @@ def test_forgetting_quick_end_to_end(quick_forgetting):
     assert np.allclose(sums, 1.0, atol=1e-9)
     top = shares[shares.term != "higher order"].sort_values("share").groupby(["student", "outcome"]).tail(1)
     assert (top[top.outcome == "forgetting"].term == "lr").all()
+    from analysis.verdicts import QUICK
+    v = pd.read_csv(out / "verdicts.csv")
+    assert len(v) > 0 and (v.verdict == QUICK).all()                # a quick run decides nothing
 
 
 @pytest.mark.integration
