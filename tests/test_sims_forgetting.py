@@ -123,7 +123,7 @@ def test_e3_verdicts_compare_the_full_design_with_the_rates_that_learn_b():
                     learned = lr >= 1e-2
                     f = (0.05 * (1.0 + 4.0 * alpha) if learned else lr) * (1 + 0.01 * rng.normal())
                     rows.append(dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective=objective,
-                                     clip=False, storage="float32", seed=seed, forgetting=f,
+                                     clip=False, storage="float32", pair=seed, seed=0, forgetting=f,
                                      quality=0.001 if learned else 0.2, sparsity=0.5, sparsity_bf16=0.5))
     v = pd.DataFrame(forgetting.verdicts(pd.DataFrame(rows), "loglinear")).set_index(["claim", "condition"]).verdict
     assert forgetting.learning_rates_that_learn(pd.DataFrame(rows)) == [1e-2, 1e-1]
@@ -150,7 +150,7 @@ def _frontier_design(alpha1):
     1e-3), (0.001, 1e-2); the alpha = 1 runs at ``alpha1`` (one pair per learning rate)."""
     alpha0 = [(0.009, 1e-4), (0.005, 1e-3), (0.001, 1e-2)]
     return pd.DataFrame([dict(lr=lr, schedule="constant", warmup=False, alpha=a, objective="fkl", clip=False,
-                              storage="float32", seed=seed, quality=q, forgetting=f * (1 + 0.001 * seed),
+                              storage="float32", pair=seed, seed=0, quality=q, forgetting=f * (1 + 0.001 * seed),
                               sparsity=0.5, sparsity_bf16=0.5)
                          for seed in range(3) for a, pts in ((0.0, alpha0), (1.0, alpha1))
                          for lr, (q, f) in zip((1e-3, 1e-2, 1e-1), pts)])
@@ -196,7 +196,7 @@ def test_precision_rows_read_each_storage_and_the_served_copy():
             low = lr == 1e-4
             for storage, sparsity, served in (("float32", 0.6, 0.6), ("bf16", 0.1 if low else 0.6, 0.1 if low else 0.6),
                                               ("bf16-master", 0.6, 0.1 if low else 0.6)):
-                rows.append(dict(lr=lr, storage=storage, seed=seed, alpha=0.0, sparsity=sparsity + 0.01 * seed,
+                rows.append(dict(lr=lr, storage=storage, pair=seed, seed=0, alpha=0.0, sparsity=sparsity + 0.01 * seed,
                                  sparsity_bf16=served + 0.01 * seed))
     v = pd.DataFrame(forgetting.precision_rows(pd.DataFrame(rows))).set_index("condition")
     assert v.loc["loglinear, float32", "verdict"] == "does not reproduce"
@@ -231,7 +231,7 @@ def _default_design(seeds=3):
     rng = np.random.default_rng(1)
     quality = dict(zip(forgetting.FACTORS["lr"], (0.5, 0.2, 0.05, 0.005, 0.001)))
     return pd.DataFrame([dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective=objective, clip=False,
-                              storage="float32", seed=seed, quality=quality[lr] * (1 + 0.1 * rng.random()),
+                              storage="float32", pair=seed, seed=0, quality=quality[lr] * (1 + 0.1 * rng.random()),
                               forgetting=lr * (1 + 0.1 * alpha) * (1 + 0.05 * rng.random()), sparsity=0.5,
                               sparsity_bf16=0.5)
                          for seed in range(seeds) for lr in forgetting.FACTORS["lr"] for alpha in (0.0, 1.0)
@@ -254,7 +254,7 @@ def test_precision_rows_state_the_committed_texts():
     """The sparsity rows: the committed claim, condition and rule texts, and its statistic up to the
     two-decimal sparsities it quotes."""
     from sims import forgetting
-    rows = [dict(lr=lr, storage=storage, seed=seed, alpha=alpha, sparsity=0.5, sparsity_bf16=0.4)
+    rows = [dict(lr=lr, storage=storage, pair=seed, seed=0, alpha=alpha, sparsity=0.5, sparsity_bf16=0.4)
             for seed in range(3) for lr in (1e-4, 1e-1) for alpha in (0.0, 1.0)
             for storage in ("float32", "bf16", "bf16-master")]
     got = pd.DataFrame(forgetting.precision_rows(pd.DataFrame(rows)))
@@ -286,7 +286,7 @@ def test_shares_read_log10_outcomes_on_the_log_scale_and_fractions_as_they_are()
     labelled with its student, outcome and scale; one index over all outcomes."""
     from sims import forgetting
     rows = [dict(lr=lr, schedule="constant", warmup=False, alpha=alpha, objective="fkl", clip=False,
-                 storage="float32", seed=seed, forgetting=10.0 ** (i + j), quality=10.0 ** -(2 + i + 2 * j),
+                 storage="float32", pair=seed, seed=0, forgetting=10.0 ** (i + j), quality=10.0 ** -(2 + i + 2 * j),
                  sparsity=0.1 + 0.2 * i + 0.4 * j, sparsity_bf16=0.1 + 0.3 * i + 0.3 * j)
             for seed in range(2) for i, lr in enumerate((1e-3, 1e-1)) for j, alpha in enumerate((0.0, 1.0))]
     table = forgetting.shares(pd.DataFrame(rows), forgetting.FACTORS, "neural")
@@ -330,7 +330,7 @@ def test_ratio_row_maps_the_seed_interval_of_log_ratios_to_a_verdict():
     lo, hi = stats.t.interval(0.95, 1, loc=0.0, scale=stats.sem([0.001, -0.001]))
     assert (tight["estimate"], tight["lo"], tight["hi"]) == pytest.approx((1.0, np.exp(lo), np.exp(hi)), rel=1e-12)
     assert tight["verdict"] == "reproduces"
-    assert tight["statistic"] == "stat over 2 seeds, 95% t-interval"
+    assert tight["statistic"] == "stat over 2 task pairs, 95% t-interval"
     assert tight["rule"] == "interval within 1 +- 0.05: reproduces; outside it: does not; else inconclusive"
     assert _ratio([0.0], 0.05)["verdict"] == "inconclusive"                       # one seed: no interval
     assert _ratio([np.log(1.3), np.log(1.31)], 0.05)["verdict"] == "does not reproduce"
@@ -363,7 +363,7 @@ def _step_frontiers(alpha1):
     """Two seeds, one objective: alpha = 0 one run at (quality 0.001, forgetting 1); alpha = 1 the runs
     ``alpha1`` (quality, forgetting)."""
     return pd.DataFrame([dict(lr=0.1, schedule="constant", warmup=False, alpha=a, objective="fkl", clip=False,
-                              storage="float32", seed=seed, quality=q, forgetting=f)
+                              storage="float32", pair=seed, seed=0, quality=q, forgetting=f)
                          for seed in range(2) for a, runs in ((0.0, [(0.001, 1.0)]), (1.0, alpha1))
                          for q, f in runs])
 
@@ -371,13 +371,24 @@ def _step_frontiers(alpha1):
 def test_frontier_ratio_is_read_at_nine_log_spaced_qualities_up_to_learned():
     """The alpha = 1 frontier halves at quality 10^(-3 + 7.5/8), between the last two of the nine points
     10^(-3 + k/8), k = 0..8, of geomspace(0.001, LEARNED = 0.01, 9): the geometric mean ratio is
-    0.5^(1/9). The best quality both reach at exactly LEARNED: no quality to compare at, no row."""
+    0.5^(1/9). The best quality both reach at exactly LEARNED: no quality to compare at, a row without an
+    estimate (inconclusive), so that whether the row exists never depends on the run."""
     from sims import forgetting
     (row,) = forgetting.frontier_rows(_step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)]), "loglinear")
     assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9)
-    assert forgetting.frontier_rows(_step_frontiers([(0.01, 1.0)]), "loglinear") == []
-    # seed 0 never learns (its best quality both reach is at LEARNED): skipped, the seeds after it still read
+    (none,) = forgetting.frontier_rows(_step_frontiers([(0.01, 1.0)]), "loglinear")
+    assert np.isnan(none["estimate"]) and none["verdict"] == "inconclusive"
+    assert "0 of 2 task pairs reach quality < 0.01 at both alphas: no frontier to compare" in none["statistic"]
+    # pair 0 never learns (its best quality both reach is at LEARNED): skipped, the pairs after it still read
     mixed = _step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)])
-    mixed = pd.concat([mixed[mixed.seed == 0].assign(quality=0.02), mixed.assign(seed=mixed.seed + 1)])
+    mixed = pd.concat([mixed[mixed.pair == 0].assign(quality=0.02), mixed.assign(pair=mixed.pair + 1)])
     (row,) = forgetting.frontier_rows(mixed, "loglinear")
-    assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9) and "over 2 seeds" in row["statistic"]
+    assert row["estimate"] == pytest.approx(0.5 ** (1 / 9), rel=1e-9) and "over 2 task pairs" in row["statistic"]
+    assert "2 of 3 task pairs reach quality < 0.01" in row["statistic"]
+    # two seeds of one pair: their log ratios are averaged, one cluster (no interval)
+    two = _step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)]).assign(pair=0)
+    two = pd.concat([two.query("seed == 0"), two.query("seed == 0").assign(seed=1, forgetting=lambda d: d.forgetting
+                                                                            * np.where(d.alpha == 1.0, 0.5, 1.0))])
+    (row,) = forgetting.frontier_rows(two, "loglinear")
+    assert row["estimate"] == pytest.approx(np.sqrt(0.5 ** (1 / 9) * 0.5 ** (10 / 9)), rel=1e-9)
+    assert row["verdict"] == "inconclusive" and "over 1 task pairs" in row["statistic"]
