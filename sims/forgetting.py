@@ -8,7 +8,7 @@ A student that knows task A is distilled on task B (distillation.continual), on 
 independently (tasks.make_pair; 2 with --quick), each pair a cluster of the verdicts' intervals, so that a
 verdict speaks of task pairs, not of one pair's seeds. The log-linear student runs the full factorial: learning rate (5 values over 3 decades) x schedule (constant, linear, cosine) x warm-up
 (off, on) x alpha (0, 0.5, 1) x objective (FKL and RKL with the full conditionals, the gamma = 1 policy
-gradient) x clipping (off, on) x storage (float32, bf16), 2 seeds per task pair. The tiny Qwen2 runs a smaller
+gradient) x clipping (off, on) x storage (float32, bf16), 1 seed per task pair. The tiny Qwen2 runs a smaller
 factorial (learning rate x schedule constant / cosine x alpha 0 / 1 x FKL / RKL x storage; warm-up off,
 clipping on), 1 seed per task pair. Which knob governs each outcome is answered by the share of its
 variance over the design that each factor and each pair of factors explains (analysis.variance_shares,
@@ -67,7 +67,7 @@ from distillation.configs import SCHEDULES, STORAGES, ContinualConfig  # noqa: E
 # ------------------------------------------------------------------------------------------------
 SIZES = {                                    # default / --quick / --full
     "pairs": (8, 2, 16),                     # task pairs (A, B): the clusters of every interval
-    "loglinear_seeds": (2, 1, 4),            # ... and seeds per pair
+    "loglinear_seeds": (1, 1, 4),            # ... and seeds per pair
     "neural_seeds": (1, 1, 2),
     "steps": (150, 40, 300),
     "a_steps": (400, 100, 400),

@@ -175,9 +175,12 @@ def test_verdicts_follow_their_rules_on_synthetic_task_draws():
     ends = _draws({("tabular", 2, "sft", 1.0, False, "kl_arithmetic"): 0.03})
     assert _verdict(ends, "SFT is FKL").verdict == "does not reproduce"
     assert _verdict(_draws({("tabular", 2, "sft", 1.0, False, "kl_mixture"): 0.03}), "SFT is FKL").verdict == "reproduces"
-    # k1 must drive the logits to a vertex on every draw
-    tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0, 2.0, 21.0, 2.0]})
+    # k1 must drive the logits to a vertex on every draw: a centred logit beyond the project's vertex, 25
+    # (evaluation.DIVERGED_LOGIT); 21 (0.8 x 25, the old tolerance) is not a vertex
+    tame = _draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [26.0, 2.0, 26.0, 2.0]})
     assert _verdict(tame, "k1 as a loss").verdict == "mixed"
+    short = _verdict(_draws({("tabular", 2, "k1", 0.0, False, "max_logit"): [21.0] * 4}), "k1 as a loss")
+    assert short.verdict == "does not reproduce" and "> 25" in short.rule
     # the capacity row reads the capacity-limited student
     cap = _draws({("capacity", 2, "fkl", 1.0, False, "kl_arithmetic"): 0.05})
     assert _verdict(cap, "E1 FKL", "capacity").verdict == "does not reproduce"
@@ -393,7 +396,7 @@ def test_spectrum_figures_are_built_from_the_csvs(quick_spectrum, tmp_path):
 def _conclusion_frames(per_position):
     """Final-step frames for conclusions(): a tree (K = 2, clipping off) and a loop (H = 16) condition,
     every KL per position 0.001 except ``per_position`` {(objective, alpha, importance): value}; k1's
-    centred logit 21."""
+    centred logit 26 (beyond the vertex logit 25)."""
     rows = []
     for H, extra in ((3, dict(K=2, clip=False)), (16, dict(H=16, clip=False, task_seed=0))):
         for obj in ("fkl", "rkl", "k2", "k3", "pg0", "sft", "k1"):
@@ -403,7 +406,7 @@ def _conclusion_frames(per_position):
                 v = per_position.get((obj, a, imp), 0.001)
                 rows.append(dict(extra, objective=obj, alpha=a, importance=imp, switch=False, seed=0, step=300,
                                  horizon=H, kl_named=v * H, kl_arithmetic=v * H, kl_fixed_point=0.001 * H,
-                                 max_logit=21.0 if obj == "k1" else 1.0, diverged=False))
+                                 max_logit=26.0 if obj == "k1" else 1.0, diverged=False))
     frame = pd.DataFrame(rows)
     return (frame[frame.H.isna()].drop(columns=["H", "task_seed"]).astype({"K": int}),
             frame[frame.H.notna()].drop(columns="K").astype({"H": int, "task_seed": int}))
@@ -419,6 +422,9 @@ def test_conclusions_follow_the_numbers_they_quote():
     assert c[(tree, k2)] and c[(loop, k2)]
     assert c[(tree, "importance weights restore k2 on teacher samples")]
     assert c[(tree, "k1 as a loss on teacher samples diverges")]
+    tame = tab.assign(max_logit=np.where(tab.objective == "k1", 21.0, tab.max_logit))        # below the vertex 25
+    assert not rollout_spectrum.conclusions(tame, robust).set_index(["condition", "conclusion"]).holds[
+        (tree, "k1 as a loss on teacher samples diverges")]
     tab, robust = _conclusion_frames({**base, ("fkl", 1.0, False): 0.05, ("k2", 0.0, False): 0.001,
                                       ("k2", 0.0, True): 0.05})
     c = rollout_spectrum.conclusions(tab, robust).set_index(["condition", "conclusion"]).holds
