@@ -698,6 +698,23 @@ def test_e6_verdicts_against_each_pool_use_that_pool():
     assert (always.estimate, always.lo, always.hi, never.estimate, never.lo, never.hi) == (1, 1, 1, 0, 0, 0)
 
 
+def test_e6_censored_bound_is_taken_over_task_means_not_runs():
+    """Five tasks, two seeds each: on tasks 0 and 1 one seed reaches the offline KL early (scale 0.3, ratio about
+    1.2) and the other never (its budget, 5); on tasks 2-4 both reach it at scale 0.5 (about 2.2). The task means
+    put tasks 0 and 1 at sqrt(1.2 x 5) > 2.2, so the bound (the smallest of 5 task means) is the 0.5 tasks' ratio;
+    over the 10 runs it would be the 2nd smallest run, about 1.2."""
+    from sims import rlvr
+    first = _censored_design((0.3, 0.3, 0.5, 0.5, 0.5))
+    second = _censored_design((2.0, 2.0, 0.5, 0.5, 0.5)).assign(seed=1)
+    v = rlvr.verdicts(pd.concat([first, second], ignore_index=True))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
+    half = _log_linear_crossing(2000, 2500, 0.5 / 5, 0.5 / 6, 1 / 11) / 1000
+    early = _log_linear_crossing(1000, 1500, 0.3 / 3, 0.3 / 4, 1 / 11) / 1000
+    assert early < half < np.sqrt(early * 5.0)
+    assert kl.lo == pytest.approx(half, rel=1e-9) and "median of 5 task means" in kl.statistic
+    assert "reached in 8 of 10 runs" in kl.statistic and kl.verdict == "reproduces"
+
+
 def test_e6_censored_runs_reproduce_when_the_lower_bound_clears_1_with_a_run_reached():
     """Five tasks (the fewest with a 95% sign-test bound: the smallest of 5, 96.9%): four reach the offline KL
     between steps 4 and 5 (ratio about 2.2), one never (its budget, 5000 / 1000): the smallest task ratio is
