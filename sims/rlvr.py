@@ -72,7 +72,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from analysis.verdicts import (COLUMNS, QUICK, bound_verdict, check_margin, clusters_for_power, count_verdict,  # noqa: E402
                                effect_verdict, fieller, median_lower_bound, ratio_resolved, t_mde_80, t_power, tost,
@@ -420,7 +419,7 @@ def _e6_rows(runs, pool, f):
                 never = "" if reached.any() else "; never reached: the verdict may not rest on censored runs alone"
                 bound = (f"the {_ordinal(k)} smallest as a {confidence:.1%} lower bound on the median (sign test; "
                          f"a censored run's true cost can only raise it)" if k else
-                         f"too few for a 95% order-statistic lower bound on the median (>= 5 tasks)")
+                         "too few for a 95% order-statistic lower bound on the median (>= 5 tasks)")
                 said = (f" (the other {censored} at their budget, a lower bound on their cost: the estimate is at "
                         f"least the median shown{never}); median of {n} task means, {bound}")
             else:
