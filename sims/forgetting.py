@@ -173,22 +173,25 @@ def learning_rates_that_learn(df):
     return sorted(quality[quality < LEARNED].index)
 
 
+E3_SHARES = (("lr", "E3 the learning rate governs forgetting (share >= 0.5)", 0.5, False),    # (term, claim, bound,
+              ("alpha", "E3 the rollouts (alpha) do not govern forgetting (share <= 0.05)", 0.05, True))  # at most)
+
+
 def verdicts(df, student):
     """E3's verdicts for one student: the learning rate's and alpha's shares of the variance of log10
     forgetting over the full design and over the learning rates that learn B (where forgetting is
-    compared at a quality worth having), by stated bounds on the interval of each share over task pairs."""
+    compared at a quality worth having), by stated bounds on the interval of each share over task pairs.
+    Fewer than 2 rates that learn B: those rows say so (inconclusive, no estimate) rather than vanish."""
     rows = []
     designs = [("full design", df)]
     learned = learning_rates_that_learn(df)
+    among = f"learning rates that learn B (mean quality < {LEARNED:g}: {', '.join(f'{v:g}' for v in learned) or 'none'})"
     if len(learned) >= 2:
-        designs.append((f"learning rates that learn B (mean quality < {LEARNED:g}: {', '.join(f'{v:g}' for v in learned)})",
-                        df[df.lr.isin(learned)]))
+        designs.append((among, df[df.lr.isin(learned)]))
     for design, part in designs:
         table = shares(part, FACTORS, student)
         table = table[table.outcome == "forgetting"].set_index("term")
-        for term, claim, tol, at_most in (("lr", "E3 the learning rate governs forgetting (share >= 0.5)", 0.5, False),
-                                          ("alpha", "E3 the rollouts (alpha) do not govern forgetting (share <= 0.05)",
-                                           0.05, True)):
+        for term, claim, tol, at_most in E3_SHARES:
             share = table.loc[term] if term in table.index else None
             if share is None:
                 continue
@@ -197,6 +200,14 @@ def verdicts(df, student):
                                     f"pairs, 95% t-interval", share.share, share.lo, share.hi,
                                     f"interval {'<=' if at_most else '>='} {tol:g}: reproduces; on the other side: "
                                     f"does not; else inconclusive", bound_verdict(share.lo, share.hi, tol, at_most)))
+    if len(learned) < 2:                     # the rows are written all the same: their absence would hide the answer
+        for term, claim, tol, at_most in E3_SHARES:
+            if df[term].nunique() > 1:
+                rows.append(verdict_row(claim, f"{student}, {among}",
+                                        f"no share: fewer than 2 learning rates learn B (over {df[CLUSTER].nunique()} "
+                                        f"task pairs), so there is no design among them", np.nan, np.nan, np.nan,
+                                        f"interval {'<=' if at_most else '>='} {tol:g}: reproduces; on the other side: "
+                                        f"does not; else inconclusive", "inconclusive"))
     if {0.0, 1.0} <= set(df.alpha):
         rows += alpha_rows(df, student)
         rows += frontier_rows(df, student)
