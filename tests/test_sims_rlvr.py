@@ -382,7 +382,7 @@ def test_verdict_texts_are_those_of_the_committed_run(committed_verdicts):
     """The study page and gallery are generated from docs/verdicts/rlvr.csv: every (claim, condition) that
     verdicts() writes must be one of its pairs, every rule and statistic one of its texts up to the numbers."""
     from sims import rlvr
-    frames = [rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6), 0.1)),
+    frames = [rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6, rl_noise_sd=0.2), 0.1)),
               rlvr.verdicts(_with_fresh(_synthetic_curves(-0.05, 0.0, n=12, tasks=6), 0.0)),
               rlvr.verdicts(_e6_curves((0.5, 0.5, 2.0)).assign(ood_accuracy=0.1)).query("claim.str.startswith('E6')")]
     share = rlvr._share_row([-0.0003, -0.0021, 0.0102, 0.0312, -0.0107, 0.0159],
