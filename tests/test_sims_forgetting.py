@@ -25,7 +25,9 @@ def test_forgetting_quick_end_to_end(quick_forgetting):
                  "figures/forgetting_shares.png"):
         assert (out / name).exists(), name
     ll = pd.read_csv(out / "loglinear.csv")
-    assert len(ll) == len(forgetting.grid(forgetting.QUICK)) * forgetting.SIZES["loglinear_seeds"][1]
+    pairs = forgetting.SIZES["pairs"][1]                             # every cell of the grid on every task pair
+    assert sorted(ll.pair.unique()) == list(range(pairs))
+    assert len(ll) == pairs * len(forgetting.grid(forgetting.QUICK)) * forgetting.SIZES["loglinear_seeds"][1]
     by_lr = ll.groupby("lr").forgetting.mean()
     assert by_lr.iloc[-1] > 10 * by_lr.iloc[0] > 0                  # a larger learning rate forgets more
     bf16 = ll[ll.storage == "bf16"]
