@@ -4,13 +4,16 @@ by a rule written down beside it, so no sentence can disagree with its data.
 The vocabulary (``VERDICTS``): "reproduces", "reproduces under stated conditions" (a study that holds a
 claim only where a condition it names holds), "does not reproduce", "inconclusive" (the interval
 cannot decide; report the smallest effect the design could have seen, :func:`mde_80`), "mixed" (some
-decidable units hold the claim and no stated property separates them: :func:`draw_verdict`), and
-QUICK (a --quick run checks the pipeline, not the claims).
+decidable units hold the claim and no stated property separates them beyond chance: :func:`draw_verdict`;
+some units of :func:`count_verdict`), and QUICK (a --quick run checks the pipeline, not the claims).
 
     effect_verdict     a claimed effect of a sign, against the smallest effect that matters (a margin)
     bound_verdict      a claimed bound: a statistic at most (or at least) a tolerance
     decide_draws       per unit (task draw): can the design decide the claim there (the candidate targets
                        farther apart than MULTIPLE x the tolerance, the seed noise below it), and does it hold
+    separating_condition, separation_p
+                       a property's threshold that splits the holding units from the failing ones, and the
+                       chance that some property splits a random relabelling as well (a permutation p-value)
     draw_verdict       the verdict over the decidable units only, with a separating condition as data
     draw_row           the verdicts.csv row of draw_verdict, with the tolerance sensitivity (half, twice)
     count_verdict      a claimed bound checked on each of several units: every unit, none or some
@@ -22,6 +25,11 @@ QUICK (a --quick run checks the pipeline, not the claims).
                        it resolves a share (bounded, and not holding both 0 and 1)
     check_margin       an equivalence or non-superiority margin, refused unless below the effect under test
     clusters_for_power the clusters (tasks) a t-test needs for 80% power at an effect, from their spread
+    tost_power, tost_se_for_power, tost_clusters_for_power
+                       TOST's power to declare equivalence at a true effect of 0, the s.e. and the clusters
+                       it needs for 80%
+    median_lower_bound a distribution-free lower bound on a median (the sign test's order statistic), which
+                       cannot fall when a value rises: conservative where values are censored from below
 """
 
 import math
@@ -33,10 +41,12 @@ from scipy import stats
 VERDICTS = ("reproduces", "reproduces under stated conditions", "does not reproduce", "inconclusive", "mixed",
             "not decided (quick run)")
 COLUMNS = ("claim", "condition", "statistic", "estimate", "lo", "hi", "rule", "verdict")
-DRAW_COLUMNS = COLUMNS + ("n_draws", "n_decidable", "n_hold", "stated_condition", "verdict_half_tolerance",
-                          "verdict_twice_tolerance")
+DRAW_COLUMNS = COLUMNS + ("n_draws", "n_decidable", "n_hold", "stated_condition", "condition_p",
+                          "verdict_half_tolerance", "verdict_twice_tolerance")
 MULTIPLE = 3.0          # a draw decides only where the candidate targets are farther apart than MULTIPLE x tolerance
 MIN_DECIDABLE = 3       # fewer decidable draws than this: inconclusive
+MIN_SIDE = 2            # a condition is stated only with at least this many decidable units on each side of it ...
+CONDITION_ALPHA = 0.05  # ... and a permutation p-value (:func:`separation_p`) at most this
 QUICK = "not decided (quick run)"
 
 
@@ -83,12 +93,12 @@ def bound_verdict(lo, hi, tolerance, at_most=True):
 def count_verdict(values, tolerance, at_most=True):
     """The verdict on a claim checked on each of several independent units (task draws, random pairs):
     each unit's ``values`` must be <= ``tolerance`` (``at_most``) or > it. 'reproduces' when every unit
-    meets it, 'does not reproduce' when none does, else 'reproduces under stated conditions' (it holds
-    on some units only; the row says how many). Returns (verdict, met)."""
+    meets it, 'does not reproduce' when none does, else 'mixed' (it holds on some units only, the row says
+    how many, and no condition is stated: 'under stated conditions' needs one, :func:`draw_verdict`).
+    Returns (verdict, met)."""
     values = np.asarray(values, dtype=float)
     met = int((values <= tolerance).sum() if at_most else (values > tolerance).sum())
-    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0
-            else "reproduces under stated conditions"), met
+    return ("reproduces" if met == len(values) else "does not reproduce" if met == 0 else "mixed"), met
 
 
 def mde_80(se, level=0.95, power_target=0.8):
@@ -154,12 +164,32 @@ def decide_draws(values, tolerance, at_most=True, separation=None, noise=None, m
                              held=np.where(decidable, held, np.nan)))
 
 
+def _held(held):
+    held = np.asarray(held)
+    if held.dtype != bool:
+        raise ValueError(f"held must be booleans (a mask over the units), got dtype {held.dtype}")
+    return held
+
+
+def _splits(vals, k):
+    """The sets of ``k`` units (as frozensets of positions) that a threshold on ``vals`` puts on one side:
+    the k largest (if the k-th largest exceeds the next) and the k smallest (likewise)."""
+    order = np.argsort(vals, kind="stable")
+    out = set()
+    for side in (order[::-1], order):                 # the k largest, then the k smallest
+        inside, outside = vals[side[:k]], vals[side[k:]]
+        if inside.min() > outside.max() or inside.max() < outside.min():
+            out.add(frozenset(side[:k].tolist()))
+    return out
+
+
 def separating_condition(held, properties):
-    """A stated condition that separates the units where a claim holds from those where it does not: the
-    first of ``properties`` ({name: per-unit values}) with a threshold that puts every holding unit on one
-    side and every failing unit on the other. Returns 'name > t' or 'name <= t' (t midway between the two
-    groups), or None when no property separates them (or one group is empty)."""
-    held = np.asarray(held, dtype=bool)
+    """A condition that separates the units where a claim holds (``held``, booleans) from those where it
+    does not: the first of ``properties`` ({name: per-unit values}; one with a NaN is skipped) with a
+    threshold that puts every holding unit on one side and every failing unit on the other. Returns
+    'name > t' or 'name <= t' (t midway between the two groups), or None when no property separates them
+    (or one group is empty). Whether the split is more than chance is :func:`separation_p`'s."""
+    held = _held(held)
     if held.all() or not held.any():
         return None
     for name, vals in properties.items():
@@ -174,24 +204,50 @@ def separating_condition(held, properties):
     return None
 
 
-def draw_verdict(table, properties=None, min_decidable=MIN_DECIDABLE):
+def separation_p(held, properties):
+    """The permutation p-value of a separating condition: the share of the C(n, k) ways to choose which k of
+    the n units hold (k = those that do) that some property of ``properties`` (NaN-free) separates as
+    :func:`separating_condition` would, exactly. A property with distinct values separates 2 of them (the
+    k largest, the k smallest), so 1 holding unit of 3 is separated by chance with p = 2/3; 2 of 8 by one
+    property with p = 2/28. NaN when one group is empty."""
+    held = _held(held)
+    n, k = held.size, int(held.sum())
+    if k in (0, n):
+        return math.nan
+    hits = set()
+    for vals in properties.values():
+        vals = np.asarray(vals, dtype=float)
+        if not np.isnan(vals).any():
+            hits |= _splits(vals, k)
+    return len(hits) / math.comb(n, k)
+
+
+def draw_verdict(table, properties=None, min_decidable=MIN_DECIDABLE, min_side=MIN_SIDE, alpha=CONDITION_ALPHA):
     """The verdict over the decidable units of ``table`` (:func:`decide_draws`): fewer than
     ``min_decidable`` decidable units: 'inconclusive'; the claim holds on every decidable unit:
     'reproduces'; on none: 'does not reproduce'; on some: 'reproduces under stated conditions' when a
-    property of ``properties`` ({name: per-unit values}) separates them (:func:`separating_condition`),
-    else 'mixed'. Returns (verdict, n_decidable, n_hold, condition or '')."""
+    property of ``properties`` ({name: per-unit values}, read on the decidable units) separates them
+    (:func:`separating_condition`) with at least ``min_side`` decidable units on each side and a
+    permutation p-value (:func:`separation_p`) at most ``alpha``, else 'mixed'. Returns (verdict,
+    n_decidable, n_hold, the separating condition or '', its p-value or NaN); a condition that separates
+    the units but fails the minimum or the p-value is returned with a 'mixed' verdict, to be reported."""
     decided = table[table.decidable]
     n, hold = len(decided), int(decided.held.sum())
     if n < min_decidable:
-        return "inconclusive", n, hold, ""
+        return "inconclusive", n, hold, "", math.nan
     if hold == n:
-        return "reproduces", n, hold, ""
+        return "reproduces", n, hold, "", math.nan
     if hold == 0:
-        return "does not reproduce", n, hold, ""
+        return "does not reproduce", n, hold, "", math.nan
     idx = table.index[table.decidable]
-    cond = separating_condition(decided.held.to_numpy() > 0,
-                                {k: np.asarray(v, dtype=float)[idx] for k, v in (properties or {}).items()})
-    return ("reproduces under stated conditions", n, hold, cond) if cond else ("mixed", n, hold, "")
+    props = {k: np.asarray(v, dtype=float)[idx] for k, v in (properties or {}).items()}
+    held = decided.held.to_numpy() > 0
+    cond = separating_condition(held, props)
+    if not cond:
+        return "mixed", n, hold, "", math.nan
+    p = separation_p(held, props)
+    stated = min(hold, n - hold) >= min_side and p <= alpha
+    return ("reproduces under stated conditions" if stated else "mixed"), n, hold, cond, p
 
 
 def draw_row(claim, condition, statistic, values, tolerance, at_most=True, separation=None, noise=None,
@@ -206,22 +262,32 @@ def draw_row(claim, condition, statistic, values, tolerance, at_most=True, separ
     side = "<=" if at_most else ">"
     sep_tol = tolerance if separation_tolerance is None else separation_tolerance
     table = decide_draws(values, tolerance, at_most, separation, noise, multiple, sep_tol)
-    verdict, n, hold, cond = draw_verdict(table, properties, min_decidable)
+    verdict, n, hold, cond, p = draw_verdict(table, properties, min_decidable)
     shown = table.value[table.decidable] if n else table.value
     shown = shown[~np.isnan(shown)]
     est, lo, hi = shown.median(), shown.min(), shown.max()             # NaN when there is nothing to show
     sens = [draw_verdict(decide_draws(values, f * tolerance, at_most, separation, noise, multiple, f * sep_tol),
                          properties, min_decidable)[0] for f in (0.5, 2.0)]
-    rule = (f"a {unit} decides when the candidate targets are >= {multiple:g} x {sep_tol:g} apart and the seed "
-            f"s.d. < {tolerance:g}; on the decidable {unit}s (>= {min_decidable}): every one {side} {tolerance:g}: "
-            f"reproduces; none: does not; some: under stated conditions if a stated property separates them, "
-            f"else mixed; fewer: inconclusive")
+    clauses = ([f"the candidate targets are >= {multiple:g} x {sep_tol:g} apart"] if table.separation.notna().any()
+               else []) + ([f"the seed s.d. < {tolerance:g}"] if table.noise.notna().any() else [])
+    decides = (f"a {unit} decides when {' and '.join(clauses)}; " if clauses else
+               f"every {unit} with a value decides (no candidates or seed noise to tell apart); ")
+    rule = (f"{decides}on the decidable {unit}s (>= {min_decidable}): every one {side} {tolerance:g}: reproduces; "
+            f"none: does not; some: under stated conditions if a property separates them with >= {MIN_SIDE} "
+            f"{unit}s on each side and permutation p <= {CONDITION_ALPHA:g}, else mixed; fewer: inconclusive")
+    stated = verdict == "reproduces under stated conditions"
+    note = ""
+    if cond and not stated:
+        why = (f"fewer than {MIN_SIDE} {unit}s on a side" if min(hold, n - hold) < MIN_SIDE else
+               f"permutation p = {p:.2g} > {CONDITION_ALPHA:g}")
+        note = f"; {cond} separates them, but {why}: no condition stated"
     row = dict(claim=claim, condition=condition,
                statistic=f"{statistic}; {hold} of {n} decidable {unit}s {side} {tolerance:g} ({len(table)} {unit}s); "
-                         f"median [min, max] over the decidable {unit}s",
+                         f"median [min, max] over the decidable {unit}s{note}",
                estimate=float(est), lo=float(lo), hi=float(hi), rule=rule, verdict=QUICK if quick else verdict,
-               n_draws=len(table), n_decidable=n, n_hold=hold, stated_condition=cond,
-               verdict_half_tolerance=QUICK if quick else sens[0], verdict_twice_tolerance=QUICK if quick else sens[1])
+               n_draws=len(table), n_decidable=n, n_hold=hold, stated_condition=cond if stated else "",
+               condition_p=float(p), verdict_half_tolerance=QUICK if quick else sens[0],
+               verdict_twice_tolerance=QUICK if quick else sens[1])
     return row, table.assign(tolerance=tolerance)
 
 
@@ -246,12 +312,15 @@ def t_power(effect, se, df, level=0.95):
     p = float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
     if math.isfinite(p):
         return p
-    # scipy's noncentral t can return NaN at few df and a large noncentrality: integrate over the chi-square
-    # instead, T = (Z + nc) / s with s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)]
+    # scipy's noncentral t can return NaN at few df and a large noncentrality, and at many df (388 and a
+    # noncentrality of 39: its far tail is NaN): integrate over the chi-square instead, T = (Z + nc) / s with
+    # s^2 ~ chi2(df) / df, so P(|T| > crit) = E[Phi(nc - crit s) + Phi(-nc - crit s)], in the chi-square's
+    # quantiles u (v = chi2.ppf(u)): an integral over (0, 1) whose mass no df can move out of reach of the
+    # quadrature (over v in (0, inf) it sits in a window of width ~sqrt(df) near df, which quad misses)
     from scipy.integrate import quad
-    tail = lambda v: (stats.norm.cdf(nc - crit * math.sqrt(v / df)) + stats.norm.cdf(-nc - crit * math.sqrt(v / df))) \
-        * stats.chi2.pdf(v, df)                                                                   # noqa: E731
-    return float(quad(tail, 0, math.inf)[0])
+    tail = lambda u: (stats.norm.cdf(nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df))      # noqa: E731
+                      + stats.norm.cdf(-nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df)))
+    return float(quad(tail, 0, 1, limit=200)[0])
 
 
 def t_mde_80(se, df, level=0.95, power_target=0.8):
@@ -338,3 +407,76 @@ def clusters_for_power(sd, effect, level=0.95, power_target=0.8, most=1_000_000)
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+_NODES = 96
+
+
+def tost_power(sd, margin, n, alpha=0.05):
+    """TOST's power over ``n`` cluster means of spread ``sd`` to declare equivalence within +-``margin``
+    when the true effect is 0, exactly: with d = margin sqrt(n) / sd, t = t_{1 - alpha}(n - 1) and V ~
+    chi2(n - 1), both one-sided tests reject when |mean| < margin - t s.e., of probability
+    E[max(0, 2 Phi(d - t sqrt(V / (n - 1))) - 1)], integrated over V's quantiles up to where the bracket
+    reaches 0 (Gauss-Legendre in V's normal scores, 96 nodes: 1e-8 against adaptive quadrature)."""
+    if not (sd > 0 and margin > 0 and n >= 2):
+        raise ValueError(f"sd = {sd!r} and margin = {margin!r} must be > 0 and n = {n!r} >= 2")
+    df, d = n - 1, margin * math.sqrt(n) / sd
+    t = stats.t.ppf(1 - alpha, df)
+    # V's quantile u = Phi(z) in normal scores z: from z = -9 (u = 1e-19) to where the 90% interval grows wider
+    # than 2 margin (the bracket reaches 0), the integrand is smooth there: Gauss-Legendre
+    top = min(float(stats.norm.ppf(stats.chi2.cdf(df * (d / t) ** 2, df))), 9.0)
+    if top <= -9:
+        return 0.0
+    x, w = np.polynomial.legendre.leggauss(_NODES)
+    z = -9 + (top + 9) * (x + 1) / 2
+    inside = 2 * stats.norm.cdf(d - t * np.sqrt(stats.chi2.ppf(stats.norm.cdf(z), df) / df)) - 1
+    return min(1.0, float((top + 9) / 2 * w @ (np.maximum(inside, 0.0) * stats.norm.pdf(z))))
+
+
+def tost_se_for_power(margin, n, alpha=0.05, power_target=0.8):
+    """The largest standard error of a mean over ``n`` clusters at which TOST within +-``margin`` has power
+    ``power_target`` at a true effect of 0 (:func:`tost_power`; the power falls as the s.e. grows)."""
+    from scipy.optimize import brentq
+    if not (margin > 0 and n >= 2 and 0 < power_target < 1):
+        raise ValueError(f"margin = {margin!r} must be > 0, n = {n!r} >= 2 and power_target in (0, 1)")
+    short = lambda se: tost_power(se * math.sqrt(n), margin, n, alpha) - power_target    # noqa: E731
+    return float(brentq(short, 1e-9 * margin, margin, xtol=1e-14 * margin))
+
+
+def tost_clusters_for_power(sd, margin, alpha=0.05, power_target=0.8, most=10 ** 9):
+    """The fewest clusters n (>= 2) at which TOST within +-``margin`` over n cluster means of spread ``sd``
+    declares equivalence with probability ``power_target`` at a true effect of 0 (:func:`tost_power`);
+    None when even ``most`` do not. The design's answer to 'can this test ever say no effect'."""
+    if not (sd > 0 and math.isfinite(sd)):
+        raise ValueError(f"sd = {sd!r} must be a finite number > 0")
+    enough = lambda n: tost_power(sd, margin, n, alpha) >= power_target              # noqa: E731
+    if not enough(most):
+        return None
+    lo, hi = 1, 2
+    while not enough(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
+
+
+def median_lower_bound(values, level=0.95):
+    """A distribution-free lower confidence bound on the median of the distribution ``values`` are drawn
+    from: their k-th smallest, k the largest with P(Binomial(n, 1/2) <= k - 1) <= 1 - level (the sign
+    test's order statistic; its confidence is 1 - P(Binomial(n, 1/2) <= k - 1) >= level). An order statistic
+    does not fall when any value rises, so where some values are known only from below (censored at a
+    budget) the bound from them is at most the bound from the true values: conservative. Returns (bound, k,
+    confidence); (NaN, 0, NaN) when even the smallest value is not a bound at ``level`` (fewer than 5 values
+    at 95%)."""
+    x = np.sort(np.asarray(values, dtype=float))
+    if x.ndim != 1 or np.isnan(x).any():
+        raise ValueError("values must be a 1-d array of numbers without NaN")
+    if not 0 < level < 1:
+        raise ValueError(f"level = {level!r} must lie in (0, 1)")
+    k = 0
+    while k < x.size and stats.binom.cdf(k, x.size, 0.5) <= 1 - level:
+        k += 1
+    if k == 0:
+        return math.nan, 0, math.nan
+    return float(x[k - 1]), k, float(stats.binom.sf(k - 1, x.size, 0.5))

@@ -50,7 +50,8 @@ def verdict_text(r):
     text = f"**{r.verdict}**"
     condition = getattr(r, "stated_condition", "")
     if isinstance(condition, str) and condition:
-        text += f" ({condition})"
+        p = getattr(r, "condition_p", math.nan)
+        text += f" ({condition}; permutation p = {p:.2g})" if isinstance(p, float) and p == p else f" ({condition})"
     half, twice = getattr(r, "verdict_half_tolerance", r.verdict), getattr(r, "verdict_twice_tolerance", r.verdict)
     if isinstance(half, str) and (half, twice) != (r.verdict, r.verdict):
         text += f"; at half the tolerance: {half}, at twice: {twice}"

@@ -72,10 +72,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis  # noqa: E402
-from scipy import stats  # noqa: E402
 
-from analysis.verdicts import (COLUMNS, bound_verdict, check_margin, clusters_for_power, count_verdict,  # noqa: E402
-                               effect_verdict, fieller, ratio_resolved, t_mde_80, t_power, tost, verdict_row)
+from analysis.verdicts import (COLUMNS, QUICK, bound_verdict, check_margin, clusters_for_power, count_verdict,  # noqa: E402
+                               effect_verdict, fieller, median_lower_bound, ratio_resolved, t_mde_80, t_power, tost,
+                               tost_clusters_for_power, tost_se_for_power, verdict_row)
 from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 from distillation import evaluation, tasks, verifiable  # noqa: E402
 from distillation.configs import Method  # noqa: E402
@@ -226,6 +226,22 @@ def _edge_margin(edge):
     return check_margin(MARGIN_SHARE * edge, edge) if edge > 0 else None
 
 
+def _tost_design(se, n, margin):
+    """What TOST within +-``margin`` needs to say 'no effect' here, from the after-RL standard error ``se``
+    over ``n`` task means: the s.e. at which it has 80% power at a true difference of 0 (at these n tasks,
+    ``analysis.verdicts.tost_power``), how many times smaller that is than ``se``, and the tasks it needs at
+    the measured between-task spread (:func:`analysis.verdicts.tost_clusters_for_power`)."""
+    sd = max(se, 1e-12) * math.sqrt(n)
+    target = tost_se_for_power(margin, n)
+    said = f"TOST has 80% power at a true difference of 0 with {n} tasks only if the s.e. is <= {target:.3g}"
+    if se <= target:
+        return f"{said} (measured {se:.3g}: the design can show 'no effect')"
+    need = tost_clusters_for_power(sd, margin)
+    return (f"{said}, {se / target:.2g}x smaller than the {se:.3g} measured: this design cannot show 'no effect'; at "
+            f"the measured between-task s.d. {sd:.3g} that needs "
+            + (f"{need:,} tasks ({need / n:.3g}x the {n})" if need else "more than 10^9 tasks"))
+
+
 def _t_tests(se, n):
     """(df, the t-test's MDE at 80% power) over ``n`` task means with standard error ``se``."""
     return (n - 1, t_mde_80(se, n - 1)) if n > 1 and se > 0 else (np.nan, np.nan)
@@ -273,7 +289,8 @@ def verdicts(curves, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
     cost = teacher tokens + f x student tokens; the on-policy arm's cost to reach the offline arm's final
     ID accuracy (within PARITY) and its final KL, crossings interpolated log-linearly between checkpoints,
     over the offline arm's cost, a geometric mean over task means; runs that never reach it count at their
-    budget and make the estimate 'at least' with a one-sided bound. And the reverse: whether the offline
+    budget and make the estimate 'at least': the median task mean with the sign test's order-statistic lower
+    bound (which a censored run's true cost can only raise; a t bound can fall). And the reverse: whether the offline
     arm reaches the on-policy arm's final KL within its steps (f-free)."""
     ends = stage_ends(curves)
     rows = []
@@ -315,7 +332,7 @@ def verdicts(curves, student_token_cost=DEFAULT_STUDENT_TOKEN_COST):
                 verdict = ("reproduces" if equivalent else "does not reproduce" if lo > 0 else "inconclusive")
                 pw = t_power(edge, max(se, 1e-12), n - 1)
                 tests = (f"TOST p = {p:.2g}; t-test with {n - 1} df: smallest effect detectable at 80% power "
-                         f"{mde:.3f}, power to see the pre-RL edge ({edge:+.3f}) {pw:.2f}")
+                         f"{mde:.3f}, power to see the pre-RL edge ({edge:+.3f}) {pw:.2f}; {_tost_design(se, n, margin)}")
                 rule = (f"TOST within +-{margin:.2g} ({MARGIN_SHARE:g} x the pre-RL edge): reproduces; interval "
                         f"above 0: does not; else inconclusive")
                 extra.update(margin=margin, power=pw)
@@ -367,8 +384,10 @@ E6_TARGETS = (   # (claim, the offline arm's end point it names, the e6_runs col
 def _e6_rows(runs, pool, f):
     """E6's rows at student-token price ``f``: the on-policy arms' cost to reach each end point of the
     offline arm of ``pool`` traces, over the offline arm's cost (:data:`E6_TARGETS`). Censored runs
-    (never reached within the budget) count at their budget: the estimate is then 'at least' with a
-    one-sided 95% bound (hi = inf), and may decide 'reproduces' only if some run reached it."""
+    (never reached within the budget) count at their budget, a lower bound on their cost: the estimate is
+    then 'at least' the median of the task means, with the sign test's 95% lower bound on the median (an
+    order statistic, :func:`analysis.verdicts.median_lower_bound`, conservative under censoring; hi = inf),
+    and may decide 'reproduces' only if some run reached it."""
     rows = []
     for (student, condition, method), g in runs.groupby(["student", "condition", "method"], sort=False):
         if method not in (on for on, _ in PAIRS.values()):
@@ -377,30 +396,45 @@ def _e6_rows(runs, pool, f):
             reached = g[column].notna()
             censored = int((~reached).sum())
             ratio = np.where(reached, g[column], g.cost) / g.offline_cost
-            est, lo, hi, se, n = task_clustered(np.log(ratio), g.task.to_numpy())
+            with np.errstate(divide="ignore"):
+                log_ratio = np.log(ratio)
+            est, lo, hi, se, n = task_clustered(log_ratio, g.task.to_numpy())
             df = n - 1 if n > 1 else np.nan
             where = f"{student}, {condition}, f = {f:g}, {method} against its offline arm ({pool:,} traces)"
             what = (f"on-policy cost (teacher tokens + {f:g} x student tokens) to reach the offline arm's {target} "
                     f"(interpolated log-linearly between checkpoints) over the offline arm's; reached in "
                     f"{int(reached.sum())} of {len(g)} runs")
+            if column == "cost_to_offline_accuracy":
+                what += (f"; final ID accuracy, mean over runs: offline arm {g.offline_id_accuracy.mean():.4f}, "
+                         f"on-policy arm {g.id_accuracy.mean():.4f}")
             if n < 2 or not np.isfinite(se):
                 said = ("; one task: no interval" if n < 2 else
                         "; a target reached at no cost makes a log ratio infinite: no interval")
                 verdict, lo, hi = "inconclusive", np.nan, np.nan
             elif censored:
-                lo, hi = est - stats.t.ppf(0.95, n - 1) * se, np.inf
+                means = pd.Series(log_ratio).groupby(g.task.to_numpy()).mean()
+                est, hi = float(means.median()), np.inf
+                lo, k, confidence = median_lower_bound(means)
                 verdict = "reproduces" if lo > 0 and reached.any() else "inconclusive"
                 never = "" if reached.any() else "; never reached: the verdict may not rest on censored runs alone"
-                said = (f" (the other {censored} at their budget: the estimate is at least the geometric mean "
-                        f"shown{never}); one-sided 95% t lower bound over {n} task means")
+                bound = (f"the {_ordinal(k)} smallest as a {confidence:.1%} lower bound on the median (sign test; "
+                         f"a censored run's true cost can only raise it)" if k else
+                         "too few for a 95% order-statistic lower bound on the median (>= 5 tasks)")
+                said = (f" (the other {censored} at their budget, a lower bound on their cost: the estimate is at "
+                        f"least the median shown{never}); median of {n} task means, {bound}")
             else:
                 verdict = effect_verdict(lo, hi, 1, 0.0)
                 said = f"; geometric mean of {n} task means, 95% t-interval over tasks"
             rule = ("ratio interval above 1 (on-policy costs more): reproduces; below 1: does not; else inconclusive; "
-                    "censored runs: only the one-sided lower bound above 1 decides (reproduces), with a run reached")
+                    "censored runs: the sign test's 95% lower bound on the median task ratio (an order statistic: "
+                    "conservative under censoring) above 1 decides (reproduces), with a run reached; else inconclusive")
             rows.append(_row(claim, where, ("at least: " if censored else "") + what + said, float(np.exp(est)),
                              float(np.exp(lo)), float(np.exp(hi)), rule, verdict, df=df, student_token_cost=f))
     return rows
+
+
+def _ordinal(k):
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(k, f"{k}th")
 
 
 def _reverse_rows(runs, pool):
@@ -421,7 +455,7 @@ def _reverse_rows(runs, pool):
             f"{len(g)} runs ({'never' if met == 0 else 'always' if met == len(g) else 'some'}); [min, max] over "
             f"tasks of the share", share, g.groupby("task").offline_reaches_kl.mean().min(),
             g.groupby("task").offline_reaches_kl.mean().max(),
-            "every run reaches it: reproduces; none (never): does not; some: under stated conditions", verdict))
+            "every run reaches it: reproduces; none (never): does not; some: mixed", verdict))
     return rows
 
 
@@ -453,7 +487,8 @@ def e6_runs(curves, references=None, student_token_cost=DEFAULT_STUDENT_TOKEN_CO
     ID accuracy; the KL at the reference offline method's cost (``references`` {objective: method}, default
     the pools of 1024 traces of PAIRS; its cost ``offline_cost``), the cost to reach the reference's final
     KL and its final ID accuracy (within PARITY) (:func:`crossing_cost`), and whether the reference reaches
-    this run's final KL at some checkpoint (``offline_reaches_kl``)."""
+    this run's final KL at some checkpoint (``offline_reaches_kl``) and its own final ID accuracy
+    (``offline_id_accuracy``)."""
     if not (student_token_cost >= 0 and np.isfinite(student_token_cost)):
         raise ValueError(f"student_token_cost = {student_token_cost!r} must be a finite number >= 0")
     references = references or {obj: off for obj, (_, off) in PAIRS.items()}
@@ -480,6 +515,7 @@ def e6_runs(curves, references=None, student_token_cost=DEFAULT_STUDENT_TOKEN_CO
                        cost_to_offline_kl=crossing_cost(run.cost, run.kl_target, ref_kl),
                        cost_to_offline_accuracy=crossing_cost(run.cost, -run.id_accuracy, -(ref_acc - PARITY)),
                        offline_cost=ref_cost, offline_reaches_kl=bool((ref.kl_target <= end.kl_target).any()),
+                       offline_id_accuracy=ref_acc,
                        student_token_cost=float(student_token_cost))
             per_run.append(row)
     return pd.DataFrame(per_run)
@@ -517,7 +553,12 @@ def main(argv=None):
     e4, e6 = e4_table(curves), e6_table(curves, args.student_token_cost)
     write_csv(os.path.join(args.out, "e4.csv"), e4)
     write_csv(os.path.join(args.out, "e6.csv"), e6)
-    write_csv(os.path.join(args.out, "verdicts.csv"), verdicts(curves, args.student_token_cost))
+    table = verdicts(curves, args.student_token_cost)
+    if args.quick:                           # 2 tasks and 30 steps check the pipeline, not the claims
+        table["verdict"] = QUICK
+        if not args.quiet:
+            print("a quick run checks the pipeline, not the claims: verdicts.csv decides nothing", file=sys.stderr)
+    write_csv(os.path.join(args.out, "verdicts.csv"), table)
     if not args.quiet:
         print(e4[e4.comparison.str.contains(" - ")].to_string(index=False, float_format=lambda v: f"{v:.3f}"),
               file=sys.stderr)

@@ -53,8 +53,6 @@ EQUIVALENT = {
     "analysis.verdicts.x_decide_draws__mutmut_25": "None given: np.asarray(None, dtype=float) broadcasts to NaN, the same as np.full(n, nan)",
     "analysis.verdicts.x_separating_condition__mutmut_10": _FLOAT_ARRAY,
     "analysis.verdicts.x_separating_condition__mutmut_12": _FLOAT_ARRAY,
-    "analysis.verdicts.x_separating_condition__mutmut_3": "held is built from comparisons (bool) or 0/1 floats, read only for truth: dtype None keeps the same truth values",
-    "analysis.verdicts.x_separating_condition__mutmut_5": "held is built from comparisons (bool) or 0/1 floats, read only for truth: dtype None keeps the same truth values",
     "analysis.verdicts.x_draw_verdict__mutmut_26": _FLOAT_ARRAY,
     "analysis.verdicts.x_draw_verdict__mutmut_28": _FLOAT_ARRAY,
     "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,

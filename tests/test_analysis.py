@@ -2,10 +2,13 @@
 known answers."""
 
 import itertools
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import analysis
 from analysis import verdicts
@@ -185,17 +188,67 @@ def test_separating_condition_finds_a_threshold_or_none():
     assert verdicts.separating_condition(np.array([True, True]), {"a": [1, 2]}) is None
 
 
+NAN = float("nan")
+
+
 @pytest.mark.parametrize("values, sep, expected", [
-    ([0.001] * 4, [1.0] * 4, ("reproduces", 4, 4, "")),
-    ([0.5] * 4, [1.0] * 4, ("does not reproduce", 4, 0, "")),
-    ([0.001, 0.001, 0.5, 0.5], [1.0, 0.9, 0.1, 0.2], ("reproduces under stated conditions", 4, 2, "sep > 0.55")),
-    ([0.001, 0.5, 0.001, 0.5], [1.0, 0.9, 0.1, 0.2], ("mixed", 4, 2, "")),
-    ([0.001, 0.001, 0.5, 0.5], [1.0, 1.0, 0.01, 0.01], ("inconclusive", 2, 2, "")),     # 2 of 4 decide: too few
-    ([0.001, 0.001, 0.001, 0.5], [1.0, 1.0, 1.0, 0.01], ("reproduces", 3, 3, "")),     # the failure cannot decide
+    ([0.001] * 4, [1.0] * 4, ("reproduces", 4, 4, "", NAN)),
+    ([0.5] * 4, [1.0] * 4, ("does not reproduce", 4, 0, "", NAN)),
+    # sep separates 2 of 4, but 2 of the C(4, 2) = 6 labellings are separated by any ordering: p = 1/3
+    ([0.001, 0.001, 0.5, 0.5], [1.0, 0.9, 0.1, 0.2], ("mixed", 4, 2, "sep > 0.55", 1 / 3)),
+    ([0.001, 0.5, 0.001, 0.5], [1.0, 0.9, 0.1, 0.2], ("mixed", 4, 2, "", NAN)),
+    ([0.001, 0.001, 0.5, 0.5], [1.0, 1.0, 0.01, 0.01], ("inconclusive", 2, 2, "", NAN)),     # 2 of 4 decide: too few
+    ([0.001, 0.001, 0.001, 0.5], [1.0, 1.0, 1.0, 0.01], ("reproduces", 3, 3, "", NAN)),     # the failure cannot decide
+    # 3 of 8 hold, separated by sep: p = 2 / C(8, 3) = 2/56 <= 0.05 and 3 and 5 per side: stated
+    ([0.001] * 3 + [0.5] * 5, [1.0, 0.9, 0.8, 0.5, 0.4, 0.3, 0.2, 0.1],
+     ("reproduces under stated conditions", 8, 3, "sep > 0.65", 2 / 56)),
+    # 2 of 8: p = 2 / C(8, 2) = 2/28 > 0.05: mixed, the condition reported
+    ([0.001] * 2 + [0.5] * 6, [1.0, 0.9, 0.8, 0.5, 0.4, 0.3, 0.2, 0.1], ("mixed", 8, 2, "sep > 0.85", 2 / 28)),
+    # 1 of 12: p = 2/12 and one unit on a side: mixed
+    ([0.001] + [0.5] * 11, list(np.linspace(1.0, 0.1, 12)), ("mixed", 12, 1, "sep > 0.959", 2 / 12)),
 ])
 def test_draw_verdict_counts_only_decidable_draws(values, sep, expected):
     table = verdicts.decide_draws(values, 0.01, separation=sep)
-    assert verdicts.draw_verdict(table, {"sep": sep}) == expected
+    got = verdicts.draw_verdict(table, {"sep": sep})
+    assert got[:4] == expected[:4] and got[4] == pytest.approx(expected[4], nan_ok=True)
+
+
+def test_a_condition_is_stated_only_with_enough_units_per_side_and_a_small_permutation_p():
+    """The minimum per side and the p-value bind separately: 2 of 10 holding (p = 2/45 <= 0.05, 2 per side)
+    is stated, 1 of 40 (p = 2/40 = 0.05, 1 on a side) is not; with min_side = 1 it is; alpha = 0.01
+    refuses 2/45; and E5's case, 1 of 3 decidable draws, is separated by chance with p = 2/3."""
+    def verdict(k, n, **kw):
+        table = verdicts.decide_draws([0.001] * k + [0.5] * (n - k), 0.01)
+        return verdicts.draw_verdict(table, {"p": np.arange(n, 0, -1.0)}, **kw)
+    assert verdict(2, 10)[0] == "reproduces under stated conditions" and verdict(2, 10)[4] == pytest.approx(2 / 45)
+    assert verdict(1, 40)[0] == "mixed" and verdict(1, 40, min_side=1)[0] == "reproduces under stated conditions"
+    assert verdict(2, 10, alpha=0.01)[0] == "mixed"
+    assert verdict(1, 3)[:4] == ("mixed", 3, 1, "p > 2.5") and verdict(1, 3)[4] == pytest.approx(2 / 3)
+
+
+def test_separation_p_is_the_exact_share_of_relabellings_some_property_separates():
+    """Against brute force over every labelling with the same counts, for random properties with ties,
+    one or two properties, and a property with a NaN skipped; held must be booleans."""
+    import itertools
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n = int(rng.integers(3, 9))
+        k = int(rng.integers(1, n))
+        props = {f"x{i}": rng.integers(0, 4, n).astype(float) for i in range(int(rng.integers(1, 3)))}
+        props["skipped"] = np.r_[np.nan, np.zeros(n - 1)]
+        held = np.zeros(n, bool)
+        held[rng.choice(n, k, replace=False)] = True
+        hits = 0
+        for ones in itertools.combinations(range(n), k):
+            mask = np.zeros(n, bool)
+            mask[list(ones)] = True
+            hits += verdicts.separating_condition(mask, props) is not None
+        assert verdicts.separation_p(held, props) == pytest.approx(hits / math.comb(n, k))
+    assert np.isnan(verdicts.separation_p(np.ones(3, bool), {"a": [1, 2, 3]}))
+    for bad in ([1, 1, 0, 0], [1.0, 0.0], np.array([2, 0])):
+        for f in (verdicts.separating_condition, verdicts.separation_p):
+            with pytest.raises(ValueError, match="booleans"):
+                f(bad, {"a": [1.0] * len(bad)})
 
 
 def test_draw_row_states_counts_rule_condition_and_sensitivity():
@@ -374,8 +427,163 @@ def test_t_power_with_one_df_matches_simulated_t_tests_where_scipys_nct_fails(mo
         assert verdicts.t_power(3 * se, se, df) == pytest.approx(p, abs=1e-7)
 
 
+@pytest.mark.parametrize("df", [100, 388, 10_000])
+def test_t_power_at_many_df_and_a_large_noncentrality_where_scipys_far_tail_is_nan(df, monkeypatch):
+    """At 389 clusters and an effect 39 se away scipy's nct.cdf(-crit) is NaN; the power is then ~1 (the
+    z-test's power, which the t-test's approaches at many df), not ~0 (the old fallback's quadrature over
+    (0, inf) missed the chi-square's mass near df). The fallback alone agrees with the noncentral t where
+    that is finite, and the power rises with the effect up to 1."""
+    from scipy import stats
+    assert verdicts.t_power(0.02, 0.01 / np.sqrt(389), 388) == pytest.approx(1.0, abs=1e-12)
+    for nc in (3.0, 39.4, 100.0):
+        assert verdicts.t_power(nc, 1.0, df) == pytest.approx(verdicts.power(nc, 1.0), abs=0.01)
+    grid = np.linspace(0.0, 60.0, 121)
+    powers = np.array([verdicts.t_power(nc, 1.0, df) for nc in grid])
+    assert np.all(np.diff(powers) >= -1e-12) and powers[-1] == pytest.approx(1.0, abs=1e-12)
+    exact = {nc: verdicts.t_power(nc, 1.0, df) for nc in (0.0, 0.5, 2.0, 3.0, 5.0)}
+    monkeypatch.setattr(stats.nct, "sf", lambda *a: np.nan)
+    for nc, p in exact.items():
+        assert verdicts.t_power(nc, 1.0, df) == pytest.approx(p, abs=1e-8)
+
+
+def test_tost_rejects_at_5_percent_per_side():
+    """TOST at alpha = 0.05 is two one-sided 5% tests (a 90% interval inside +-margin): a p of 0.04, between
+    2.5% and 5%, is equivalent at the default and not at alpha = 0.025; the normal and the t alike."""
+    p, eq = verdicts.tost(0.0, 1 / 1.7507, 1.0)                                # z = 1.7507: p = 0.0400
+    assert p == pytest.approx(0.0400, abs=1e-4) and eq is True and verdicts.tost(0.0, 1 / 1.7507, 1.0, alpha=0.025)[1] is False
+    p, eq = verdicts.tost(0.0, 0.125 / np.sqrt(3), 0.25, df=2)
+    assert 0.025 <= p < 0.05 and eq is True
+
+
+def _simulated_tost(sd, margin, n, reps=20000, seed=0):
+    from scipy import stats
+    x = np.random.default_rng(seed).normal(0.0, sd, (reps, n))
+    m, se = x.mean(axis=1), x.std(axis=1, ddof=1) / np.sqrt(n)
+    t = stats.t.ppf(0.95, n - 1)
+    return float(np.mean((m - t * se > -margin) & (m + t * se < margin)))
+
+
+@pytest.mark.parametrize("sd, margin, n", [(1.0, 0.5, 36), (1.0, 1.0, 12), (0.3, 0.25, 8)])
+def test_tost_power_and_the_clusters_it_needs_against_simulated_tosts(sd, margin, n):
+    """TOST's power at a true effect of 0 against 20,000 simulated TOSTs (3.5 binomial s.e. <= 0.012),
+    tost_clusters_for_power the first n with 80%, tost_se_for_power the s.e. where it is 80%."""
+    assert verdicts.tost_power(sd, margin, n) == pytest.approx(_simulated_tost(sd, margin, n), abs=0.012)
+    se = verdicts.tost_se_for_power(margin, n)
+    assert verdicts.tost_power(se * np.sqrt(n), margin, n) == pytest.approx(0.8, abs=1e-9)
+    assert (verdicts.tost_power(sd, margin, n) >= 0.8) == (sd / np.sqrt(n) <= se)
+    need = verdicts.tost_clusters_for_power(sd, margin)
+    brute = next(k for k in range(2, 10_000) if verdicts.tost_power(sd, margin, k) >= 0.8)
+    assert need == brute and _simulated_tost(sd, margin, need, seed=1) >= 0.8 - 0.012
+    assert need == 2 or _simulated_tost(sd, margin, need - 1, seed=2) < 0.8 + 0.012
+    assert verdicts.tost_clusters_for_power(sd, 1e-6 * margin, most=1000) is None
+    with pytest.raises(ValueError, match="sd = "):
+        verdicts.tost_clusters_for_power(0.0, margin)
+    with pytest.raises(ValueError, match="n = "):
+        verdicts.tost_power(sd, margin, 1)
+
+
+def test_median_lower_bound_is_the_sign_tests_order_statistic_and_covers():
+    """The k-th smallest, k the largest with P(Binomial(n, 1/2) <= k - 1) <= 0.05: none below 5 values, the
+    smallest of 5-7, the 2nd of 8-10, the 3rd of 11; its confidence; a simulated coverage of the median of
+    an exponential (skewed) within 3 s.e. of the stated confidence."""
+    for n, k in ((3, 0), (4, 0), (5, 1), (7, 1), (8, 2), (10, 2), (11, 3), (20, 6)):
+        bound, got, conf = verdicts.median_lower_bound(np.arange(n, 0, -1.0))
+        assert got == k
+        if k:
+            assert bound == k and conf == pytest.approx(1 - sum(math.comb(n, j) for j in range(k)) / 2 ** n)
+            assert conf >= 0.95 and 1 - sum(math.comb(n, j) for j in range(k + 1)) / 2 ** n < 0.95
+        else:
+            assert np.isnan(bound) and np.isnan(conf)
+    rng = np.random.default_rng(0)
+    for n in (5, 8, 12):
+        x = rng.exponential(1.0, (4000, n))
+        _, k, conf = verdicts.median_lower_bound(x[0])
+        bounds = np.sort(x, axis=1)[:, k - 1]
+        assert all(verdicts.median_lower_bound(row)[0] == b for row, b in zip(x[:50], bounds))
+        covered = np.mean(bounds <= np.log(2))
+        assert covered == pytest.approx(conf, abs=3 * np.sqrt(conf * (1 - conf) / 4000))
+    with pytest.raises(ValueError, match="NaN"):
+        verdicts.median_lower_bound([1.0, np.nan])
+    with pytest.raises(ValueError, match="level"):
+        verdicts.median_lower_bound([1.0] * 5, level=1.0)
+
+
+@given(st.lists(st.floats(-5, 5), min_size=1, max_size=16), st.data())
+def test_median_lower_bound_is_conservative_under_censoring(true, data):
+    """Values censored at a budget (recorded min(true, budget) with the budget at or below the truth for some):
+    the bound from the recorded values never exceeds the bound from the true ones (an order statistic does not
+    fall when a value rises), and raising one value never lowers it. A one-sided t bound has neither property."""
+    true = np.array(true)
+    budgets = np.array(data.draw(st.lists(st.floats(-5, 5), min_size=len(true), max_size=len(true))))
+    recorded = np.minimum(true, budgets)
+    lo_rec, k, _ = verdicts.median_lower_bound(recorded)
+    lo_true = verdicts.median_lower_bound(true)[0]
+    assert (k == 0 and np.isnan(lo_true)) or lo_rec <= lo_true
+    i = data.draw(st.integers(0, len(true) - 1))
+    raised = true.copy()
+    raised[i] += data.draw(st.floats(0, 10))
+    assert (k == 0) or verdicts.median_lower_bound(raised)[0] >= lo_true
+
+
+def test_a_t_bound_is_not_conservative_under_censoring():
+    """Why E6 does not use a t bound on censored values: raising one value (its true cost above the budget)
+    raises the s.d. and can lower the one-sided t bound below the one computed from the budget."""
+    from scipy import stats
+    def t_lower(x):
+        return x.mean() - stats.t.ppf(0.95, x.size - 1) * x.std(ddof=1) / np.sqrt(x.size)
+    recorded = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.2])
+    true = recorded.copy()
+    true[-1] = 5.0
+    assert t_lower(true) < t_lower(recorded)
+    assert verdicts.median_lower_bound(true)[0] >= verdicts.median_lower_bound(recorded)[0]
+
+
+def test_the_separating_property_is_read_on_the_decidable_draws_not_the_first_ones():
+    """Two undecidable draws first (their candidates 0.01 apart), then eight decidable ones of which the three
+    with the largest property hold: the condition is 'p > 4.5' read on the decidable draws; the first eight
+    draws' property values would not separate the same mask (mixed), or would state another condition."""
+    values = [0.5, 0.5] + [0.001] * 3 + [0.5] * 5
+    sep = [0.01, 0.01] + [1.0] * 8
+    prop = [0.0, 0.0, 10.0, 9.0, 8.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    table = verdicts.decide_draws(values, 0.01, separation=sep)
+    verdict, n, hold, cond, p = verdicts.draw_verdict(table, {"p": prop})
+    assert (verdict, n, hold, cond) == ("reproduces under stated conditions", 8, 3, "p > 4.5")
+    assert p == pytest.approx(1 / 56)                   # the 3 smallest of 8 tie with the rest: one split only
+    flipped = [9.0, 9.0, 0.0, 0.0, 0.0, 5.0, 5.0, 5.0, 5.0, 5.0]            # now the holding draws are the lowest
+    assert verdicts.draw_verdict(table, {"p": flipped})[3] == "p <= 2.5"
+
+
+def test_the_seed_noise_is_compared_with_the_statistics_tolerance_not_the_separations():
+    """A step-count statistic (tolerance 1000 steps) whose candidates are told apart at 0.01 nats: a seed s.d.
+    of 50 steps is below 1000 and decides; compared with 0.01 it would not (a k1-like row would go from
+    'reproduces, 8 decidable' to 'inconclusive, 0')."""
+    table = verdicts.decide_draws([500.0] * 8, 1000.0, separation=[0.1] * 8, noise=[50.0] * 8,
+                                  separation_tolerance=0.01)
+    assert table.decidable.all()
+    row, _ = verdicts.draw_row("c", "x", "steps", [500.0] * 8, 1000.0, separation=[0.1] * 8, noise=[50.0] * 8,
+                               separation_tolerance=0.01)
+    assert (row["verdict"], row["n_decidable"]) == ("reproduces", 8)
+    assert "the candidate targets are >= 3 x 0.01 apart and the seed s.d. < 1000" in row["rule"]
+    noisy = verdicts.decide_draws([500.0], 1000.0, separation=[0.1], noise=[1000.0], separation_tolerance=0.01)
+    assert not noisy.decidable[0]
+
+
+def test_rule_texts_print_only_the_clauses_a_row_applies():
+    """No separation given: no 'candidate targets' clause; no noise: no 'seed s.d.' clause (a row with
+    tolerance 0 printed 'seed s.d. < 0'); neither: every draw with a value decides."""
+    both = verdicts.draw_row("c", "x", "s", [0.1] * 3, 0.0, at_most=False, separation=[1.0] * 3, noise=[0.1] * 3,
+                             separation_tolerance=0.01)[0]["rule"]
+    assert "apart" in both and "seed s.d." in both
+    only_sep = verdicts.draw_row("c", "x", "s", [0.1] * 3, 0.0, at_most=False, separation=[1.0] * 3,
+                                 separation_tolerance=0.01)[0]["rule"]
+    assert "apart" in only_sep and "seed s.d." not in only_sep
+    neither = verdicts.draw_row("c", "x", "s", [0.1] * 3, 0.0, at_most=False)[0]
+    assert neither["rule"].startswith("every task draw with a value decides") and neither["verdict"] == "reproduces"
+    assert "x 0 apart" not in neither["rule"] and "s.d. < 0" not in neither["rule"]
+
+
 def test_separating_condition_reads_masks_skips_nan_properties_and_rows_state_their_side():
-    held = [1, 1, 0, 0]                                        # 0 / 1 as ints: a mask, not indices
+    held = [True, True, False, False]                          # a mask, not indices
     assert verdicts.separating_condition(held, {"sep": [0.5, 0.4, 0.1, 0.2]}) == "sep > 0.3"
     # a property with a missing value is skipped, the next one still tried
     assert verdicts.separating_condition(np.array(held, bool), {"a": [np.nan, 1, 0, 0], "b": [3, 3, 1, 1]}) == "b > 2"
@@ -390,11 +598,11 @@ def test_separating_condition_reads_masks_skips_nan_properties_and_rows_state_th
 def test_count_verdict_closed_cases():
     from analysis.verdicts import count_verdict
     assert count_verdict([0.001, 0.002], 0.01) == ("reproduces", 2)
-    assert count_verdict([0.1, 0.002], 0.01) == ("reproduces under stated conditions", 1)
+    assert count_verdict([0.1, 0.002], 0.01) == ("mixed", 1)          # some: no condition is stated
     assert count_verdict([0.1, 0.2], 0.01) == ("does not reproduce", 0)
     assert count_verdict([0.1, 0.2], 0.01, at_most=False) == ("reproduces", 2)
     assert count_verdict([0.01], 0.01) == ("reproduces", 1)              # the tolerance itself
-    assert count_verdict([0.01, 0.02], 0.01, at_most=False) == ("reproduces under stated conditions", 1)
+    assert count_verdict([0.01, 0.02], 0.01, at_most=False) == ("mixed", 1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -515,10 +723,14 @@ def test_draw_row_sensitivity_uses_the_same_noise_separation_tolerance_propertie
     def row(values, **kw):
         return verdicts.draw_row("c", "x", "s", values, 0.01, **kw)[0]
     sep, low = [0.2] * 4, [0.001] * 4
-    # twice the tolerance (0.02): three of four hold, a property separates them (not 3x: all would hold)
-    r = row([0.015, 0.015, 0.015, 0.025], separation=sep, noise=low, properties={"p": [1.0, 1.0, 1.0, 2.0]})
+    # twice the tolerance (0.02): five of eight hold, a property separates them (p = 2/56; not 3x: all would
+    # hold); with the last three at 1, 2, 2 the property does not separate: mixed
+    sep8, low8 = [0.2] * 8, [0.001] * 8
+    r = row([0.015] * 5 + [0.025] * 3, separation=sep8, noise=low8, properties={"p": [1.0] * 5 + [2.0] * 3})
     assert (r["verdict"], r["verdict_half_tolerance"]) == ("does not reproduce", "does not reproduce")
     assert r["verdict_twice_tolerance"] == "reproduces under stated conditions"
+    r = row([0.015] * 5 + [0.025] * 3, separation=sep8, noise=low8, properties={"p": [1.0] * 6 + [2.0] * 2})
+    assert r["verdict_twice_tolerance"] == "mixed"
     # the noise counts at twice the tolerance too: the noisy fourth draw cannot decide there
     r = row([0.015, 0.015, 0.015, 0.025], separation=sep, noise=[0.001, 0.001, 0.001, 0.03])
     assert r["verdict_twice_tolerance"] == "reproduces"

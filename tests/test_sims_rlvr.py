@@ -184,19 +184,50 @@ def test_e6_verdicts_per_student_token_price(f, ratio, verdict):
 
 def test_e6_censored_runs_make_a_lower_bound_and_never_is_a_result():
     """Two tasks reach the offline KL (between steps 4 and 5), one never: the estimate is at least the
-    geometric mean with the censored run at its budget, lo the one-sided t bound; the offline arm never
-    reaches the final KL of the tasks whose on-policy arm ends below 1/11."""
+    median task mean with the censored run at its budget; 3 tasks are too few for the sign test's 95% bound
+    (P(all 3 below the median) = 1/8): no bound, inconclusive; the offline arm never reaches the final KL of
+    the tasks whose on-policy arm ends below 1/11: some runs, mixed (no condition is stated)."""
     from sims import rlvr
     v = rlvr.verdicts(_e6_curves((0.5, 0.5, 2.0)).assign(ood_accuracy=0.1))
     kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
     reached = _log_linear_crossing(600, 750, 0.5 / 5, 0.5 / 6, 1 / 11) / 1000
-    logs = np.log([reached, reached, 1.5])
-    bound = logs.mean() - stats.t.ppf(0.95, 2) * logs.std(ddof=1) / np.sqrt(3)
-    assert kl.estimate == pytest.approx(np.exp(logs.mean()), rel=1e-9) and kl.lo == pytest.approx(np.exp(bound))
+    assert kl.estimate == pytest.approx(reached, rel=1e-9) and np.isnan(kl.lo)        # the median of 3
     assert kl.statistic.startswith("at least") and "reached in 2 of 3 runs" in kl.statistic
+    assert kl.statistic.endswith("median of 3 task means, too few for a 95% order-statistic lower bound on the "
+                                 "median (>= 5 tasks)")
     assert kl.verdict == "inconclusive" and kl.hi == np.inf
     reverse = v[v.claim.str.contains("offline arm reaches")].iloc[0]
-    assert reverse.verdict == "reproduces under stated conditions" and "1 of 3 runs" in reverse.statistic
+    assert reverse.verdict == "mixed" and "1 of 3 runs" in reverse.statistic and reverse.rule.endswith("some: mixed")
+
+
+def _censored_design(scales):
+    """_e6_curves at 500 teacher tokens and no student tokens a step: a task of scale c reaches the offline
+    arm's final KL 1/11 where c / (1 + step) <= 1/11 (between steps 3 and 4 for 0.4; never for 2)."""
+    curves = _e6_curves(scales)
+    on = curves.method == "on-policy FKL"
+    curves.loc[on, "teacher_tokens"] = 500 * curves.loc[on, "step"]
+    curves.loc[on, "student_tokens"] = 0
+    return curves.assign(ood_accuracy=0.1)
+
+
+def test_e6_censored_lower_bound_is_the_sign_tests_order_statistic_of_the_task_means():
+    """Eight tasks, two censored at their budget (5000 / 1000): the estimate is the median task ratio and lo
+    the 2nd smallest (P(Binomial(8, 1/2) <= 1) = 9/256: a 96.5% bound), here the task of scale 0.4, whose
+    crossing lies between steps 3 and 4; above 1: reproduces."""
+    from sims import rlvr
+    scales = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 2.0, 2.0)
+    v = rlvr.verdicts(_censored_design(scales))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
+    ratios = []
+    for c in scales[:6]:
+        s0 = np.floor(11 * c - 1)                                     # the last step above 1/11
+        ratios.append(_log_linear_crossing(500 * s0, 500 * (s0 + 1), c / (1 + s0), c / (2 + s0), 1 / 11) / 1000)
+    ratios = sorted(ratios) + [5.0, 5.0]
+    assert kl.lo == pytest.approx(ratios[1], rel=1e-9) and kl.estimate == pytest.approx(
+        np.exp(np.median(np.log(ratios))), rel=1e-9)
+    assert kl.verdict == "reproduces" and kl.hi == np.inf and "reached in 6 of 8 runs" in kl.statistic
+    assert kl.statistic.endswith("median of 8 task means, the 2nd smallest as a 96.5% lower bound on the median "
+                                 "(sign test; a censored run's true cost can only raise it)")
 
 
 def test_e6_table_reads_the_cost_at_its_price():
@@ -235,7 +266,7 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
     e4 = pd.read_csv(out / "e4.csv")
     assert e4.verdict.dropna().str.contains("edge").all() and len(e4.verdict.dropna()) == 16
     v = pd.read_csv(out / "verdicts.csv")
-    assert set(v.verdict) <= set(verdicts.VERDICTS)
+    assert (v.verdict == verdicts.QUICK).all()                # 2 tasks and 30 steps decide nothing
     e4_rows, e6_rows = v[v.claim.str.startswith("E4")], v[v.claim.str.startswith("E6")]
     assert len(e4_rows) == 2 * 2 * 2 * 5                      # students x conditions x objectives x claims
     assert len(e4_rows[e4_rows.claim.str.contains("control")]) == 24
@@ -245,7 +276,9 @@ def test_rlvr_quick_end_to_end(quick_rlvr):
         assert e6_rows.condition.str.contains(f"({pool} traces)", regex=False).sum() == n * (2 * 3 + 1), pool
     assert set(e6_rows.student_token_cost.dropna()) == set(rlvr.STUDENT_TOKEN_COSTS)
     one_task = v[v.condition.str.startswith("neural") & v.claim.str.contains("survive")]
-    assert (one_task.verdict == "inconclusive").all() and one_task.statistic.str.contains("one task").all()
+    assert one_task.statistic.str.contains("one task").all()
+    assert (rlvr.verdicts(curves).query("condition.str.startswith('neural') and claim.str.contains('survive')")
+            .verdict == "inconclusive").all()                 # what the rule says where the run is not quick
     e6 = pd.read_csv(out / "e6.csv")
     assert set(e6.method) == {m.method for m in rlvr.METHODS if m.objective}
     teachers = pd.read_csv(out / "teachers.csv")
@@ -349,7 +382,7 @@ def test_verdict_texts_are_those_of_the_committed_run(committed_verdicts):
     """The study page and gallery are generated from docs/verdicts/rlvr.csv: every (claim, condition) that
     verdicts() writes must be one of its pairs, every rule and statistic one of its texts up to the numbers."""
     from sims import rlvr
-    frames = [rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6), 0.1)),
+    frames = [rlvr.verdicts(_with_fresh(_synthetic_curves(0.1, 0.0, n=12, tasks=6, rl_noise_sd=0.2), 0.1)),
               rlvr.verdicts(_with_fresh(_synthetic_curves(-0.05, 0.0, n=12, tasks=6), 0.0)),
               rlvr.verdicts(_e6_curves((0.5, 0.5, 2.0)).assign(ood_accuracy=0.1)).query("claim.str.startswith('E6')")]
     share = rlvr._share_row([-0.0003, -0.0021, 0.0102, 0.0312, -0.0107, 0.0159],
@@ -458,6 +491,28 @@ def _exact_e4_curves(on_distil, on_rl, tasks=2, seeds=2):
             rows.append(dict(student="loglinear", condition="shared", task=task, seed=seed, method=method,
                              stage=stage, step=10, ood_accuracy=0.25 + (edge if on else 0.0), id_accuracy=0.5))
     return pd.DataFrame(rows)
+
+
+def test_e4_tost_decides_at_5_percent_per_side_and_the_row_states_what_the_design_needs():
+    """Pre-RL edges 0.5 on each of 3 tasks (margin 0.25); after RL -0.125, 0, +0.125: TOST p = t_2.sf(0.25 /
+    (0.125 / sqrt 3)) = 0.037, in [0.025, 0.05): equivalent at the 5% per side that TOST uses (a 90% interval
+    inside +-margin), so 'reproduces' (a 2.5% per side test would not). The row states the s.e. TOST needs and,
+    where the design falls short, the tasks it needs (from analysis.verdicts.tost_clusters_for_power)."""
+    from sims import rlvr
+    v = rlvr.verdicts(_exact_e4_curves([0.5, 0.5, 0.5], [-0.125, 0.0, 0.125], tasks=3))
+    survive = v[v.claim.str.contains("survive")].iloc[0]
+    p = stats.t.sf(0.25 / (0.125 / np.sqrt(3)), 2)
+    assert 0.025 <= p < 0.05 and f"TOST p = {p:.2g};" in survive.statistic and survive.verdict == "reproduces"
+    target = verdicts.tost_se_for_power(0.25, 3)
+    assert verdicts.tost_power(target * np.sqrt(3), 0.25, 3) == pytest.approx(0.8, abs=1e-9)
+    assert survive.statistic.endswith(f"TOST has 80% power at a true difference of 0 with 3 tasks only if the s.e. "
+                                      f"is <= {target:.3g}, {0.125 / np.sqrt(3) / target:.2g}x smaller than the "
+                                      f"{0.125 / np.sqrt(3):.3g} measured: this design cannot show 'no effect'; at the "
+                                      f"measured between-task s.d. 0.125 that needs 4 tasks (1.33x the 3)")
+    assert verdicts.tost_power(0.125, 0.25, 4) >= 0.8 > verdicts.tost_power(0.125, 0.25, 3)
+    tight = rlvr.verdicts(_exact_e4_curves([0.5] * 3, [-0.0625, 0.0, 0.0625], tasks=3))
+    assert tight[tight.claim.str.contains("survive")].statistic.iloc[0].endswith(
+        "(measured 0.0361: the design can show 'no effect')")
 
 
 def test_e4_rows_when_the_task_means_do_not_spread_or_cancel():
@@ -582,7 +637,7 @@ def test_e6_runs_columns_read_the_end_of_distillation_only():
     assert list(runs.columns) == [
         "student", "condition", "task", "seed", "method", "objective", "cost", "teacher_tokens", "student_tokens",
         "kl_target", "id_accuracy", "kl_at_offline_cost", "cost_to_offline_kl", "cost_to_offline_accuracy",
-        "offline_cost", "offline_reaches_kl", "student_token_cost"]
+        "offline_cost", "offline_reaches_kl", "offline_id_accuracy", "student_token_cost"]
     runs = runs.set_index("method")
     on, rkl = runs.loc["on-policy FKL"], runs.loc["on-policy RKL"]
     assert (on.seed, on.objective, on.teacher_tokens, on.student_tokens, on.cost) == (0, "fkl", 800, 200, 1400)
@@ -590,6 +645,7 @@ def test_e6_runs_columns_read_the_end_of_distillation_only():
     assert on.offline_reaches_kl                                   # the offline arm's 0.25 equals it: reached
     assert (rkl.seed, rkl.objective, rkl.kl_target) == (3, "rkl", 0.2) and not rkl.offline_reaches_kl
     assert runs.loc["offline RKL", "kl_target"] == 0.3
+    assert (runs.offline_id_accuracy == 0.5).all()                 # the offline arm's own, not the run's
 
 
 def test_e6_table_columns_with_one_run_per_method():
@@ -630,9 +686,10 @@ def test_e6_verdicts_against_each_pool_use_that_pool():
             pytest.approx(small / 4, rel=1e-12)
     kl = v[v.claim.str.contains("to reach the offline arm's final KL") & v.condition.str.contains("4,096")]
     assert len(kl) == 3 and (kl.verdict == "inconclusive").all() and (kl.hi == np.inf).all()
-    assert kl.statistic.str.endswith("(the other 3 at their budget: the estimate is at least the geometric mean "
-                                     "shown; never reached: the verdict may not rest on censored runs alone); "
-                                     "one-sided 95% t lower bound over 3 task means").all()
+    assert kl.statistic.str.endswith("(the other 3 at their budget, a lower bound on their cost: the estimate is at "
+                                     "least the median shown; never reached: the verdict may not rest on censored "
+                                     "runs alone); median of 3 task means, too few for a 95% order-statistic lower "
+                                     "bound on the median (>= 5 tasks)").all()
     reverse = v[v.claim.str.contains("offline arm reaches")].set_index("condition")
     always = reverse.loc["loglinear, shared, on-policy FKL's offline arm (4,096 traces)"]
     never = reverse.loc["loglinear, shared, on-policy FKL's offline arm (1,024 traces)"]
@@ -641,32 +698,50 @@ def test_e6_verdicts_against_each_pool_use_that_pool():
     assert (always.estimate, always.lo, always.hi, never.estimate, never.lo, never.hi) == (1, 1, 1, 0, 0, 0)
 
 
-def test_e6_censored_runs_reproduce_when_the_lower_bound_clears_1_with_a_run_reached():
-    """On-policy at 500 teacher tokens a step: two tasks reach the offline KL between steps 4 and 5 (ratio about
-    2.2), one never (its budget, 5000 / 1000): the one-sided lower bound on the log ratio is above 0 (below 1):
-    reproduces."""
+def test_e6_censored_bound_is_taken_over_task_means_not_runs():
+    """Five tasks, two seeds each: on tasks 0 and 1 one seed reaches the offline KL early (scale 0.3, ratio about
+    1.2) and the other never (its budget, 5); on tasks 2-4 both reach it at scale 0.5 (about 2.2). The task means
+    put tasks 0 and 1 at sqrt(1.2 x 5) > 2.2, so the bound (the smallest of 5 task means) is the 0.5 tasks' ratio;
+    over the 10 runs it would be the 2nd smallest run, about 1.2."""
     from sims import rlvr
-    curves = _e6_curves((0.5, 0.5, 2.0))
-    on = curves.method == "on-policy FKL"
-    curves.loc[on, "teacher_tokens"] = 500 * curves.loc[on, "step"]
-    curves.loc[on, "student_tokens"] = 0
-    v = rlvr.verdicts(curves.assign(ood_accuracy=0.1))
+    first = _censored_design((0.3, 0.3, 0.5, 0.5, 0.5))
+    second = _censored_design((2.0, 2.0, 0.5, 0.5, 0.5)).assign(seed=1)
+    v = rlvr.verdicts(pd.concat([first, second], ignore_index=True))
+    kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
+    half = _log_linear_crossing(2000, 2500, 0.5 / 5, 0.5 / 6, 1 / 11) / 1000
+    early = _log_linear_crossing(1000, 1500, 0.3 / 3, 0.3 / 4, 1 / 11) / 1000
+    assert early < half < np.sqrt(early * 5.0)
+    assert kl.lo == pytest.approx(half, rel=1e-9) and "median of 5 task means" in kl.statistic
+    assert "reached in 8 of 10 runs" in kl.statistic and kl.verdict == "reproduces"
+
+
+def test_e6_censored_runs_reproduce_when_the_lower_bound_clears_1_with_a_run_reached():
+    """Five tasks (the fewest with a 95% sign-test bound: the smallest of 5, 96.9%): four reach the offline KL
+    between steps 4 and 5 (ratio about 2.2), one never (its budget, 5000 / 1000): the smallest task ratio is
+    above 1: reproduces. With none reached the same bound decides nothing."""
+    from sims import rlvr
+    v = rlvr.verdicts(_censored_design((0.5, 0.5, 0.5, 0.5, 2.0)))
     kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
     reached = _log_linear_crossing(2000, 2500, 0.5 / 5, 0.5 / 6, 1 / 11) / 1000
-    logs = np.log([reached, reached, 5.0])
-    bound = logs.mean() - stats.t.ppf(0.95, 2) * logs.std(ddof=1) / np.sqrt(3)
-    assert 0 < bound < 1 and kl.lo == pytest.approx(np.exp(bound)) and kl.hi == np.inf
-    assert kl.verdict == "reproduces" and "reached in 2 of 3 runs (the other 1 at their budget" in kl.statistic
+    assert 1 < reached < 5 and kl.lo == pytest.approx(reached, rel=1e-9) and kl.hi == np.inf
+    assert kl.estimate == pytest.approx(reached, rel=1e-9)
+    assert kl.verdict == "reproduces" and "reached in 4 of 5 runs (the other 1 at their budget" in kl.statistic
+    assert "the 1st smallest as a 96.9% lower bound" in kl.statistic
+    never = rlvr.verdicts(_censored_design((2.0,) * 5))
+    kl = never[never.claim.str.contains("to reach the offline arm's final KL") & (never.student_token_cost == 1.0)]
+    assert kl.lo.iloc[0] == pytest.approx(5.0) and kl.verdict.iloc[0] == "inconclusive"
 
 
 def test_e6_a_ratio_of_exactly_1_is_not_a_higher_cost():
-    """Two tasks: one reaches the offline arm's final KL at its checkpoint costing exactly the offline arm's 1000
-    tokens, the other never does and its budget is 1000: every log ratio is 0, the lower bound 0, not above."""
+    """Five tasks: three reach the offline arm's final KL at their checkpoint costing exactly the offline arm's
+    1000 tokens, two never do and their budget is 1000: every log ratio is 0, the lower bound 0, not above."""
     from sims import rlvr
-    rows = (_arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3)
-            + _arm("on-policy FKL", "fkl", [0, 1000, 2000], [0] * 3, [1.0, 0.25, 0.2], [0.1, 0.5, 0.6])
-            + _arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3, task=1)
-            + _arm("on-policy FKL", "fkl", [0, 500, 1000], [0] * 3, [1.0, 0.5, 0.3], [0.1, 0.5, 0.6], task=1))
+    rows = []
+    for task in range(5):
+        rows += _arm("offline FKL", "fkl", [1000] * 3, [0] * 3, [1.0, 0.5, 0.25], [0.5] * 3, task=task)
+        rows += (_arm("on-policy FKL", "fkl", [0, 1000, 2000], [0] * 3, [1.0, 0.25, 0.2], [0.1, 0.5, 0.6], task=task)
+                 if task % 2 == 0 else
+                 _arm("on-policy FKL", "fkl", [0, 500, 1000], [0] * 3, [1.0, 0.5, 0.3], [0.1, 0.5, 0.6], task=task))
     v = rlvr.verdicts(pd.DataFrame(rows))
     kl = v[v.claim.str.contains("to reach the offline arm's final KL") & (v.student_token_cost == 1.0)].iloc[0]
     assert (kl.estimate, kl.lo, kl.hi) == (1.0, 1.0, np.inf) and kl.verdict == "inconclusive"
