@@ -400,6 +400,7 @@ def model_of(run):
 
 
 def gradient_of(surrogate, S, n):
+    """theta (S, n) numpy logits -> the expected update there (the gradient of ``surrogate``), as numpy."""
     def grad(theta_np):
         theta = torch.tensor(theta_np, dtype=torch.float64, requires_grad=True)
         g, = torch.autograd.grad(surrogate(theta), theta, allow_unused=True)
@@ -457,6 +458,7 @@ def tv(log_a, log_b):
 
 
 def log_softmax(theta):
+    """Each row's log-probabilities (numpy)."""
     return theta - np.logaddexp.reduce(theta, axis=-1, keepdims=True)
 
 

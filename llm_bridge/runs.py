@@ -569,7 +569,7 @@ def _verl(run):
         task = " and ".join(filter(None, [task, f"the clamp at {run.loss_max_clamp:g} does not bind"]))
     if run.loss_mode == "forward_kl_topk":
         if run.use_policy_gradient:
-            return Prediction("none", condition=task, source=source, reason=(
+            return Prediction("none", source=source, reason=(
                 "forward_kl_topk's value is one number per context (a KL over the teacher's top k), so as an advantage "
                 "it is the same for every token sampled there, and its expected policy gradient, A E_q grad ln q, is 0: "
                 "the student does not move (verl itself warns that the top-k signal is unused)"))

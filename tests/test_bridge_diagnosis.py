@@ -577,7 +577,8 @@ def test_a_sequence_level_run_is_exposed_to_the_measured_flips(tmp_path):
                                 f"{float(planted_tables()['vetoes'].l_prob.max()):.2g}, and g re-weights l by "
                                 "continuation partitions)")
     assert "the diagnosis followed other responses" in e["notes"]
-    none = planted_exposure(tmp_path, '{"library": "verl", "loss_mode": "k1"}', "none.json")["exposure"]
+    none = planted_exposure(tmp_path, '{"library": "llm_bridge", "loss": "kl_estimator_loss", "estimator": "k1"}',
+                            "none.json")["exposure"]
     assert none["vetoes"].startswith("it reaches no pool") and none["flip"] == ""
     tables = planted_tables()
     summary = dict(summarise(tables["positions"], tables["vetoes"], tables["experts"], tables["flip"]), run=said,
@@ -757,7 +758,8 @@ def test_smollm2_command_line_end_to_end_and_resume(tmp_path, capsys):
     where = summary["run"]["where"]                  # on the teachers' own 3 x 3 x 3 tree the run reaches l
     assert where["status"] == "fixed point" and where["nearest"] == "l" and where["distances"]["l"] < 1e-6
     assert "this run reaches l" in printed and min(where["distances"][k] for k in ("A", "g")) > 1e-4
-    assert "TRL GKDTrainer beta=1.0 lmbda=1.0 seq_kd=False teachers=routed on the student's rollouts reaches l" in printed
+    assert ("TRL GKDTrainer beta=1.0 lmbda=1.0 seq_kd=False teachers=routed temperature=0.9 on the student's rollouts "
+            "reaches l") in printed
     for name in ("positions.csv", "teacher_positions.csv", "vetoes.csv", "experts.csv", "flip.csv", "prompts.csv",
                  "summary.json", "report.html", "figures/diagnosis_strips.png"):
         assert (out / name).exists(), name

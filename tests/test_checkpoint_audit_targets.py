@@ -138,10 +138,11 @@ OWN_CASES = [
 LIBRARY_CASES = [
     (TRLRun(beta=0.0, lmbda=1.0, weights=WEIGHTS), trl_loss(0.0)),
     (TRLRun(beta=1.0, lmbda=1.0, weights=WEIGHTS), trl_loss(1.0)),
-    (TRLRun(beta=0.0, lmbda=0.0, seq_kd=True, weights=WEIGHTS), trl_loss(0.0, routed_traces=True)),
-    (VerlRun(loss_mode="k3", weights=WEIGHTS), verl_loss("k3")),
-    (VerlRun(loss_mode="k2", weights=WEIGHTS), verl_loss("k2")),
-    (VerlRun(loss_mode="k1", use_policy_gradient=True, weights=WEIGHTS), verl_loss("k1", policy_gradient=True)),
+    (TRLRun(beta=0.0, lmbda=0.0, seq_kd=True, temperature=1.0, weights=WEIGHTS), trl_loss(0.0, routed_traces=True)),
+    (VerlRun(loss_mode="k3", use_task_rewards=False, weights=WEIGHTS), verl_loss("k3")),
+    (VerlRun(loss_mode="k2", use_task_rewards=False, weights=WEIGHTS), verl_loss("k2")),
+    (VerlRun(loss_mode="k1", use_policy_gradient=True, use_task_rewards=False, weights=WEIGHTS),
+     verl_loss("k1", policy_gradient=True)),
 ]
 
 

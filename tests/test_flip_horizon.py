@@ -26,7 +26,7 @@ def test_questions_file_is_shipped_and_valid():
     for q in qs:
         assert q["correct"] != q["incorrect"] and q["correct"] in q["options"]
     text = (REPO / "pyproject.toml").read_text()
-    assert "data/*.jsonl" in text                          # package data: installed with llm_bridge
+    assert '"llm_bridge.data" = ["*.jsonl"]' in text        # package data: installed with llm_bridge
 
 
 @pytest.mark.integration
