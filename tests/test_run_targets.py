@@ -235,6 +235,7 @@ MODEL_CASES = [
     LigerRun(weight_soft_loss=0.0), LigerRun(samples="student"), LigerRun(beta=0.0, samples="teacher", teachers="routed",
                                                                           weight_hard_loss=0.0),
     VerlRun(loss_mode="k3", use_task_rewards=False), VerlRun(loss_mode="k2"), VerlRun(loss_mode="k1", use_policy_gradient=True),
+    VerlRun(loss_mode="k2", use_task_rewards=False), VerlRun(loss_mode="k1", use_policy_gradient=True, use_task_rewards=False),
     VerlRun(loss_mode="forward_kl_topk", topk=3, vocab_size=3), VerlRun(defaults="dataclass"),
     TorchRLRun(kl_direction="reverse"), TorchRLRun(kl_direction="forward"),
     NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False), NeMoRLRun(loss_fn=XTOKEN, dynamic_loss_scaling=False, ce_loss_scale=0.0),
