@@ -125,6 +125,7 @@ class InProcess:
             lp = torch.stack([self.teachers.log_softmax(f(r, at), self.models[j].temperature)
                               for j, f in zip(models, feats)])
             yield r, t, lp
+            del lp                      # one block alive at a time (the caller drops its reference too)
 
     @torch.no_grad()
     def score(self, rows, models=None):

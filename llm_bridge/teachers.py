@@ -147,6 +147,7 @@ class Teachers:
             path[:, t] = lp.gather(2, target[tt][None, :, None].expand(self.K, -1, 1))[..., 0].double().cpu().numpy()
             if full:
                 out_full[:, t] = lp.double().cpu().numpy()
+            del lp                      # before the next block is made: memory O(block x n)
         return (path, out_full) if full else path
 
     def path_analysis(self, prompt_ids, continuation_ids, chunk=256):

@@ -321,6 +321,13 @@ def test_fixed_point_refuses_bad_input():
 # ------------------------------------------------------------------------------------------------
 # oracle tier: the library's own training step stops where the model of the run does
 # ------------------------------------------------------------------------------------------------
+def has_flat_region(run):
+    """Runs whose loss is constant on a region of students (a clamp on the per-token loss, the absolute value's
+    kink, a top-k support): their stationary points form a set, so a root solved from the model's point may
+    lawfully wander along it; only the update's equality and its vanishing at the model's point are checked."""
+    return isinstance(run, VerlRun) and (run.loss_max_clamp is not None or run.loss_mode in ("abs", "forward_kl_topk"))
+
+
 def check_library(run, K, solve_from_uniform=False, **kw):
     """The library's own step against the model of the run (fixed_point): (1) their expected updates are
     equal at the uniform start, at three random students and where the model stops; (2) where the model
@@ -343,9 +350,9 @@ def check_library(run, K, solve_from_uniform=False, **kw):
         if fp.status == "fixed point":
             residual = np.abs(update(fp.log_probs)).max()
             assert residual < 1e-6
-            if residual > 1e-9:                   # the library's own root, solved from the model's point
+            if residual > 1e-9 and not has_flat_region(run):   # the library's own root, solved from the model's point
                 root, root_residual = rd.polish(surrogate, fp.log_probs)
-                assert root_residual < 1e-9
+                assert root_residual < 1e-6       # float32 libraries (Liger, DistillationTrainer) stop near 3e-8
                 assert rd.tv(rd.log_softmax(root), fp.log_probs)[fp.visited].max() <= TV_TOLERANCE
         if solve_from_uniform:
             log_q, residual, status = harness.library_fixed_point(run, m, **kw)
