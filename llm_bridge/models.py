@@ -168,6 +168,14 @@ def context_length(spec):
     return int(n) if isinstance(n, int) else None
 
 
+def model_folder(spec):
+    """The Hugging Face folder of a model (folder, .gguf file or package, as :func:`load_model` takes): a GGUF
+    model's safetensors copy, made once. It is what an inference server serves (``vllm serve <folder>``), so
+    that served and in-process teachers are the same weights."""
+    folder, gguf = resolve_model_path(spec)
+    return _cached_gguf(folder, gguf) if gguf is not None else folder
+
+
 def load_model(spec, device="cpu", dtype="auto"):
     """(model, tokenizer) from a folder, a .gguf file or a package; ``dtype`` 'auto' = float32 on CPU,
     bfloat16 on CUDA (the log-softmax is float32 either way)."""
@@ -179,9 +187,7 @@ def load_model(spec, device="cpu", dtype="auto"):
         dtype = "bfloat16" if dev.type == "cuda" else "float32"
     if dtype not in DTYPES:
         raise ValueError(f"dtype = {dtype!r} must be one of {sorted(DTYPES)} or 'auto'")
-    folder, gguf = resolve_model_path(spec)
-    if gguf is not None:
-        folder = _cached_gguf(folder, gguf)
+    folder = model_folder(spec)
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype]).to(dev).eval()
     return model, tok

@@ -1,0 +1,226 @@
+"""Teachers behind an inference server: vLLM's OpenAI-compatible ``/v1/completions`` (issue 43).
+
+A practitioner's teachers run on a server (vLLM, tensor- and pipeline-parallel, any number of GPUs or
+nodes); this backend asks it what :class:`llm_bridge.backend.InProcess` computes in process, in token ids
+(the prompt is sent as ids, answers come back as ids: ``return_tokens_as_token_ids``, ``return_token_ids``):
+
+    score(rows)                       ln p_j(c_t | template_j u prompt c_<t): exact (vLLM's prompt
+                                      log-probabilities, float32 logits, the same weights as in process)
+    top_k(rows, k)                    each position's k most likely tokens and their log-probabilities
+    generate(rows, max_tokens, rngs)  a response per row, sampled by the server at the teacher's
+                                      temperature with a seed drawn from the row's generator; it stops
+                                      after an end token (``stop_token_ids``; the model's own EOS ignored)
+
+Requests run concurrently, at most ``max_in_flight`` at a time, each with a timeout and ``retries``
+retries with exponential backoff for a refused connection, a timeout, a 5xx or a 429; anything else, or
+the last failure, is a :class:`ServerError` whose message is one line naming the server.
+
+What a server cannot give exactly: the full next-token distribution (all n log-probabilities per position
+come back only with ``--max-logprobs -1``, ~40x slower than in process), so ``distributions`` is not
+offered; and prompt log-probabilities at a temperature other than 1 (vLLM applies a request's temperature
+to generated tokens only): :meth:`Served.score` refuses a tempered teacher instead of answering at 1.
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aggregation.validate import check_int
+
+
+class ServerError(RuntimeError):
+    """A server that is down, times out or answers with an error: one line, naming the server."""
+
+
+@dataclass
+class ServedTeacher:
+    """One teacher on a server: its base ``url`` (``http://host:port``), the ``model`` name it is served
+    under, token ids put before every prompt (a persona / system turn), a temperature and a name."""
+    url: str
+    model: str
+    template_ids: list = field(default_factory=list)
+    temperature: float = 1.0
+    name: str = ""
+
+
+class Served:
+    """The served backend: ``teachers`` (:class:`ServedTeacher`), addressed by index j as in process.
+
+    vocab_size : the scored vocabulary n (ids in [0, n)); end_token_ids : ids a response stops after.
+    max_in_flight, timeout (seconds per request), retries, backoff (seconds before the first retry, doubled
+    each time): the transport."""
+
+    def __init__(self, teachers, vocab_size, end_token_ids=(), max_in_flight=8, timeout=120.0, retries=3,
+                 backoff=0.5):
+        self.models = list(teachers)
+        if not self.models:
+            raise ValueError("teachers is empty")
+        for i, t in enumerate(self.models):
+            if not isinstance(t, ServedTeacher):
+                raise ValueError(f"teachers[{i}] must be a ServedTeacher, got {type(t).__name__}")
+            if not str(t.url).startswith(("http://", "https://")):
+                raise ValueError(f"teachers[{i}].url = {t.url!r} must start with http:// or https://")
+            if not t.temperature > 0:
+                raise ValueError(f"teachers[{i}].temperature = {t.temperature} must be > 0")
+            if not t.name:
+                t.name = f"teacher{i}"
+        self.vocab_size = check_int(vocab_size, "vocab_size", 1)
+        self.end_token_ids = tuple(int(e) for e in end_token_ids)
+        self.max_in_flight = check_int(max_in_flight, "max_in_flight", 1)
+        self.retries = check_int(retries, "retries", 0)
+        if not timeout > 0 or not backoff >= 0:
+            raise ValueError(f"timeout = {timeout} must be > 0 and backoff = {backoff} >= 0")
+        self.timeout, self.backoff = float(timeout), float(backoff)
+
+    # -- transport -------------------------------------------------------------------------------
+    def _post(self, j, path, body):
+        t = self.models[j]
+        where = f"server {t.url} (model {t.model!r}, teacher {t.name!r})"
+        data = json.dumps({"model": t.model, **body}).encode()
+        for attempt in range(self.retries + 1):
+            req = urllib.request.Request(t.url.rstrip("/") + path, data=data,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as exc:
+                message = _error_message(exc)
+                if exc.code not in (429,) and exc.code < 500:
+                    raise ServerError(f"{where} answered {exc.code}: {message}") from None
+                failure = f"answered {exc.code}: {message}"
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                failure = f"is unreachable ({reason})"
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2 ** attempt)
+        raise ServerError(f"{where} {failure} after {self.retries + 1} tries")
+
+    def _map(self, calls):
+        """Run (j, path, body) requests concurrently, at most max_in_flight at a time; answers in order."""
+        if len(calls) == 1:
+            return [self._post(*calls[0])]
+        with ThreadPoolExecutor(max_workers=min(self.max_in_flight, len(calls))) as pool:
+            return list(pool.map(lambda c: self._post(*c), calls))
+
+    def _ids(self, rows, what):
+        out = []
+        for i, row in enumerate(rows):
+            ids = [int(a) for a in row]
+            bad = [a for a in ids if not 0 <= a < self.vocab_size]
+            if bad:
+                raise ValueError(f"{what}[{i}] holds id {bad[0]}, outside the vocabulary [0, {self.vocab_size})")
+            out.append(ids)
+        return out
+
+    def _models(self, models):
+        models = list(range(len(self.models))) if models is None else [int(j) for j in models]
+        bad = [j for j in models if not 0 <= j < len(self.models)]
+        if bad:
+            raise ValueError(f"models holds {bad[0]}, not a teacher index in [0, {len(self.models)})")
+        return models
+
+    # -- the tokenizer check ---------------------------------------------------------------------
+    def check_tokenizer(self, text, token_ids):
+        """Raise ValueError unless every server tokenizes ``text`` to ``token_ids`` (the ids this process's
+        tokenizer gives): teachers with different tokenizers cannot be pooled."""
+        want = [int(a) for a in token_ids]
+        answers = self._map([(j, "/tokenize", {"prompt": text, "add_special_tokens": False})
+                             for j in range(len(self.models))])
+        for t, a in zip(self.models, answers):
+            got = [int(x) for x in a.get("tokens", [])]
+            if got != want:
+                first = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                raise ValueError(f"server {t.url} (model {t.model!r}) tokenizes {text!r} differently from the "
+                                 f"local tokenizer: first difference at token {first} ({got[first:first + 3]} vs "
+                                 f"{want[first:first + 3]})")
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def _prompt_log_probs(self, rows, models, k):
+        """One request per (model, row): the log-probabilities of template + prompt + continuation's
+        continuation positions, with the top k (k = 0: the scored token only)."""
+        rows = [(p, c) for p, c in zip(self._ids([p for p, _ in rows], "prompts"),
+                                      self._ids([c for _, c in rows], "continuations"))]
+        for i, (p, _) in enumerate(rows):
+            if not p:
+                raise ValueError(f"prompts[{i}] is empty")
+        calls = [(j, "/v1/completions", {"prompt": list(self.models[j].template_ids) + p + c, "max_tokens": 1,
+                                         "temperature": 0.0, "prompt_logprobs": k, "echo": False})
+                 for j in models for p, c in rows]
+        answers = iter(self._map(calls))
+        out = []
+        for j in models:
+            for p, c in rows:
+                lp = answers.__next__()["choices"][0]["prompt_logprobs"]
+                start = len(self.models[j].template_ids) + len(p)
+                out.append((j, c, lp[start:start + len(c)]))
+        return out
+
+    def score(self, rows, models=None):
+        """ln p_j(c_t | template_j u prompt c_<t) for every row (prompt_ids, continuation_ids): a list of
+        (J, T_i) float64 arrays, as :meth:`llm_bridge.backend.InProcess.score` returns."""
+        models = self._models(models)
+        tempered = [self.models[j].name for j in models if self.models[j].temperature != 1.0]
+        if tempered:
+            raise ValueError(f"teacher {tempered[0]!r} has a temperature != 1: a server's prompt log-probabilities "
+                             "are at temperature 1, so its exact scores need the full distribution")
+        got = iter(self._prompt_log_probs(rows, models, 0))
+        out = [np.zeros((len(models), len(c))) for _, c in rows]
+        for a, _ in enumerate(models):
+            for i in range(len(rows)):
+                _, c, lp = next(got)
+                out[i][a] = [entry[str(tok)]["logprob"] for tok, entry in zip(c, lp)]
+        return out
+
+    def top_k(self, rows, k, models=None):
+        """Each continuation position's ``k`` most likely next tokens under each model (at temperature 1):
+        per row (ids (J, T, k) int64, log_probs (J, T, k) float64), most likely first. ``k`` is at most the
+        server's ``--max-logprobs``."""
+        k = check_int(k, "k", 1)
+        models = self._models(models)
+        got = iter(self._prompt_log_probs(rows, models, k))
+        out = [(np.zeros((len(models), len(c), k), dtype=np.int64), np.zeros((len(models), len(c), k)))
+               for _, c in rows]
+        for a, _ in enumerate(models):
+            for i in range(len(rows)):
+                _, c, lp = next(got)
+                for t, entry in enumerate(lp):
+                    best = sorted(((v["rank"], int(tok), v["logprob"]) for tok, v in entry.items()
+                                   if v["rank"] <= k))[:k]
+                    out[i][0][a, t] = [b[1] for b in best]
+                    out[i][1][a, t] = [b[2] for b in best]
+        return out
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, rows, max_tokens, rngs):
+        """Sample one response per row ``(j, prompt_ids)`` from teacher j at its temperature, at most
+        ``max_tokens`` tokens, stopping after an end token. ``rngs``: one numpy Generator per row; each row's
+        server seed is drawn from it, so the same generators give the same responses from the same server
+        (not the in-process backend's: the server draws its own uniforms). Returns token-id lists."""
+        max_tokens = check_int(max_tokens, "max_tokens", 1)
+        if len(rngs) != len(rows):
+            raise ValueError(f"rngs has {len(rngs)} entries for {len(rows)} rows")
+        models = self._models([j for j, _ in rows])
+        prompts = self._ids([p for _, p in rows], "prompts")
+        calls = [(j, "/v1/completions", {"prompt": list(self.models[j].template_ids) + p, "max_tokens": max_tokens,
+                                         "temperature": self.models[j].temperature, "top_p": 1.0, "top_k": -1,
+                                         "seed": int(g.integers(2 ** 31)), "ignore_eos": True,
+                                         "stop_token_ids": list(self.end_token_ids), "return_token_ids": True,
+                                         "skip_special_tokens": False})
+                 for j, p, g in zip(models, prompts, rngs)]
+        return [[int(a) for a in answer["choices"][0]["token_ids"]] for answer in self._map(calls)]
+
+
+def _error_message(exc):
+    """The server's own message of an HTTP error (vLLM: {"error": {"message": ...}}), on one line."""
+    try:
+        body = json.loads(exc.read())
+        message = body.get("error", body)
+        message = message.get("message", message) if isinstance(message, dict) else message
+    except (ValueError, OSError, AttributeError):
+        message = exc.reason
+    return " ".join(str(message).split())[:300]
