@@ -67,38 +67,46 @@ class InProcess:
         ``max_tokens`` tokens, stopping after an end token. ``rngs``: one numpy Generator per row (rows of
         one prompt may share one: each step the live rows draw in row order). Returns token-id lists.
 
-        Rows of models sharing one module run as one left-padded, KV-cached batch (templates differ: each
-        row is ``template_j + prompt``, left-padded and masked)."""
+        Rows of models sharing one module (personas of one model) run as one left-padded, KV-cached batch:
+        where their templates differ each row is ``template_j + prompt``; where all are the same the template
+        runs once and its KV cache is shared."""
         from .partition import _sample            # partition imports this module
         max_tokens = check_int(max_tokens, "max_tokens", 1)
         out = [[] for _ in rows]
         groups = {}
         for i, (j, _) in enumerate(rows):
-            groups.setdefault(j, []).append(i)
+            groups.setdefault(id(self.models[j].model), []).append(i)
         ends = set(self.end_token_ids)
         state = {}
-        for j, members in groups.items():
-            logits, cache, mask, pos = prefill(self.models[j], [rows[i][1] for i in members], 1, self.device)
-            state[j] = [logits[:, -1], cache, mask, pos, np.ones(len(members), dtype=bool),
-                        np.zeros(len(members), dtype=np.int64)]
+        for g, members in groups.items():
+            js = [rows[i][0] for i in members]
+            first = self.models[js[0]]
+            if all(list(self.models[j].template_ids) == list(first.template_ids) for j in js):
+                teacher, contexts = first, [rows[i][1] for i in members]
+            else:
+                teacher = Teacher(first.model)
+                contexts = [list(self.models[j].template_ids) + list(rows[i][1]) for i, j in zip(members, js)]
+            logits, cache, mask, pos = prefill(teacher, contexts, 1, self.device)
+            state[g] = [logits[:, -1], cache, mask, pos, np.ones(len(members), dtype=bool),
+                        np.zeros(len(members), dtype=np.int64), js, first.model]
         for t in range(max_tokens):
             # every live row draws, in row order (one prompt's rows draw from its generator in turn)
-            order = sorted((i, j, b) for j, members in groups.items() for b, i in enumerate(members) if state[j][4][b])
-            lp = torch.stack([self.teachers.log_softmax(state[j][0][b], self.models[j].temperature)
-                              for _, j, b in order]).double().cpu().numpy()
+            order = sorted((i, g, b) for g, members in groups.items() for b, i in enumerate(members) if state[g][4][b])
+            lp = torch.stack([self.teachers.log_softmax(state[g][0][b], self.models[state[g][6][b]].temperature)
+                              for _, g, b in order]).double().cpu().numpy()
             drawn = _sample(lp, Streams([(rngs[i], 1) for i, _, _ in order]))
-            for (i, j, b), a in zip(order, drawn):
+            for (i, g, b), a in zip(order, drawn):
                 out[i].append(int(a))
-                state[j][5][b] = a
+                state[g][5][b] = a
                 if int(a) in ends:
-                    state[j][4][b] = False
+                    state[g][4][b] = False
             if t == max_tokens - 1:
                 break
-            for j, st in state.items():
+            for st in state.values():
                 if st[4].any():
-                    _, cache, mask, pos, _, feed = st
+                    _, cache, mask, pos, _, feed, _, model = st
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-                    logits, cache = step(self.models[j].model, torch.from_numpy(feed).to(self.device), cache, mask, pos)
+                    logits, cache = step(model, torch.from_numpy(feed).to(self.device), cache, mask, pos)
                     st[:4] = [logits, cache, mask, pos + 1]
             if not any(st[4].any() for st in state.values()):
                 break

@@ -66,16 +66,28 @@ def test_a_templates_cache_is_shared_without_changing_a_transformers_models_scor
                 lp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
                 want = [float(lp[len(t) + len(p) - 1 + s, c[s]]) for s in range(len(c))]
                 np.testing.assert_allclose(g[k], want, atol=1e-5)
+    # generation: both personas in one batch (each row template + prompt), each at its own temperature;
+    # every token is what the row's plain forward pass over template + prompt + its tokens so far gives,
+    # drawn from the shared generator in row order at each step
+    # (a sharper model, so that a template or a temperature changes the tokens drawn)
+    temps = [1.0, 0.5]
+    model = tiny_model(vocab_size=40, seed=1, attention="eager").eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40.0)
+    hot = Teachers([Teacher(model, t, temps[i], name=f"p{i}") for i, t in enumerate(templates)], [0.5, 0.5],
+                   vocab_size=40)
     g = np.random.default_rng(4)
-    drawn = InProcess(bridge).generate([(0, [1, 2, 3]), (1, [11])], 5, [g, g])
+    prompts = [(0, [1, 2, 3]), (1, [11])]
+    drawn = InProcess(hot).generate(prompts, 5, [g, g])
     assert [len(d) for d in drawn] == [5, 5]
-    # the first tokens: each row's plain-forward distribution, sampled with the shared generator in row order
     from llm_bridge.partition import _sample
     ref = np.random.default_rng(4)
     with torch.no_grad():
-        for (k, p), d in zip([(0, [1, 2, 3]), (1, [11])], drawn):
-            lp = torch.log_softmax(model(input_ids=torch.tensor([templates[k] + p])).logits[0, -1].float(), -1)
-            assert int(_sample(lp.double().numpy()[None], ref)[0]) == d[0]
+        for s in range(5):
+            for (k, p), d in zip(prompts, drawn):
+                logits = model(input_ids=torch.tensor([templates[k] + p + d[:s]])).logits[0, -1].float()
+                lp = torch.log_softmax(logits / temps[k], -1)
+                assert int(_sample(lp.double().numpy()[None], ref)[0]) == d[s], (s, k)
 
 
 def test_streams_give_each_generator_its_own_sequence():
