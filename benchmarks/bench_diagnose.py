@@ -55,22 +55,6 @@ def prompts_file(n, folder):
     return path
 
 
-def run(cmd, cwd):
-    """(wall s, CPU s, peak RSS MB) of one fresh child process (``os.wait4``: its own rusage); it must succeed."""
-    import subprocess
-    with tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, PYTHONPATH=str(cwd), HF_HUB_OFFLINE="1"))
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        if os.waitstatus_to_exitcode(status) != 0:
-            err.seek(0)
-            lines = err.read().strip().splitlines()
-            raise SystemExit(f"{' '.join(map(str, cmd))} failed: {lines[-1] if lines else status}")
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=100)
@@ -84,6 +68,7 @@ def main():
     import pandas as pd
 
     from harness import write_csv
+    from timing import child_usage
     teachers = EXAMPLES / "teachers_end_veto.json"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +86,7 @@ def main():
         for r in range(args.rounds):
             for name, cwd, cmd in contenders:
                 load = os.getloadavg()[0]
-                wall, cpu, rss = run(cmd, cwd)
+                wall, cpu, rss = child_usage(cmd, cwd)
                 rows.append(dict(date=time.strftime("%Y-%m-%d %H:%M"), round=r, contender=name, prompts=args.prompts,
                                  teachers=2, tokens=args.tokens, threads=args.threads, cpus=os.cpu_count(), wall_s=wall,
                                  cpu_s=cpu, peak_rss_mb=rss, per_100_prompts_s=wall * 100 / args.prompts,

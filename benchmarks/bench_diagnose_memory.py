@@ -13,7 +13,6 @@ the same prompts, in turn with this one.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,22 +33,6 @@ PersonaTeachers(model, tok, personas, weights, fmt)
 """
 
 
-def peak(cmd, cwd):
-    """(wall seconds, peak RSS in MB) of one fresh child process (``os.wait4``: that child's own rusage)."""
-    with tempfile.TemporaryFile("w+") as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
-                                env=dict(os.environ, PYTHONPATH=str(cwd), HF_HUB_OFFLINE="1"))
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            lines = err.read().strip().splitlines()
-            raise SystemExit(f"{' '.join(map(str, cmd))} failed: {lines[-1] if lines else proc.returncode}")
-    return wall, usage.ru_maxrss / 1024          # Linux: kilobytes
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=8)
@@ -61,6 +44,7 @@ def main():
     import pandas as pd
 
     from harness import write_csv
+    from timing import child_usage
     teachers = EXAMPLES / "teachers_end_veto.json"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,7 +62,7 @@ def main():
                                 "--quiet"]))
         for name, cwd, cmd in contenders:
             load = os.getloadavg()[0]
-            wall, rss = peak(cmd, cwd)
+            wall, _, rss = child_usage(cmd, cwd)
             rows.append(dict(date=time.strftime("%Y-%m-%d %H:%M"), contender=name, prompts=args.prompts,
                              tokens=args.tokens, teachers=2, threads=args.threads, peak_rss_mb=rss, wall_s=wall,
                              load_before=load, load_after=os.getloadavg()[0]))

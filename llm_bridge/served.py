@@ -141,8 +141,8 @@ class Served:
 
     # -- scoring ---------------------------------------------------------------------------------
     def _prompt_log_probs(self, rows, models, k):
-        """One request per (model, row): the log-probabilities of template + prompt + continuation's
-        continuation positions, with the top k (k = 0: the scored token only)."""
+        """One request per (model, row), models outer: each row's continuation positions of vLLM's prompt
+        log-probabilities of template + prompt + continuation, with the top k (k = 0: the scored token only)."""
         rows = [(p, c) for p, c in zip(self._ids([p for p, _ in rows], "prompts"),
                                       self._ids([c for _, c in rows], "continuations"))]
         for i, (p, _) in enumerate(rows):
@@ -151,14 +151,10 @@ class Served:
         calls = [(j, "/v1/completions", {"prompt": list(self.models[j].template_ids) + p + c, "max_tokens": 1,
                                          "temperature": 0.0, "prompt_logprobs": k, "echo": False})
                  for j in models for p, c in rows]
-        answers = iter(self._map(calls))
-        out = []
-        for j in models:
-            for p, c in rows:
-                lp = answers.__next__()["choices"][0]["prompt_logprobs"]
-                start = len(self.models[j].template_ids) + len(p)
-                out.append((j, c, lp[start:start + len(c)]))
-        return out
+        starts = [len(self.models[j].template_ids) + len(p) for j in models for p, _ in rows]
+        lengths = [len(c) for _ in models for _, c in rows]
+        return [a["choices"][0]["prompt_logprobs"][start:start + n]
+                for a, start, n in zip(self._map(calls), starts, lengths)]
 
     def score(self, rows, models=None):
         """ln p_j(c_t | template_j u prompt c_<t) for every row (prompt_ids, continuation_ids): a list of
@@ -170,10 +166,9 @@ class Served:
                              "are at temperature 1, so its exact scores need the full distribution")
         got = iter(self._prompt_log_probs(rows, models, 0))
         out = [np.zeros((len(models), len(c))) for _, c in rows]
-        for a, _ in enumerate(models):
-            for i in range(len(rows)):
-                _, c, lp = next(got)
-                out[i][a] = [entry[str(tok)]["logprob"] for tok, entry in zip(c, lp)]
+        for a in range(len(models)):
+            for (_, c), o in zip(rows, out):
+                o[a] = [entry[str(int(tok))]["logprob"] for tok, entry in zip(c, next(got))]
         return out
 
     def top_k(self, rows, k, models=None):
@@ -185,10 +180,9 @@ class Served:
         got = iter(self._prompt_log_probs(rows, models, k))
         out = [(np.zeros((len(models), len(c), k), dtype=np.int64), np.zeros((len(models), len(c), k)))
                for _, c in rows]
-        for a, _ in enumerate(models):
+        for a in range(len(models)):
             for i in range(len(rows)):
-                _, c, lp = next(got)
-                for t, entry in enumerate(lp):
+                for t, entry in enumerate(next(got)):
                     best = sorted(((v["rank"], int(tok), v["logprob"]) for tok, v in entry.items()
                                    if v["rank"] <= k))[:k]
                     out[i][0][a, t] = [b[1] for b in best]
