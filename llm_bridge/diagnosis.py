@@ -333,10 +333,11 @@ def diagnose_stats(stats, weights, tokens, end_token_ids=(), template_token_ids=
                                            "a_prob", "l_prob", "reference_prob", "is_response_token"])
     e_rows, expert_at = [], [""] * T
     entropy = s["entropy"]
+    entropy_hi = s.get("entropy_hi", entropy)      # served: decided on the bounds (the expert's upper, the others' lower)
     for t in range(T):
         for k in keep:
             others = [int(i) for i in keep if i != k]
-            if not others or entropy[t, k] > th.expert_entropy:
+            if not others or entropy_hi[t, k] > th.expert_entropy:
                 continue
             low = min(entropy[t, i] for i in others)
             top = int(s["top"][t, k])
@@ -359,10 +360,15 @@ def diagnose_stats(stats, weights, tokens, end_token_ids=(), template_token_ids=
         argmax_l_text=[decode(int(a)) for a in arg_l], argmax_l_prob=s["argmax_l_prob"], argmax_differs=arg_a != arg_l,
         vetoes=count("text") + count("end") + count("template"), end_vetoes=count("end"),
         template_vetoes=count("template"), expert=expert_at))
+    if "kl_hi" in s:                                # bounds from the servers' top k (llm_bridge.topk_bounds)
+        positions = positions.assign(kl_a_l_hi=s["kl_hi"], tv_hi=s["tv_hi"], l_factor=s["l_factor"],
+                                     argmax_certain=s["argmax_certain"])
     teachers = pd.DataFrame(dict(
         position=np.tile(idx, K), teacher=np.repeat(names, T), weight=np.repeat(w, T), entropy=entropy.T.ravel(),
         token_log_prob=s["token_lp"].T.astype(float).ravel(), top_token=s["top"].T.astype(np.int64).ravel(),
         top_prob=np.exp(s["top_lp"].T.astype(float)).ravel()))
+    if "entropy_hi" in s:
+        teachers.insert(teachers.columns.get_loc("entropy") + 1, "entropy_hi", s["entropy_hi"].T.ravel())
     return dict(positions=positions, teachers=teachers, vetoes=vetoes, experts=experts)
 
 
@@ -476,7 +482,7 @@ def _where(rows, n=4):
     return "; ".join(parts) + ("; ..." if len(by) > n else "")
 
 
-def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None):
+def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None, no_flip="--no-flip"):
     """Each finding's verdict in words, the rule that decides it (threshold and where it comes from) and an
     action; the first lines of every report.
 
@@ -485,6 +491,9 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     positions, vetoes, experts : the diagnosis tables over every prompt (``id`` and ``response`` columns);
     flips : :func:`flip_risk`'s table or None (not estimated); thresholds : :class:`Thresholds`;
     prediction : optional :class:`llm_bridge.runs.Prediction` of the user's run (its ``target``, ``label``).
+    no_flip : why the flip was not estimated, when ``flips`` is None.
+    With bounded positions (``kl_a_l_hi``: teachers served, :mod:`llm_bridge.topk_bounds`), the disagreement
+    is decided on the bounds of the mean KL, or said to be undecided.
 
     Returns
     -------
@@ -501,17 +510,25 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     rule = (f"mean KL(A || l) >= {DISAGREEMENT_KL:g} nats per position: the FKL target A and the RKL target l "
             "differ materially (the threshold sits between the shipped control pair, two concise personas, and "
             "the shipped end-veto pair, concise vs storyteller)")
+    bounded = n and "kl_a_l_hi" in positions
+    kl_hi = float(positions.kl_a_l_hi.mean()) if bounded else kl
+    at_least = "at least " if bounded else ""
     if kl >= DISAGREEMENT_KL:
-        verdict = (f"FKL and RKL teach different targets here: mean KL(A || l) = {kl:.3g} nats >= {DISAGREEMENT_KL:g}; "
-                   f"they would teach different tokens at {differ} of {n} positions")
+        verdict = (f"FKL and RKL teach different targets here: mean KL(A || l) = {at_least}{kl:.3g} nats >= "
+                   f"{DISAGREEMENT_KL:g}; they would teach different tokens at {differ} of {n} positions")
         action = ("choose the loss deliberately: forward KL (A) keeps every teacher's tokens (mass-covering), "
                   "reverse KL (l) keeps only what all teachers allow (their consensus)")
-        todo.append(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) {kl:.3g} >= "
+        todo.append(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) {at_least}{kl:.3g} >= "
                     f"{DISAGREEMENT_KL:g} nats; different tokens at {differ} of {n} positions).")
-    else:
+    elif kl_hi < DISAGREEMENT_KL:
         verdict = (f"FKL and RKL teach nearly the same target: mean KL(A || l) = {kl:.3g} nats < {DISAGREEMENT_KL:g}; "
                    f"different tokens at {differ} of {n} positions")
         action = "either loss is fine here"
+    else:
+        verdict = (f"undecided from the servers' top k: mean KL(A || l) is at least {kl:.3g} nats, below "
+                   f"{DISAGREEMENT_KL:g}, and the teachers' tails outside their top k leave no finite upper bound; "
+                   f"different tokens at {differ} of {n} positions")
+        action = "run the diagnosis in process on a sample of these prompts to decide, or raise --top-k"
     findings.append(dict(finding="disagreement of the targets", applies=True, verdict=verdict, rule=rule,
                          action=action))
     veto_rule = (f"a positive-weight teacher gives the token ln p < {th.veto_log_prob:.3g} (p < "
@@ -568,7 +585,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
                                      "(only the sequence-level geometric pool g has the prefix bias)"))
     elif flips is None or not len(flips):
         findings.append(dict(finding=flip_title, applies=False, rule="", action="",
-                             verdict="not estimated (--no-flip)"))
+                             verdict=f"not estimated ({no_flip})"))
     else:
         f_rule = ("a flip is measured at H when the 95% upper bound of g's margin m - D(H) is below 0 and every "
                   "teacher prefers C; otherwise the smallest drift of D(H) the design detects at 80% power bounds "

@@ -176,6 +176,13 @@ def model_folder(spec):
     return _cached_gguf(folder, gguf) if gguf is not None else folder
 
 
+def load_tokenizer(spec):
+    """The tokenizer of a model (folder, .gguf file or package, as :func:`load_model` takes), without its
+    weights: what a client of served teachers needs (their chat template, prompts, end tokens)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_folder(spec))
+
+
 def load_model(spec, device="cpu", dtype="auto"):
     """(model, tokenizer) from a folder, a .gguf file or a package; ``dtype`` 'auto' = float32 on CPU,
     bfloat16 on CUDA (the log-softmax is float32 either way)."""
@@ -211,8 +218,9 @@ def tiny_model(arch="qwen2", vocab_size=64, hidden_size=32, layers=2, seed=0, ma
     return model_cls(cfg)
 
 
-FILE_KEYS = ("format", "teachers")                             # the keys of a teachers file
-TEACHER_KEYS = ("name", "system", "weight", "temperature")     # the keys of one teacher in it
+FILE_KEYS = ("format", "teachers", "server")                   # the keys of a teachers file
+TEACHER_KEYS = ("name", "system", "weight", "temperature", "server")     # the keys of one teacher in it
+SERVER_KEYS = ("url", "model")                                 # a server: its base URL, the served model name
 
 
 def _unknown_key(key, valid, where, other=()):
@@ -290,7 +298,30 @@ def read_teachers_file(path):
         if "name" in p and (not isinstance(p["name"], str) or not p["name"].strip()):
             raise ValueError(f"teachers file {path}: teachers[{i}].name = {p['name']!r} must be a non-empty string")
     weights = [p.get("weight", 1.0 / len(personas)) for p in personas]
+    if "server" in spec or any("server" in p for p in personas):
+        served = []
+        for i, p in enumerate(personas):
+            own = "server" in p
+            if not own and "server" not in spec:
+                raise ValueError(f"teachers file {path}: teachers[{i}] has no server while another teacher has one "
+                                 "(give the file a top-level 'server', or each teacher its own)")
+            served.append(dict(p, server=_server(p["server"] if own else spec["server"],
+                                                 f"teachers file {path}: " + (f"teachers[{i}].server" if own else "server"))))
+        personas = served
     return fmt, personas, weights
+
+
+def _server(spec, where):
+    """A validated ``{"url": "http://host:port", "model": served name}`` (a teacher served by vLLM, issue 43)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must be an object with 'url' and 'model'")
+    check_keys(spec, SERVER_KEYS, where, "a server")
+    url, model = spec.get("url"), spec.get("model")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"{where}.url = {url!r} must start with http:// or https://")
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError(f"{where}.model = {model!r} must be the served model's name (a non-empty string)")
+    return dict(url=url.rstrip("/"), model=model)
 
 
 def _chat(tok, system, user):
@@ -309,21 +340,34 @@ def _encode(tok, text):
 
 
 class PersonaTeachers:
-    """Teachers = one model under K personas (system prompts / temperatures), plus text helpers."""
+    """Teachers = one model under K personas (system prompts / temperatures), plus text helpers. With
+    ``model=None`` only the text side is built (``template_ids``, ``names``, ``temperatures``,
+    ``end_token_ids``; ``teachers`` is None): the personas of teachers behind a server (:meth:`served`)."""
 
     def __init__(self, model, tokenizer, personas, weights, fmt="chat", device="cpu"):
         self.tokenizer, self.fmt = tokenizer, fmt
         if fmt == "chat" and not getattr(tokenizer, "chat_template", None):
             raise ValueError("format = 'chat' but the tokenizer has no chat template (use 'plain')")
-        teachers = []
-        for i, p in enumerate(personas):
-            template = self._template_text(p.get("system", ""))
-            teachers.append(Teacher(model, _encode(tokenizer, template), float(p.get("temperature", 1.0)),
-                                    p.get("name", f"teacher{i}")))
-        ends = {e for e in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
-                if isinstance(e, int) and 0 <= e < len(tokenizer)}
-        self.teachers = Teachers(teachers, weights, device=device, end_token_ids=sorted(ends),
-                                 tokenizers=[tokenizer])
+        self.personas, self.weights = list(personas), list(weights)
+        self.template_ids = [_encode(tokenizer, self._template_text(p.get("system", ""))) for p in personas]
+        self.temperatures = [float(p.get("temperature", 1.0)) for p in personas]
+        self.names = [p.get("name", f"teacher{i}") for i, p in enumerate(personas)]
+        self.end_token_ids = sorted({e for e in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                                     if isinstance(e, int) and 0 <= e < len(tokenizer)})
+        self.teachers = None if model is None else Teachers(
+            [Teacher(model, ids, t, name) for ids, t, name in zip(self.template_ids, self.temperatures, self.names)],
+            weights, device=device, end_token_ids=self.end_token_ids, tokenizers=[tokenizer])
+
+    def served(self, **transport):
+        """The personas as :class:`llm_bridge.served.Served` teachers, each on the server its teachers-file entry
+        names (``server``: url and model); ``transport``: Served's max_in_flight, timeout, retries, backoff."""
+        from .served import Served, ServedTeacher
+        missing = [n for n, p in zip(self.names, self.personas) if "server" not in p]
+        if missing:
+            raise ValueError(f"teacher {missing[0]!r} has no server")
+        teachers = [ServedTeacher(p["server"]["url"], p["server"]["model"], ids, t, name)
+                    for p, ids, t, name in zip(self.personas, self.template_ids, self.temperatures, self.names)]
+        return Served(teachers, len(self.tokenizer), self.end_token_ids, **transport)
 
     def _template_text(self, system):
         if self.fmt == "chat":

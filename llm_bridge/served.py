@@ -172,21 +172,25 @@ class Served:
         return out
 
     def top_k(self, rows, k, models=None):
-        """Each continuation position's ``k`` most likely next tokens under each model (at temperature 1):
-        per row (ids (J, T, k) int64, log_probs (J, T, k) float64), most likely first. ``k`` is at most the
-        server's ``--max-logprobs``."""
+        """Each continuation position's ``k`` most likely next tokens under each model (at temperature 1), and
+        the continuation's own tokens' log-probabilities, from one request per row and model: per row (ids
+        (J, T, k) int64, log_probs (J, T, k) float64, most likely first; token_log_probs (J, T) float64).
+        ``k`` is at most the server's ``--max-logprobs``."""
         k = check_int(k, "k", 1)
         models = self._models(models)
         got = iter(self._prompt_log_probs(rows, models, k))
-        out = [(np.zeros((len(models), len(c), k), dtype=np.int64), np.zeros((len(models), len(c), k)))
-               for _, c in rows]
-        for a in range(len(models)):
-            for i in range(len(rows)):
-                for t, entry in enumerate(next(got)):
-                    best = sorted(((v["rank"], int(tok), v["logprob"]) for tok, v in entry.items()
-                                   if v["rank"] <= k))[:k]
-                    out[i][0][a, t] = [b[1] for b in best]
-                    out[i][1][a, t] = [b[2] for b in best]
+        out = [(np.zeros((len(models), len(c), k), dtype=np.int64), np.zeros((len(models), len(c), k)),
+                np.zeros((len(models), len(c)))) for _, c in rows]
+        for m in range(len(models)):
+            for (_, c), (ids, lps, own) in zip(rows, out):
+                for t, (tok, entry) in enumerate(zip(c, next(got))):
+                    best = sorted((v["rank"], int(b), v["logprob"]) for b, v in entry.items() if v["rank"] <= k)[:k]
+                    if len(best) < k:
+                        raise ServerError(f"server {self.models[models[m]].url} returned {len(best)} of the top {k} "
+                                          "log-probabilities (start it with --max-logprobs >= k)")
+                    ids[m, t] = [b[1] for b in best]
+                    lps[m, t] = [b[2] for b in best]
+                    own[m, t] = entry[str(int(tok))]["logprob"]
         return out
 
     # -- generation ------------------------------------------------------------------------------
@@ -218,3 +222,78 @@ def _error_message(exc):
     except (ValueError, OSError, AttributeError):
         message = exc.reason
     return " ".join(str(message).split())[:300]
+
+
+class LocalServer:
+    """A vLLM OpenAI-compatible server on 127.0.0.1 for tests and benchmarks: ``python -m
+    vllm.entrypoints.openai.api_server`` of a Hugging Face ``folder`` under ``name`` (float32, eager, a 1 GiB KV
+    cache: vLLM's CPU build), started by ``start`` (waits for ``/health``, at most ``wait`` seconds; ``url``) and
+    stopped by ``stop`` through its process group id (SIGTERM, SIGKILL after 60 s). ``python``: the vLLM
+    environment's interpreter; ``threads``: OMP threads; ``log``: its output file. A context manager."""
+
+    def __init__(self, python, folder, name, log, max_logprobs=50, threads=1, max_model_len=2048, wait=900.0):
+        self.python, self.folder, self.name, self.log = str(python), str(folder), name, log
+        self.max_logprobs, self.threads, self.max_model_len, self.wait = max_logprobs, threads, max_model_len, wait
+        self.proc, self.url = None, None
+
+    def start(self):
+        import os
+        import socket
+        import subprocess
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(self.threads), "HF_HUB_OFFLINE": "1"}
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.folder, "--served-model-name",
+                 self.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+                 "--max-logprobs", str(self.max_logprobs), "--max-model-len", str(self.max_model_len)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + self.wait
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerError(f"the vLLM server exited with {self.proc.returncode} (log: {self.log})")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return self.url
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(f"the vLLM server did not answer within {self.wait:g} s (log: {self.log})")
+            time.sleep(2)
+
+    def stop(self):
+        """Stop the server's process group; True when no process of it is left 30 s later."""
+        import os
+        import signal
+        import subprocess
+        if self.proc is None:
+            return True
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        for _ in range(60):                       # its engine process leaves with it
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.5)
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        return False
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

