@@ -189,7 +189,7 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
     """The shipped end-veto pair, the shipped prompts, 16-token responses sampled in process: diagnosed through
     the server (top 50 per position) the vetoes are the same rows (position, teacher, token), A's probabilities
     agree to 1e-4, and the in-process KL(A || l), TV and entropies lie within the served bounds (to the two
-    backends' 1e-4 nats); the end vetoes are there (the positive control)."""
+    backends' 1e-4 nats); an end veto is there (the positive control)."""
     import json
     from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow_many
     from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
@@ -203,7 +203,7 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
     given = [[tr.tokens for tr in traces] for traces in local]
     served = follow_served(served_from(pt.teachers, server), pt.teachers.weights, prompts, 16,
                            [np.random.default_rng(i) for i in range(len(prompts))], given, th, k=50)
-    ends, n_vetoes = pt.teachers.end_token_ids, 0
+    ends, n_vetoes, n_positions = pt.teachers.end_token_ids, 0, 0
     for traces_l, traces_s in zip(local, served):
         for a, b in zip(traces_l, traces_s):
             x = diagnose_stats(a.stats, pt.teachers.weights, a.tokens, ends, (), th, pt.teachers.names)
@@ -219,7 +219,8 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
             assert (ty.entropy <= tx.entropy + 1e-3).all() and (tx.entropy <= ty.entropy_hi + 1e-3).all()
             assert (py.l_prob <= px.l_prob * (1 + 1e-3)).all()
             assert (px.l_prob <= py.l_prob * py.l_factor * (1 + 1e-3)).all()
-    assert n_vetoes >= 3
+            n_positions += len(px)
+    assert n_vetoes >= 1 and n_positions >= 100
 
 
 class Proxy:
