@@ -512,14 +512,14 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
             "the shipped end-veto pair, concise vs storyteller)")
     bounded = n and "kl_a_l_hi" in positions
     kl_hi = float(positions.kl_a_l_hi.mean()) if bounded else kl
-    at_least = "at least " if bounded else ""
+    said = f"mean KL(A || l) {'is at least' if bounded else '='} {kl:.3g} nats"
     if kl >= DISAGREEMENT_KL:
-        verdict = (f"FKL and RKL teach different targets here: mean KL(A || l) = {at_least}{kl:.3g} nats >= "
-                   f"{DISAGREEMENT_KL:g}; they would teach different tokens at {differ} of {n} positions")
+        verdict = (f"FKL and RKL teach different targets here: {said} >= {DISAGREEMENT_KL:g}; they would teach "
+                   f"different tokens at {differ} of {n} positions")
         action = ("choose the loss deliberately: forward KL (A) keeps every teacher's tokens (mass-covering), "
                   "reverse KL (l) keeps only what all teachers allow (their consensus)")
-        todo.append(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) {at_least}{kl:.3g} >= "
-                    f"{DISAGREEMENT_KL:g} nats; different tokens at {differ} of {n} positions).")
+        todo.append(f"Choose FKL or RKL deliberately: the targets differ ({said} >= {DISAGREEMENT_KL:g}; different "
+                    f"tokens at {differ} of {n} positions).")
     elif kl_hi < DISAGREEMENT_KL:
         verdict = (f"FKL and RKL teach nearly the same target: mean KL(A || l) = {kl:.3g} nats < {DISAGREEMENT_KL:g}; "
                    f"different tokens at {differ} of {n} positions")

@@ -52,10 +52,10 @@ class Served:
     """The served backend: ``teachers`` (:class:`ServedTeacher`), addressed by index j as in process.
 
     vocab_size : the scored vocabulary n (ids in [0, n)); end_token_ids : ids a response stops after.
-    max_in_flight, timeout (seconds per request), retries, backoff (seconds before the first retry, doubled
-    each time): the transport."""
+    max_in_flight (default 32: a server batches the requests in flight), timeout (seconds per request),
+    retries, backoff (seconds before the first retry, doubled each time): the transport."""
 
-    def __init__(self, teachers, vocab_size, end_token_ids=(), max_in_flight=8, timeout=120.0, retries=3,
+    def __init__(self, teachers, vocab_size, end_token_ids=(), max_in_flight=32, timeout=120.0, retries=3,
                  backoff=0.5):
         self.models = list(teachers)
         if not self.models:

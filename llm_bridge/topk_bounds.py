@@ -76,7 +76,8 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
     Returns
     -------
     dict of arrays with leading axis T: :data:`~llm_bridge.diagnosis.STAT_FIELDS` with the bounds' reading
-    (``kl``, ``tv``, ``entropy``, l's probabilities: lower bounds; NaN where a value is not known) and
+    (``kl``, ``tv``, ``entropy``, l's probabilities: lower bounds, but ``cand_l``, the candidates' (vetoes'),
+    an upper bound, so that "l gives it at most" holds; NaN where a value is not known) and
     :data:`BOUND_FIELDS`: ``kl_hi``, ``tv_hi``, ``entropy_hi`` (T, K), ``l_factor`` and ``argmax_certain``.
     """
     ids, lps = np.asarray(ids, dtype=np.int64), np.asarray(lps, dtype=float)
@@ -134,7 +135,7 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
             top_l=np.array([l_lo[where[int(a)]] if int(a) in where else np.nan for a in top]),
             a_token=A[where[tok]], l_token=l_lo[where[tok]], kl=kl_lo, tv=tv_lo, argmax_a=s_tok[ia],
             argmax_a_prob=A[ia], argmax_l=s_tok[il], argmax_l_prob=l_lo[il], cand=cand, cand_lp=cand_lp,
-            cand_a=pad(A), cand_l=pad(l_lo), cand_ref=pad(A),
+            cand_a=pad(A), cand_l=pad(l_hi), cand_ref=pad(A),
             kl_hi=kl_hi, tv_hi=tv_hi, entropy_hi=ent_hi, l_factor=l_factor, argmax_certain=certain))
     return {key: np.array([row[key] for row in rows]) for key in STAT_FIELDS + BOUND_FIELDS}
 

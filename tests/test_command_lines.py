@@ -161,6 +161,7 @@ def test_diagnose_default_batch_keeps_batch_times_length_bounded():
     length whose 2-prompt batch was measured under 2 GB), never 0; an explicit --batch wins."""
     from sims import diagnose
     assert [diagnose.default_batch(t) for t in (1, 16, 64, 65, 256, 511, 512, 8000)] == [8, 8, 8, 7, 2, 1, 1, 1]
+    assert diagnose.default_batch(8000, served=True) == diagnose.default_batch(16, served=True) == 32
 
 
 # ------------------------------------------------------------------------------------------------

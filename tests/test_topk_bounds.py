@@ -65,6 +65,7 @@ def test_topk_bounds_hold_against_the_full_distributions(seed, k):
     assert list(zip(a.position, a.teacher, a.token)) == list(zip(b.position, b.teacher, b.token))
     np.testing.assert_allclose(a.teacher_log_prob, b.teacher_log_prob, atol=1e-5)
     np.testing.assert_allclose(a.a_prob, b.a_prob, rtol=1e-9)
+    assert (a.l_prob.to_numpy() >= b.l_prob.to_numpy() * (1 - 1e-9)).all()      # "l gives it at most": an upper bound
 
 
 def test_vetoes_need_the_exact_scores_and_ask_for_few():
