@@ -13,8 +13,9 @@ A row names a prompt (token ids, after which each model's template goes first) a
 continuation. :class:`InProcess` runs transformers causal LMs (or :class:`llm_bridge.TabularLM`) in this
 process: generation is one left-padded, KV-cached batch per model; scoring is one parallel pass per model
 over every row, the model's template (its persona / system prompt) run once and its KV cache shared by
-every row. A served backend (an inference server's completions with log-probabilities) implements the
-same three methods; ``distributions`` is then top-k plus the tail mass (see issue 43).
+every row. The served backend (:class:`llm_bridge.served.Served`: an inference server's completions with
+log-probabilities) generates and scores the same way and gives each position's top k instead of
+``distributions``; the diagnosis then works from the top k with bounds (:mod:`llm_bridge.topk_bounds`).
 """
 
 import inspect

