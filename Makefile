@@ -132,7 +132,7 @@ MUTATE := 'analysis.verdicts.*' 'analysis.statistics.*' 'figures.verdicts.*' \
           'sims.rlvr.x_e6_runs*' 'sims.rlvr.x_e6_table*' \
           'distillation.continual.x_outcome_row*' 'distillation.continual.x_update_sparsity*' \
           'distillation.verifiable.x_checkpoints*' 'distillation.verifiable.x__record*' \
-          'llm_bridge.horizon.*'
+          'llm_bridge.horizon.*' 'llm_bridge.topk_bounds.*'
 mutate: .venv/.installed-test
 	rm -rf mutants
 	.venv/bin/mutmut run $(MUTATE) || true

@@ -52,7 +52,7 @@ def _position(ids, lps, token, token_lp, extra, n):
         known.setdefault(int(a), np.full(K, np.nan))[k] = lp
     table = np.array(list(known.values()))                                      # (m, K)
     p = np.exp(table)
-    tau = np.clip(1.0 - np.nansum(p, axis=0), 0.0, 1.0)
+    tau = np.maximum(1.0 - np.nansum(p, axis=0), 0.0)          # >= 0 where the listed sum rounds above 1
     u = np.minimum(np.exp(lps[:, -1]), tau)
     part = -np.nansum(np.where(p > 0, p * table, 0.0), axis=0)
     free = np.maximum(n - (~np.isnan(table)).sum(0), 1)
@@ -98,7 +98,7 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
         r = s_lp[:, keep] @ wk
         z_s = np.exp(r).sum()
         ps = np.exp(s_lp[:, keep]).sum(0)
-        H = float(np.prod(np.clip(1.0 - ps, 0.0, 1.0) ** wk)) if len(s_tok) < n else 0.0
+        H = float(np.prod(np.maximum(1.0 - ps, 0.0) ** wk)) if len(s_tok) < n else 0.0
         a_r = max(0.0, 1.0 - A.sum()) if len(s_tok) < n else 0.0
         l_lo = np.exp(r) / (z_s + H)
         l_factor = (z_s + H) / z_s
@@ -140,7 +140,7 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
     return {key: np.array([row[key] for row in rows]) for key in STAT_FIELDS + BOUND_FIELDS}
 
 
-def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None, extra=None):
+def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None):
     """The (t, k, a) whose exact ln p_k(a) a finding needs and the top k does not give: a token whose A may
     reach the veto floor (its unknown teachers at their bound u_k), and the top token of a teacher that may
     be a confident expert (its entropy's lower bound at most the expert threshold, every other positive-weight
@@ -150,11 +150,9 @@ def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None, extr
     K, T, _ = ids.shape
     w = np.asarray(weights, dtype=float)
     keep = positive_teachers(w)
-    extra = extra or {}
     need = set()
     for t in range(T):
-        here = {(k, a): v for (s, k, a), v in extra.items() if s == t}
-        known, table, tau, u, ent_lo, ent_hi = _position(ids[:, t], lps[:, t], tokens[t], token_lps[:, t], here, n)
+        known, table, tau, u, ent_lo, ent_hi = _position(ids[:, t], lps[:, t], tokens[t], token_lps[:, t], {}, n)
         for a, row in known.items():
             missing = [int(k) for k in keep if np.isnan(row[k])]
             if missing and np.where(np.isnan(row), u, np.exp(row))[keep] @ w[keep] >= th.veto_floor:

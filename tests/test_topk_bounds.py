@@ -10,11 +10,14 @@ from llm_bridge.diagnosis import Thresholds, diagnose_stats, position_stats, vet
 from llm_bridge.topk_bounds import rescore_needs, topk_stats
 
 
-def teachers(seed, K=2, T=12, n=300, scale=3.0, veto=True):
+def teachers(seed, K=2, T=12, n=300, scale=3.0, veto=True, similar=False):
     """K random teachers' log-probabilities (K, T, n) with heavy tails; with ``veto`` the last teacher gives a
-    token the first one likes ~1e-7 at every third position (a planted veto)."""
+    token the first one likes ~1e-7 at every third position (a planted veto); ``similar``: every teacher is the
+    first one's logits plus a little noise (they list nearly the same tokens)."""
     rng = np.random.default_rng(seed)
     logits = rng.normal(size=(K, T, n)) * scale
+    if similar:
+        logits = logits[:1] + 0.1 * logits
     if veto:
         fav = logits[0].argmax(-1)
         logits[-1, np.arange(0, T, 3), fav[::3]] -= 40.0
@@ -113,3 +116,94 @@ def test_entropy_bounds_are_attained_by_a_uniform_tail():
     got, _ = served_stats(lp, np.array([0.5, 0.5]), tokens, 21, Thresholds())
     np.testing.assert_allclose(got["entropy"][:, 0], np.log(n), rtol=1e-12)
     np.testing.assert_allclose(got["entropy_hi"][:, 0], np.log(n), rtol=1e-12)
+
+
+def reference_bounds(lp, ids, token, extra, w):
+    """The bounds at one position, written out token by token (plain Python over dicts), with KL's least
+    value over the unknown normaliser found by a bounded numerical minimisation instead of the closed form."""
+    from scipy.optimize import minimize_scalar
+    K, n = lp.shape
+    keep = [k for k in range(K) if w[k] > 0]
+    known = [set(map(int, ids[k])) | {int(token)} | {a for (j, a) in extra if j == k} for k in range(K)]
+    p = np.exp(lp)
+    tau = [max(0.0, 1.0 - sum(p[k, a] for a in known[k])) for k in range(K)]
+    u = [min(p[k, int(ids[k, -1])], tau[k]) for k in range(K)]
+    part = [-sum(p[k, a] * lp[k, a] for a in known[k]) for k in range(K)]
+    ent_lo = [part[k] + (tau[k] * -np.log(u[k]) if tau[k] > 0 else 0.0) for k in range(K)]
+    ent_hi = [part[k] + (tau[k] * np.log((n - len(known[k])) / tau[k]) if tau[k] > 0 else 0.0) for k in range(K)]
+    S = sorted(set.intersection(*[known[k] for k in keep]))
+    A = {a: sum(w[k] * p[k, a] for k in keep) for a in S}
+    g = {a: np.exp(sum(w[k] * lp[k, a] for k in keep)) for a in S}
+    z_s = sum(g.values())
+    H = np.prod([(1.0 - sum(p[k, a] for a in S)) ** w[k] for k in keep])
+    a_r = 1.0 - sum(A.values())
+
+    def coarse_kl(z_r):
+        z = z_s + z_r
+        return sum(A[a] * np.log(A[a] * z / g[a]) for a in S) + (a_r * np.log(a_r * z / z_r) if a_r > 0 else 0.0)
+    kl_lo = minimize_scalar(coarse_kl, bounds=(1e-300, H), method="bounded", options=dict(xatol=1e-14)).fun
+    lo = {a: g[a] / (z_s + H) for a in S}
+    hi = {a: g[a] / z_s for a in S}
+    inside = lambda a: lo[a] <= A[a] <= hi[a]                                             # noqa: E731
+    tv_lo = 0.5 * (sum(0.0 if inside(a) else min(abs(A[a] - lo[a]), abs(A[a] - hi[a])) for a in S)
+                   + max(0.0, a_r - H / (z_s + H)))
+    tv_hi = 0.5 * (sum(max(abs(A[a] - lo[a]), abs(A[a] - hi[a])) for a in S) + a_r + H / (z_s + H))
+    best_a = max(S, key=lambda a: A[a])
+    best_l = max(S, key=lambda a: g[a])
+    by_a = sorted(S, key=lambda a: -A[a])[:21]
+    return dict(entropy=ent_lo, entropy_hi=ent_hi, kl=kl_lo, tv=tv_lo, tv_hi=tv_hi, l_factor=(z_s + H) / z_s,
+                l_token=lo[int(token)], a_token=A[int(token)], argmax_a=best_a, argmax_a_prob=A[best_a],
+                argmax_l=best_l, argmax_l_prob=lo[best_l], cand=by_a, cand_a=[A[a] for a in by_a],
+                cand_l=[hi[a] for a in by_a], top_lp=[lp[k, int(ids[k, 0])] for k in range(K)],
+                top_a=[A.get(int(ids[k, 0]), np.nan) for k in range(K)],
+                top_l=[lo.get(int(ids[k, 0]), np.nan) for k in range(K)])
+
+
+@pytest.mark.parametrize("seed, k, similar", [(0, 21, False), (1, 40, False), (2, 60, True)])
+def test_topk_stats_equal_a_reference_written_token_by_token(seed, k, similar):
+    """Every bound and value equals the token-by-token reference (KL's least value by numerical minimisation):
+    the bounds are the tightest this algebra gives, not merely valid. Similar teachers share most listed
+    tokens, so that more than 21 candidates compete."""
+    th = Thresholds()
+    w = np.array([0.35, 0.65])
+    lp = teachers(seed, T=6, n=200, similar=similar)
+    tokens = np.random.default_rng(seed).integers(0, 200, 6)
+    got, extra = served_stats(lp, w, tokens, k, th)
+    ids, _ = truncate(lp, k)
+    for t in range(6):
+        ref = reference_bounds(lp[:, t].numpy(), ids[:, t], tokens[t], {(j, a) for s, j, a in extra if s == t}, w)
+        for key, want in ref.items():
+            have = got[key][t]
+            if key == "cand":
+                np.testing.assert_array_equal(have[:len(want)], want, err_msg=key)
+                assert (have[len(want):] == -1).all() and (got["cand_ref"][t][len(want):] == 0).all()
+            elif key in ("cand_a", "cand_l"):
+                np.testing.assert_allclose(have[:len(want)], want, rtol=1e-9, err_msg=key)
+            else:
+                np.testing.assert_allclose(have, want, rtol=1e-7, atol=1e-12, err_msg=key)
+    assert max(len(set(ids[0, t]) & set(ids[1, t])) for t in range(6)) > 21 or not similar
+
+
+def test_a_confident_expert_is_found_through_the_top_k():
+    """A teacher sure of a token the other (flat) teacher does not list: rescore_needs asks for that token under
+    the other teacher (default thresholds), and the expert row equals the one from the full distributions."""
+    n, T = 400, 4
+    rng = np.random.default_rng(9)
+    flat = torch.log_softmax(torch.tensor(rng.normal(size=(T, n)) * 0.3), -1)
+    sure_logits = rng.normal(size=(T, n))
+    star = flat.argsort(-1)[:, n // 2].numpy()                 # a token the flat teacher ranks in the middle
+    sure_logits[np.arange(T), star] += 14.0
+    lp = torch.stack([torch.log_softmax(torch.tensor(sure_logits), -1), flat])
+    w = np.array([0.5, 0.5])
+    tokens = star.copy()
+    tokens[0] = (star[0] + 1) % n
+    ids, lps = truncate(lp, 21)
+    own = lp[:, np.arange(T), tokens].numpy()
+    need = rescore_needs(ids, lps, tokens, own, w, n)
+    assert (0, 1, int(star[0])) in need
+    exact = diagnose_stats(position_stats(lp, w, tokens), w, tokens)["experts"]
+    got, _ = served_stats(lp, w, tokens, 21, Thresholds())
+    served = diagnose_stats(got, w, tokens)["experts"]
+    assert len(exact) >= 2
+    assert list(served.position) == list(exact.position) and list(served.token) == list(exact.token)
+    np.testing.assert_allclose(served.a_prob, exact.a_prob, rtol=1e-9)
