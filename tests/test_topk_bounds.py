@@ -185,9 +185,11 @@ def test_topk_stats_equal_a_reference_written_token_by_token(seed, k, similar):
 
 
 def test_a_confident_expert_is_found_through_the_top_k():
-    """A teacher sure of a token the other (flat) teacher does not list: rescore_needs asks for that token under
-    the other teacher (default thresholds), and the expert row equals the one from the full distributions."""
+    """A teacher sure of a token the other (flat) teacher does not list: rescore_needs asks for exactly that
+    token under the other teacher at each position (a veto floor of 0.9 keeps the veto rule from asking it too),
+    and the expert rows equal the ones from the full distributions."""
     n, T = 400, 4
+    th = Thresholds(veto_floor=0.9)
     rng = np.random.default_rng(9)
     flat = torch.log_softmax(torch.tensor(rng.normal(size=(T, n)) * 0.3), -1)
     sure_logits = rng.normal(size=(T, n))
@@ -199,11 +201,11 @@ def test_a_confident_expert_is_found_through_the_top_k():
     tokens[0] = (star[0] + 1) % n
     ids, lps = truncate(lp, 21)
     own = lp[:, np.arange(T), tokens].numpy()
-    need = rescore_needs(ids, lps, tokens, own, w, n)
-    assert (0, 1, int(star[0])) in need
-    exact = diagnose_stats(position_stats(lp, w, tokens), w, tokens)["experts"]
-    got, _ = served_stats(lp, w, tokens, 21, Thresholds())
-    served = diagnose_stats(got, w, tokens)["experts"]
+    assert rescore_needs(ids, lps, tokens, own, w, n, th) == [(0, 1, int(star[0]))]     # elsewhere it is the token
+    assert rescore_needs(ids, lps, tokens, own, w, n) == [(0, 1, int(star[0]))]        # the veto rule asks it too
+    exact = diagnose_stats(position_stats(lp, w, tokens), w, tokens, thresholds=th)["experts"]
+    got, _ = served_stats(lp, w, tokens, 21, th)
+    served = diagnose_stats(got, w, tokens, thresholds=th)["experts"]
     assert len(exact) >= 2
     assert list(served.position) == list(exact.position) and list(served.token) == list(exact.token)
     np.testing.assert_allclose(served.a_prob, exact.a_prob, rtol=1e-9)
