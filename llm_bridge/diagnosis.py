@@ -484,7 +484,9 @@ def _where(rows, n=4):
 
 def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None, no_flip="--no-flip"):
     """Each finding's verdict in words, the rule that decides it (threshold and where it comes from) and an
-    action; the first lines of every report.
+    action; the first lines of every report. With bounded positions (``kl_a_l_hi``: teachers served,
+    :mod:`llm_bridge.topk_bounds`) the disagreement is decided on the bounds of the mean KL, or said to be
+    undecided.
 
     Parameters
     ----------
@@ -492,8 +494,6 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     flips : :func:`flip_risk`'s table or None (not estimated); thresholds : :class:`Thresholds`;
     prediction : optional :class:`llm_bridge.runs.Prediction` of the user's run (its ``target``, ``label``).
     no_flip : why the flip was not estimated, when ``flips`` is None.
-    With bounded positions (``kl_a_l_hi``: teachers served, :mod:`llm_bridge.topk_bounds`), the disagreement
-    is decided on the bounds of the mean KL, or said to be undecided.
 
     Returns
     -------
@@ -510,7 +510,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     rule = (f"mean KL(A || l) >= {DISAGREEMENT_KL:g} nats per position: the FKL target A and the RKL target l "
             "differ materially (the threshold sits between the shipped control pair, two concise personas, and "
             "the shipped end-veto pair, concise vs storyteller)")
-    bounded = n and "kl_a_l_hi" in positions
+    bounded = bool(n) and "kl_a_l_hi" in positions
     kl_hi = float(positions.kl_a_l_hi.mean()) if bounded else kl
     said = f"mean KL(A || l) {'is at least' if bounded else '='} {kl:.3g} nats"
     if kl >= DISAGREEMENT_KL:
@@ -518,8 +518,8 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
                    f"different tokens at {differ} of {n} positions")
         action = ("choose the loss deliberately: forward KL (A) keeps every teacher's tokens (mass-covering), "
                   "reverse KL (l) keeps only what all teachers allow (their consensus)")
-        todo.append(f"Choose FKL or RKL deliberately: the targets differ ({said} >= {DISAGREEMENT_KL:g}; different "
-                    f"tokens at {differ} of {n} positions).")
+        todo.append(f"Choose FKL or RKL deliberately: the targets differ (mean KL(A || l) {'at least ' * bounded}"
+                    f"{kl:.3g} >= {DISAGREEMENT_KL:g} nats; different tokens at {differ} of {n} positions).")
     elif kl_hi < DISAGREEMENT_KL:
         verdict = (f"FKL and RKL teach nearly the same target: mean KL(A || l) = {kl:.3g} nats < {DISAGREEMENT_KL:g}; "
                    f"different tokens at {differ} of {n} positions")

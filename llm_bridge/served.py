@@ -237,6 +237,8 @@ class LocalServer:
         self.proc, self.url = None, None
 
     def start(self):
+        """Start the server on a free port and wait for ``/health``; its URL. A server that exits or does not
+        answer in time is a :class:`ServerError` naming the log."""
         import os
         import socket
         import subprocess
