@@ -205,22 +205,9 @@ def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=Non
         raise ValueError(f"responses has {len(responses)} entries for {len(prompts)} prompts")
     backend = InProcess(teachers, [student] if student is not None else [])
     K = teachers.K
-    rows, gen = [], []                      # rows: (prompt, source, tokens); gen: (row, model, prompt)
-    for p, given in enumerate(responses):
-        if given is not None:
-            given = [teachers.check_ids(r, f"responses[{i}]", allow_empty=False) for i, r in enumerate(given)]
-            if not given:
-                raise ValueError("responses is empty")
-            rows += [(p, f"given{i}", r) for i, r in enumerate(given)]
-            continue
-        samplers = [K] if student is not None else [int(k) for k in positive_teachers(teachers.weights)]
-        for j in samplers:
-            gen.append((len(rows), j, p))
-            rows.append((p, "student" if j == K else teachers.names[j], None))
-    if gen:
-        drawn = backend.generate([(j, prompts[p]) for _, j, p in gen], max_tokens, [rngs[p] for _, _, p in gen])
-        for (i, _, _), tokens in zip(gen, drawn):
-            rows[i] = rows[i][:2] + (tokens,)
+    samplers = [K] if student is not None else [int(k) for k in positive_teachers(teachers.weights)]
+    rows = response_rows(backend, prompts, responses, samplers, list(teachers.names) + ["student"], max_tokens, rngs,
+                         lambda r, what: teachers.check_ids(r, what, allow_empty=False))
     ref = K if student is not None else None
     parts = [[] for _ in rows]
     first = [None] * len(rows)
@@ -237,6 +224,29 @@ def follow_many(teachers, prompts, max_tokens, rngs, responses=None, student=Non
     for i, (p, source, tokens) in enumerate(rows):
         out[p].append(Trace(source, list(tokens), stack_stats(parts[i]), first[i]))
     return out
+
+
+def response_rows(backend, prompts, responses, samplers, names, max_tokens, rngs, check=None):
+    """The responses a diagnosis follows, as rows (prompt index, source, token ids): a prompt's given
+    responses (``given<i>``, each checked by ``check(ids, what)`` when given; an empty list is an error), else
+    one response sampled by ``backend.generate`` from each model j of ``samplers`` (source ``names[j]``), every
+    prompt's in one call, each drawing from its prompt's generator."""
+    rows, gen = [], []                      # gen: (row, model, prompt)
+    for p, given in enumerate(responses):
+        if given is not None:
+            given = [check(r, f"responses[{i}]") if check else list(r) for i, r in enumerate(given)]
+            if not given:
+                raise ValueError("responses is empty")
+            rows += [(p, f"given{i}", r) for i, r in enumerate(given)]
+            continue
+        for j in samplers:
+            gen.append((len(rows), j, p))
+            rows.append((p, names[j], None))
+    if gen:
+        drawn = backend.generate([(j, prompts[p]) for _, j, p in gen], max_tokens, [rngs[p] for _, _, p in gen])
+        for (i, _, _), tokens in zip(gen, drawn):
+            rows[i] = rows[i][:2] + (tokens,)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------

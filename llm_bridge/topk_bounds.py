@@ -32,7 +32,7 @@ import numpy as np
 
 from aggregation.validate import check_int, positive_teachers
 
-from .diagnosis import STAT_FIELDS, Thresholds, Trace, veto_candidates
+from .diagnosis import STAT_FIELDS, Thresholds, Trace, response_rows, veto_candidates
 
 BOUND_FIELDS = ("kl_hi", "tv_hi", "entropy_hi", "l_factor", "argmax_certain")
 
@@ -195,19 +195,8 @@ def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, t
     responses = [None] * len(prompts) if responses is None else list(responses)
     if len(responses) != len(prompts):
         raise ValueError(f"responses has {len(responses)} entries for {len(prompts)} prompts")
-    names = [t.name for t in backend.models]
-    rows, gen = [], []
-    for p, given in enumerate(responses):
-        if given is not None:
-            rows += [(p, f"given{i}", list(r)) for i, r in enumerate(given)]
-            continue
-        for j in positive_teachers(w):
-            gen.append((len(rows), int(j), p))
-            rows.append((p, names[j], None))
-    if gen:
-        drawn = backend.generate([(j, prompts[p]) for _, j, p in gen], max_tokens, [rngs[p] for _, _, p in gen])
-        for (i, _, _), tokens in zip(gen, drawn):
-            rows[i] = rows[i][:2] + (tokens,)
+    rows = response_rows(backend, prompts, responses, [int(j) for j in positive_teachers(w)],
+                         [t.name for t in backend.models], max_tokens, rngs)
     n = backend.vocab_size
     top = backend.top_k([(prompts[p], tok) for p, _, tok in rows], k)
     extra = [{} for _ in rows]
