@@ -410,15 +410,7 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
     if max(hs) < 1:
         raise ValueError("horizons needs one horizon > 0 to fit a drift")
     n_samples = check_int(n_samples, "n_samples", 2)
-    if not questions:
-        raise ValueError("questions is empty")
-    for i, q in enumerate(questions):
-        for key in ("id", "prompt_ids", "correct_ids", "incorrect_ids"):
-            if key not in q:
-                raise ValueError(f"questions[{i}] has no {key!r}")
-        for key in ("correct_ids", "incorrect_ids"):
-            if len(q[key]) == 0:
-                raise ValueError(f"questions[{i}].{key} is empty")
+    _check_questions(questions)
     contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
     score_last = [len(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
     if isinstance(seed, (list, tuple)):
@@ -436,20 +428,73 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         _, scores = sample_log_factors_many(teachers, contexts, 0, 1, rng, max_rows, score_last=score_last)
         sampled = sample_contexts(teachers, contexts, max(hs), n_samples, rng, max_rows, ess_floor, max_samples,
                                   after_correct)
-    pos = teachers.weights > 0
-    log_w = np.log(teachers.weights[pos])
+    return _study_tables(questions, teachers.names, teachers.weights, teachers.end_token_ids, hs, z, scores, sampled)
+
+
+def _check_questions(questions):
+    if not questions:
+        raise ValueError("questions is empty")
+    for i, q in enumerate(questions):
+        for key in ("id", "prompt_ids", "correct_ids", "incorrect_ids"):
+            if key not in q:
+                raise ValueError(f"questions[{i}] has no {key!r}")
+        for key in ("correct_ids", "incorrect_ids"):
+            if len(q[key]) == 0:
+                raise ValueError(f"questions[{i}].{key} is empty")
+
+
+def flip_horizon_study_backend(backend, weights, questions, horizons, n_samples, seed, max_rows=512, z=Z_95):
+    """:func:`flip_horizon_study` through any backend (in process or served), from what a server gives exactly.
+
+    The options are scored under every teacher (``backend.score``); ln Z_H of each context comes from the
+    teachers' own samples with importance weights (:func:`llm_bridge.partition.proposal_log_weights`), not
+    from sampling l, which needs each position's normaliser z and so the full distributions. The same
+    tables, except ``margin_local`` (l's margin needs z: NaN here). Not here: the heavy-tail correction and
+    ``after_correct`` (a tempered teacher cannot be scored exactly through a server).
+
+    Parameters
+    ----------
+    backend : teachers 0 .. K - 1 of an :mod:`llm_bridge.backend` backend; weights : (K,) on the simplex.
+    questions, horizons : as :func:`flip_horizon_study`; n_samples : continuations per option (split over the
+        positive-weight teachers); seed : int, or one per question (a question's samples depend on its
+        seed alone: its two contexts draw from ``default_rng([seed, side])``).
+    """
+    from aggregation.validate import check_weights
+    from .partition import proposal_log_weights
+    hs, _ = check_horizons(horizons)
+    if max(hs) < 1:
+        raise ValueError("horizons needs one horizon > 0 to fit a drift")
+    _check_questions(questions)
+    w = check_weights(weights, len(weights), name="weights")
+    n_samples = check_int(n_samples, "n_samples", max(2, len(positive_teachers(w))))
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [[int(seed), i] for i in range(len(questions))]
+    if len(seeds) != len(questions):
+        raise ValueError(f"seed has {len(seeds)} entries for {len(questions)} questions")
+    contexts = [list(q["prompt_ids"]) + list(q[key]) for q in questions for key in ("correct_ids", "incorrect_ids")]
+    rngs = [np.random.default_rng([int(x) for x in np.atleast_1d(s)] + [side]) for s in seeds for side in (0, 1)]
+    options = backend.score([(list(q["prompt_ids"]), list(q[key])) for q in questions
+                             for key in ("correct_ids", "incorrect_ids")], models=list(range(len(w))))
+    sampled = proposal_log_weights(backend, w, contexts, max(hs), n_samples, rngs, max_rows)
+    names = [getattr(backend.models[k], "name", "") or f"teacher{k}" for k in range(len(w))]
+    return _study_tables(questions, names, w, backend.end_token_ids, hs, z, [(o, None) for o in options], sampled)
+
+
+def _study_tables(questions, names, weights, end_token_ids, hs, z, scores, sampled):
+    """flip_horizon_study's two tables from each context's option scores (teachers (K, T), l (T,) or None)
+    and its continuations' (per-step log-weight increments (N, H), tokens (N, H - 1))."""
+    pos = weights > 0
+    log_w = np.log(weights[pos])
     q_rows, h_rows = [], []
-    names = teachers.names
     for i, q in enumerate(questions):
         (path_c, local_c), (path_i, local_i) = scores[2 * i], scores[2 * i + 1]
         seq = np.stack([path_c.sum(1), path_i.sum(1)], axis=1)                  # (K, 2): ln p_k(option | u)
         teacher_margins = seq[:, 0] - seq[:, 1]
-        m = float(teachers.weights[pos] @ teacher_margins[pos])
+        m = float(weights[pos] @ teacher_margins[pos])
         mixture = [logsumexp(log_w + seq[pos, j]) for j in range(2)]
         prefer = bool(np.all(teacher_margins > 0))
         (fc, tc), (fi, ti) = sampled[2 * i], sampled[2 * i + 1]
         cc, ci = log_partition_curve(fc, hs), log_partition_curve(fi, hs)
-        rc, ri = running_share(tc, teachers.end_token_ids, hs), running_share(ti, teachers.end_token_ids, hs)
+        rc, ri = running_share(tc, end_token_ids, hs), running_share(ti, end_token_ids, hs)
         gap = ci.log_partition - cc.log_partition
         cov = ci.cov + cc.cov
         se = np.sqrt(np.maximum(np.diag(cov), 0.0))
@@ -475,7 +520,7 @@ def flip_horizon_study(teachers, questions, horizons, n_samples, seed, max_rows=
         need, need_h = detectable_drift(m, se, hs, z)
         row = dict(id=q["id"])
         row.update({f"margin_{n}": float(v) for n, v in zip(names, teacher_margins)})
-        row.update(margin_local=float(local_c.sum() - local_i.sum()), margin_mixture=float(mixture[0] - mixture[1]),
+        row.update(margin_local=np.nan if local_c is None else float(local_c.sum() - local_i.sum()), margin_mixture=float(mixture[0] - mixture[1]),
                    margin=m,
                    teachers_prefer_correct=prefer, drift=fit.drift, drift_se=fit.drift_se, drift_lo=fit.drift_lo,
                    drift_hi=fit.drift_hi, h_star=h_star[0], h_star_lo=h_star[1],

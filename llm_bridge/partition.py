@@ -127,6 +127,78 @@ def sample_log_factors(teachers, context_ids, horizon, n_samples, rng, batch_siz
     return (factors, sampled) if return_tokens else factors
 
 
+def proposal_log_weights(backend, weights, contexts, horizon, n_samples, rngs, max_rows=512):
+    """ln Z_H(v)'s importance weights from the teachers' own samples: the estimator a server can serve.
+
+    Sampling from l needs every position's normaliser z, hence full distributions; this one needs only
+    what a server gives exactly (samples, and scores of given ids). For every context v, ``n_samples``
+    continuations of ``horizon`` tokens (fewer after an end token) are drawn, n_j of them from teacher j
+    (the positive-weight teachers; ``n_samples`` split as evenly as possible, the first teachers take the
+    remainder), and scored under each of them. With the mixture ``q = sum_j (n_j / N) p_j`` as the
+    proposal (the balance heuristic, unbiased for a fixed split),
+
+        L_i(H) = sum_k w_k ln p_k(c^i_<=H | v) - ln q(c^i_<=H | v),     Z_H(v) = E[exp L_i(H)],
+
+    where ``c^i_<=H`` is the sample's first H tokens (all of it when it ended earlier), so one
+    continuation serves every horizon. The support of the pool lies within every teacher's, so q covers it.
+
+    Parameters
+    ----------
+    backend : an :mod:`llm_bridge.backend` backend (in process or served); teacher k is its model k.
+    weights : (K,) the pool's weights over the backend's first K models.
+    contexts : list of non-empty token-id lists (prompt + option); horizon : int >= 0.
+    n_samples : continuations per context, at least one per positive-weight teacher.
+    rngs : one numpy Generator per context (its rows draw their seeds / uniforms from it).
+    max_rows : contexts x samples generated per backend call.
+
+    Returns
+    -------
+    A list, per context, of (increments (N, horizon) with ``cumsum`` = L_i(1..horizon), as
+    :func:`sample_log_factors` gives ln z factors; tokens (N, horizon - 1) int64, -1 after an end token).
+    """
+    from aggregation.validate import check_weights
+    horizon = check_horizon(horizon)
+    w = check_weights(weights, len(weights), name="weights")
+    if len(w) > len(backend.models):
+        raise ValueError(f"weights has {len(w)} entries for a backend of {len(backend.models)} models")
+    keep = positive_teachers(w)
+    n_samples = check_int(n_samples, "n_samples", len(keep))
+    if len(rngs) != len(contexts):
+        raise ValueError(f"rngs has {len(rngs)} generators for {len(contexts)} contexts")
+    for i, c in enumerate(contexts):
+        if len(c) == 0:
+            raise ValueError(f"contexts[{i}] is empty")
+    counts = np.full(len(keep), n_samples // len(keep))
+    counts[:n_samples % len(keep)] += 1
+    log_q = np.log(counts / n_samples)[:, None, None]
+    source = np.repeat(keep, counts)                                    # the teacher of each sample
+    ends = set(backend.end_token_ids)
+    out = []
+    per_call = max(1, check_int(max_rows, "max_rows", 1) // n_samples)
+    for lo in range(0, len(contexts), per_call):
+        chunk = [list(map(int, c)) for c in contexts[lo:lo + per_call]]
+        if horizon == 0:
+            out += [(np.zeros((n_samples, 0)), np.zeros((n_samples, 0), dtype=np.int64)) for _ in chunk]
+            continue
+        rows = [(int(j), c) for c in chunk for j in source]
+        gens = [g for g in rngs[lo:lo + len(chunk)] for _ in source]
+        drawn = [list(d[:horizon]) for d in backend.generate(rows, horizon, gens)]
+        scored = backend.score([(c, d) for (_, c), d in zip(rows, drawn)], models=list(keep))
+        for a in range(len(chunk)):
+            S = np.zeros((len(keep), n_samples, horizon + 1))            # cumulative ln p_j(c_<=H | v)
+            tokens = np.full((n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
+            for s in range(n_samples):
+                d, sc = drawn[a * n_samples + s], scored[a * n_samples + s]
+                T = len(d)
+                S[:, s, 1:T + 1] = np.cumsum(sc, axis=1)
+                S[:, s, T + 1:] = S[:, s, T:T + 1]
+                cut = next((t + 1 for t, x in enumerate(d) if x in ends), T)
+                tokens[s, :min(cut, horizon - 1)] = d[:min(cut, horizon - 1)]
+            L = np.tensordot(w[keep], S, axes=1) - logsumexp(log_q + S, axis=0)
+            out.append((np.diff(L, axis=1), tokens))
+    return out
+
+
 def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples, seed, batch_size=None):
     """Monte-Carlo ln Z_H(prompt + prefix) with a 95% interval and the effective sample size.
 

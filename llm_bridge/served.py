@@ -213,6 +213,23 @@ class Served:
         return [[int(a) for a in answer["choices"][0]["token_ids"]] for answer in self._map(calls)]
 
 
+def served_model_name(url, timeout=30.0):
+    """The name of the one model a server serves (its ``/v1/models``); a :class:`ServerError` when it cannot be
+    reached, a ValueError when it serves several (name one)."""
+    try:
+        with urllib.request.urlopen(str(url).rstrip("/") + "/v1/models", timeout=timeout) as resp:
+            names = [m["id"] for m in json.loads(resp.read()).get("data", [])]
+    except urllib.error.HTTPError as exc:
+        raise ServerError(f"server {url} answered {exc.code}: {_error_message(exc)}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+        raise ServerError(f"server {url} is unreachable ({getattr(exc, 'reason', exc)})") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise ServerError(f"server {url} did not answer /v1/models with a list of models") from None
+    if len(names) != 1:
+        raise ValueError(f"server {url} serves {len(names)} models ({', '.join(names)}): name one with its 'model'")
+    return names[0]
+
+
 def _error_message(exc):
     """The server's own message of an HTTP error (vLLM: {"error": {"message": ...}}), on one line."""
     try:

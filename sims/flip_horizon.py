@@ -7,6 +7,14 @@ smallest drift the design detects, and a positive control whose drift is positiv
     python sims/flip_horizon.py --long       # then H <= 64 where the drift interval allows a flip beyond 16
     python sims/flip_horizon.py --quick      # 6 questions, N = 4, H <= 4 (tests)
     python sims/flip_horizon.py --only tabular   # the exact-machine validation only
+    python sims/flip_horizon.py --only smollm2 --server http://127.0.0.1:8000   # teachers served by vLLM
+
+With ``--server`` the personas are the served model's (``--served-model``, default the server's only model;
+``--model`` then only gives the tokenizer), scored and sampled through vLLM's completions: ln Z_H comes from
+the teachers' own samples with importance weights (:func:`llm_bridge.horizon.flip_horizon_study_backend`),
+exact in its scores, l's margin is left out (it needs full distributions), and the configurations that need a
+teacher scored at a temperature other than 1 (``temperature`` and the positive controls) are not run: a
+server's prompt log-probabilities are at temperature 1.
 
 The positive control ``tempered-after-correct-<T2>`` (T2 = 2, 1.25; the first 16 questions): one
 persona twice, the second teacher's logits divided by T2 after the correct option only. Every context
@@ -122,6 +130,9 @@ def parse_args(argv):
                                                                  "quick 6)")
     ap.add_argument("--configs", type=names_from(CONFIG_NAMES, "configuration"), default=CONFIG_NAMES,
                     help=f"comma-separated teacher configurations (default all: {', '.join(CONFIG_NAMES)})")
+    ap.add_argument("--server", default=None, help="the teachers' vLLM server, http://HOST:PORT (default: load "
+                                                   "them in this process)")
+    ap.add_argument("--served-model", default=None, help="the model name on --server (default: its only model)")
     ap.add_argument("--long", action="store_true", help="then measure H up to 64 (quick 8) for the questions whose "
                                                         "drift interval allows a flip beyond the default horizons")
     return ap, ap.parse_args(argv)
@@ -137,12 +148,34 @@ from harness import Cell, run_cells, sizes, write_csv  # noqa: E402
 
 from llm_bridge.horizon import exact_flip_horizon, flip_horizon_study  # noqa: E402
 from llm_bridge.probes import check_question, read_questions  # noqa: E402
+from llm_bridge.served import ServerError, served_model_name  # noqa: E402
 
 
 def horizons_up_to(h_max):
     """0, 1, 2, 4, ... up to h_max (h_max included)."""
     hs = [0] + [2 ** i for i in range(int(np.log2(h_max)) + 1) if 2 ** i <= h_max]
     return sorted(set(hs + [h_max]))
+
+
+def served_setting(url, model=None):
+    """{"url", "model"} of --server and --served-model (default: the server's only model; asks the server)."""
+    if not str(url).startswith(("http://", "https://")):
+        raise ValueError(f"--server {url!r} must start with http:// or https://")
+    return dict(url=str(url).rstrip("/"), model=model or served_model_name(url))
+
+
+def served_configs(names, explicit):
+    """The configurations a server can run: every teacher at temperature 1 and no after-correct change (a
+    server scores prompts at temperature 1 only). Asked for explicitly, another one is an error."""
+    by = {c.name: c for c in CONFIGS + CONTROLS}
+    tempered = [n for n in names if by[n].after_correct or any(t != 1.0 for _, _, t in by[n].personas)]
+    if explicit and tempered:
+        raise ValueError(f"configuration {tempered[0]!r} needs a teacher scored at a temperature other than 1, "
+                         "which a server does not give (its prompt log-probabilities are at temperature 1)")
+    kept = tuple(n for n in names if n not in tempered)
+    if not kept:
+        raise ValueError("no configuration left to run through a server")
+    return kept
 
 
 def load_questions(path=QUESTIONS):
@@ -188,6 +221,8 @@ def cells_for(size, only, base_seed):
                                 samples=size["samples"], horizons=horizons_up_to(size["max_horizon"]),
                                 ess_floor=ESS_SHARE * size["samples"],
                                 max_samples=MAX_SAMPLES_FACTOR * size["samples"], model=size["model"], device=size["device"], dtype=size["dtype"])
+                if size.get("server"):
+                    settings.update(server=size["server"], ess_floor=None, max_samples=None)
                 cells.append(Cell("flip_horizon", "smollm2", settings, base_seed=base_seed,
                                   stream=("smollm2", config.name, lo)))
     return cells
@@ -210,6 +245,8 @@ def long_cells_for(questions, size, base_seed):
                             samples=size["samples"], horizons=horizons_up_to(h_long), ess_floor=ESS_SHARE * size["samples"],
                             max_samples=MAX_SAMPLES_FACTOR * size["samples"],
                             model=size["model"], device=size["device"], dtype=size["dtype"])
+            if size.get("server"):
+                settings.update(server=size["server"], ess_floor=None, max_samples=None)
             cells.append(Cell("flip_horizon", "smollm2", settings, base_seed=base_seed,
                               stream=("smollm2-long", name, tuple(ids[lo:lo + size["group"]]))))
     return cells
@@ -292,22 +329,50 @@ def _model(spec, device, dtype):
     return load_model(spec, device, dtype)
 
 
-def run_smollm2(cell):
+@lru_cache(maxsize=1)
+def _served(spec, url, model):
+    """The local tokenizer of the served model, checked against the server's once per process."""
+    from llm_bridge.models import load_tokenizer
+    from llm_bridge.served import Served, ServedTeacher
+    tok = load_tokenizer(spec)
+    probe = "The flip horizon: 7 x 8 = 56."
+    Served([ServedTeacher(url, model)], len(tok)).check_tokenizer(probe, tok(probe, add_special_tokens=False)["input_ids"])
+    return tok
+
+
+def served_teachers(cell, personas):
+    """PersonaTeachers (text side) of the cell's personas and their :class:`llm_bridge.served.Served` backend."""
     from llm_bridge.models import PersonaTeachers
-    model, tok = _model(cell["model"], cell["device"], cell["dtype"])
+    server = cell["server"]
+    tok = _served(cell["model"], server["url"], server["model"])
+    pt = PersonaTeachers(None, tok, [dict(p, server=server) for p in personas], [0.5, 0.5], "chat")
+    return pt, pt.served()
+
+
+def run_smollm2(cell):
+    from llm_bridge.horizon import flip_horizon_study_backend
+    from llm_bridge.models import PersonaTeachers
     personas = [dict(name=n, system=s, temperature=t) for n, s, t in cell["personas"]]
-    pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
+    if cell.settings.get("server"):
+        pt, backend = served_teachers(cell, personas)
+    else:
+        model, tok = _model(cell["model"], cell["device"], cell["dtype"])
+        pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
     twin = None
-    if cell.settings.get("after_correct"):
+    if cell.settings.get("after_correct") and not cell.settings.get("server"):
         changed = personas[:-1] + [dict(personas[-1], temperature=cell["after_correct"])]
         twin = PersonaTeachers(model, tok, changed, [0.5, 0.5], "chat", device=cell["device"]).teachers
     questions = []
     for qid, text, correct, incorrect in cell["questions"]:
         c_ids, i_ids = pt.option_ids([correct, incorrect])
         questions.append(dict(id=qid, prompt_ids=pt.prompt_ids(text), correct_ids=c_ids, incorrect_ids=i_ids))
-    q, h = flip_horizon_study(pt.teachers, questions, cell["horizons"], cell["samples"], int(cell.seed_array()[0]),
-                              ess_floor=cell.settings.get("ess_floor"), max_samples=cell.settings.get("max_samples"),
-                              after_correct=twin)
+    if cell.settings.get("server"):
+        q, h = flip_horizon_study_backend(backend, [0.5, 0.5], questions, cell["horizons"], cell["samples"],
+                                          int(cell.seed_array()[0]))
+    else:
+        q, h = flip_horizon_study(pt.teachers, questions, cell["horizons"], cell["samples"], int(cell.seed_array()[0]),
+                                  ess_floor=cell.settings.get("ess_floor"), max_samples=cell.settings.get("max_samples"),
+                                  after_correct=twin)
     q.insert(0, "config", cell["config"])
     h.insert(0, "config", cell["config"])
     q = q.rename(columns={f"margin_{p['name']}": f"margin_teacher{j}" for j, p in enumerate(personas)})
@@ -383,10 +448,16 @@ def main(argv=None):
         if "smollm2" in only:
             from llm_bridge.models import resolve_model_path
             resolve_model_path(args.model)
+            if args.server:
+                size.update(server=served_setting(args.server, args.served_model),
+                            configs=served_configs(args.configs, explicit=args.configs is not CONFIG_NAMES))
         cells = cells_for(size, only, args.base_seed)
-    except ValueError as exc:
+    except (ValueError, ServerError) as exc:
         ap.error(str(exc))
-    results = run_cells(cells, run_cell, args.out, resume=args.resume, progress=not args.quiet, desc="flip_horizon")
+    try:
+        results = run_cells(cells, run_cell, args.out, resume=args.resume, progress=not args.quiet, desc="flip_horizon")
+    except ServerError as exc:          # the cells finished before it are saved: a rerun resumes
+        ap.error(str(exc))
     out = Path(args.out)
     tab = [r for c, r in zip(cells, results) if c.kind == "tabular"]
     if tab:

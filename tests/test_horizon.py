@@ -16,6 +16,7 @@ from llm_bridge.horizon import (Z_80, detectable_drift, exact_flip_horizon, firs
                                 sample_contexts, sample_log_factors_many, torch_geometric_pool)
 from llm_bridge.partition import Z_95
 from llm_bridge.partition import log_mean_exp_stats
+from scipy.special import logsumexp
 from llm_bridge.tabular import TabularLM
 from llm_bridge.teachers import Teacher, Teachers
 
@@ -649,3 +650,95 @@ def test_a_weight_zero_teacher_that_rules_out_an_option_leaves_the_pool_finite()
     assert r.margin_t1 > 1e29 and r.margin == pytest.approx(np.log(9), abs=1e-6)
     for col in ("margin", "margin_mixture", "margin_local", "drift", "h_star"):
         assert r[col] == pytest.approx(ref[col].iloc[0], rel=1e-9), col
+
+
+# ------------------------------------------------------------------------------------------------
+# the estimator a server can serve: the teachers' own samples with importance weights (issue 43)
+# ------------------------------------------------------------------------------------------------
+def test_proposal_log_weights_equal_the_machine_along_every_sample():
+    """Each sample's L(H) = sum_k w_k ln p_k(c_<=H) - ln sum_j (n_j / N) p_j(c_<=H), recomputed here from the
+    machine's own tables along the sample's states; the split n_j = (3, 2, 2) of N = 7 over three teachers
+    (the first takes the remainder), each teacher's samples its own; tokens end at an end token."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.partition import proposal_log_weights
+    t = examples.llm_like_prefix_teachers(1, 0.3)
+    t3 = examples.random_prefix_teachers(2, 1.0)
+    for machine, w, ends, counts in ((t, [0.5, 0.5], [t.n - 1], (4, 3)), (t3, [0.2, 0.5, 0.3], [], (3, 2, 2))):
+        bridge = bridge_of(machine, w, ends)
+        H = 6
+        contexts = [[machine.n, 0], [machine.n, 1]]
+        got = proposal_log_weights(InProcess(bridge), w, contexts, H, 7, [np.random.default_rng(s) for s in (1, 2)])
+        log_q = np.log(np.array(counts) / 7)
+        for ctx, (inc, tokens) in zip(contexts, got):
+            assert inc.shape == (7, H) and tokens.shape == (7, H - 1)
+            L = np.concatenate([np.zeros((7, 1)), np.cumsum(inc, axis=1)], axis=1)
+            for i in range(7):                  # L(0 .. H - 1): the H - 1 tokens returned
+                s, S = int(machine.next_state[machine.start, ctx[1]]), np.zeros((machine.K, H))
+                for h, a in enumerate(tokens[i]):
+                    S[:, h + 1] = S[:, h] + (machine.log_probs[:, s, a] if a >= 0 else 0.0)
+                    s = int(machine.next_state[s, a]) if a >= 0 else s
+                want = np.asarray(w) @ S - logsumexp(log_q[:, None] + S, axis=0)
+                np.testing.assert_allclose(L[i, :H], want, atol=2e-5)
+                ended = np.isin(tokens[i], ends)
+                if ended.any():                  # after an end token nothing is added and nothing returned
+                    e = int(np.argmax(ended)) + 1
+                    assert np.all(inc[i, e:] == 0) and np.all(tokens[i, e:] == -1)
+            assert all(np.isin(tokens[:, 0], np.flatnonzero(machine.log_probs[:, int(machine.next_state[
+                machine.start, ctx[1]])].max(axis=0) > -np.inf)))
+
+
+def test_proposal_estimate_covers_the_exact_partition():
+    """ln Z_H(v) from the teachers' own samples against aggregation's exact recursion, on 8 LLM-like machines
+    (an end token, heavy tails) and 8 random ones, N = 400, at H = 1 .. 8: the 95% intervals cover (>= 13 of 16 at
+    the largest H: P(Bin(16, .95) <= 12) = 0.007) and the z-scores are centred."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.partition import proposal_log_weights
+    H, covers, zs = 8, 0, []
+    for i in range(16):
+        machine = examples.llm_like_prefix_teachers(i, 0.3) if i < 8 else examples.random_prefix_teachers(i, 1.0)
+        w = [1 / machine.K] * machine.K
+        bridge = bridge_of(machine, w, [machine.n - 1] if i < 8 else ())
+        (inc, _), = proposal_log_weights(InProcess(bridge), w, [[machine.n, 0]], H, 400, [np.random.default_rng(i)])
+        L = np.concatenate([np.zeros((400, 1)), np.cumsum(inc, axis=1)], axis=1)
+        est, se, _ = log_mean_exp_stats(L)
+        table = ag.sequence_log_partition(machine, np.asarray(w), H)
+        exact = table[H - np.arange(H + 1), int(machine.next_state[machine.start, 0])]
+        assert est[0] == 0 and exact[0] == pytest.approx(0, abs=1e-12)
+        z = (est[-1] - exact[-1]) / se[-1]
+        covers += abs(z) <= Z_95
+        zs.append(z)
+    assert covers >= 13, zs
+    assert abs(np.mean(zs)) < 4 / np.sqrt(16), zs
+
+
+def test_backend_study_recovers_the_exact_drift_and_margin():
+    """flip_horizon_study_backend on the in-process backend of 10 random machines: margins exact, the drift's
+    95% interval covers the exact drift on >= 8 of 10 (P(Bin(10, .95) <= 7) = 0.012), l's margin NaN."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.horizon import flip_horizon_study_backend
+    hs, covers, z = [0, 1, 2, 4, 8, 16], 0, []
+    for seed in range(10):
+        t = examples.random_prefix_teachers(seed, 1.0)
+        w = np.full(3, 1 / 3)
+        q, h = flip_horizon_study_backend(InProcess(bridge_of(t, w)), w, one_question(t), hs, 300, seed)
+        row, exact = q.iloc[0], exact_flip_horizon(t, w, hs, h_max=256)
+        assert row.margin == pytest.approx(exact["margin"], abs=1e-5) and np.isnan(row.margin_local)
+        assert row.margin_t0 == pytest.approx(t.log_probs[0, t.start, 0] - t.log_probs[0, t.start, 1], abs=1e-5)
+        covers += row.drift_lo <= exact["drift"] <= row.drift_hi
+        z.append((row.drift - exact["drift"]) / row.drift_se)
+        np.testing.assert_allclose(h.gap_hi - h.gap, Z_95 * h.gap_se)
+    assert covers >= 8, z
+    assert abs(np.mean(z)) < 4 / np.sqrt(10), z
+
+
+def test_backend_study_refuses_bad_input():
+    from llm_bridge.backend import InProcess
+    from llm_bridge.horizon import flip_horizon_study_backend
+    t = examples.random_prefix_teachers(0, 1.0)
+    backend, w = InProcess(bridge_of(t, [1 / 3] * 3)), [1 / 3] * 3
+    for kw, message in ((dict(horizons=[0]), "one horizon > 0"), (dict(n_samples=2), "n_samples"),
+                        (dict(weights=[0.5, 0.5, 0.5]), "weights"), (dict(seed=[1, 2]), "seed has 2 entries"),
+                        (dict(questions=[]), "questions is empty")):
+        args = dict(weights=w, questions=one_question(t), horizons=[0, 2], n_samples=6, seed=0) | kw
+        with pytest.raises(ValueError, match=message):
+            flip_horizon_study_backend(backend, **args)

@@ -317,3 +317,89 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     assert {"kl_a_l_hi", "tv_hi", "l_factor"} <= set(pos.columns) and (pos.kl_a_l <= pos.kl_a_l_hi).all()
     page = (out / "report.html").read_text()
     assert page.index("What to do") < page.index("Bounds") and "full distribution" in page
+
+
+# ------------------------------------------------------------------------------------------------
+# the flip-horizon study through the server (llm_bridge.horizon.flip_horizon_study_backend)
+# ------------------------------------------------------------------------------------------------
+class Recording:
+    """A backend that records the responses another backend generates (per call, in order)."""
+
+    def __init__(self, backend):
+        self.backend, self.calls = backend, []
+        self.models, self.end_token_ids, self.vocab_size = backend.models, backend.end_token_ids, backend.vocab_size
+
+    def generate(self, rows, max_tokens, rngs):
+        self.calls.append(self.backend.generate(rows, max_tokens, rngs))
+        return self.calls[-1]
+
+    def score(self, rows, models=None):
+        return self.backend.score(rows, models)
+
+
+class Replay(Recording):
+    """A backend that gives recorded responses and scores them with another backend."""
+
+    def __init__(self, backend, calls):
+        super().__init__(backend)
+        self.recorded = iter(calls)
+
+    def generate(self, rows, max_tokens, rngs):
+        got = next(self.recorded)
+        assert len(got) == len(rows)
+        return got
+
+
+def flip_questions(pt, n):
+    from llm_bridge.probes import read_questions
+    out = []
+    for q in read_questions(ROOT / "llm_bridge" / "data" / "flip_questions.jsonl")[:n]:
+        c_ids, i_ids = pt.option_ids([q["correct"], next(o for o in q["options"] if o != q["correct"])])
+        out.append(dict(id=q["id"], prompt_ids=pt.prompt_ids(q["question"]), correct_ids=c_ids, incorrect_ids=i_ids))
+    return out
+
+
+@pytest.mark.slow
+def test_served_flip_horizon_equals_in_process_on_the_same_responses(server, personas):
+    """Three flip questions, H <= 4, 8 continuations per option sampled by the server: the study through the
+    server and the same study in process on the same responses give the same margins (1e-4 nats) and ln Z_H,
+    gaps and drifts (to 1e-3: sums of 1e-4 nats differences); and the served study agrees with the in-process
+    study that samples l instead, within Monte Carlo error (|z| < 4 on the gap at every H, s.e.s of both)."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.horizon import flip_horizon_study, flip_horizon_study_backend
+    questions, hs, w = flip_questions(personas, 3), [0, 1, 2, 4], [0.5, 0.5]
+    rec = Recording(served_from(personas.teachers, server))
+    qs, hs_ = flip_horizon_study_backend(rec, w, questions, hs, 8, 0)
+    qi, hi = flip_horizon_study_backend(Replay(InProcess(personas.teachers), rec.calls), w, questions, hs, 8, 0)
+    names = [f"margin_{t.name}" for t in personas.teachers.teachers]
+    np.testing.assert_allclose(qs[names + ["margin", "margin_mixture"]], qi[names + ["margin", "margin_mixture"]],
+                               atol=1e-4)
+    for col in ("log_z_correct", "log_z_incorrect", "gap", "gap_se", "running_correct", "ess_correct"):
+        np.testing.assert_allclose(hs_[col], hi[col], atol=1e-3, rtol=1e-3, err_msg=col)
+    np.testing.assert_allclose(qs.drift, qi.drift, atol=1e-3)
+    assert qs.margin_local.isna().all() and (qs.samples_correct == 8).all()
+    ql, hl = flip_horizon_study(personas.teachers, questions, hs, 8, 0)
+    np.testing.assert_allclose(qs.margin, ql.margin, atol=1e-4)
+    z = (hs_.gap - hl.gap) / np.hypot(hs_.gap_se, hl.gap_se)
+    assert (hs_.horizon == 0).sum() == 3 and (np.abs(z[hs_.horizon > 0]) < 4).all(), z
+
+
+@pytest.mark.slow
+def test_flip_horizon_cli_through_the_server(server, tmp_path):
+    """sims/flip_horizon.py --server: the temperature-1 configurations run through the server (the tokenizer
+    checked, the served model found by name), l's margin left out; a tempered configuration asked for is refused
+    with one line."""
+    import sys
+    import pandas as pd
+    out = tmp_path / "out"
+    base = [sys.executable, "sims/flip_horizon.py", "--only", "smollm2", "--server", server, "--quick", "--questions", "2",
+            "--no-figures", "--quiet"]
+    cmd = base + ["--configs", "personas,correct-if-wrong", "--out", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    q = pd.read_csv(out / "flip_questions.csv")
+    assert list(q.config.unique()) == ["personas", "correct-if-wrong"] and len(q) == 4
+    assert q.margin_local.isna().all() and q.drift.notna().all() and (q.samples_correct == 4).all()
+    r = subprocess.run(base + ["--configs", "temperature", "--out", str(tmp_path / "t")], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "temperature other than 1" in r.stderr
