@@ -339,6 +339,10 @@ def _encode(tok, text):
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
+# a text every server must tokenize as the local tokenizer does (words, digits, punctuation, a non-ASCII letter)
+TOKENIZER_PROBE = "Teachers agree: 7 x 8 = 56, naïve 'tokenizers' differ!"
+
+
 class PersonaTeachers:
     """Teachers = one model under K personas (system prompts / temperatures), plus text helpers. With
     ``model=None`` only the text side is built (``template_ids``, ``names``, ``temperatures``,
@@ -360,14 +364,18 @@ class PersonaTeachers:
 
     def served(self, **transport):
         """The personas as :class:`llm_bridge.served.Served` teachers, each on the server its teachers-file entry
-        names (``server``: url and model); ``transport``: Served's max_in_flight, timeout, retries, backoff."""
+        names (``server``: url and model); ``transport``: Served's max_in_flight, timeout, retries, backoff.
+        Every server must tokenize a probe text as the local tokenizer does (a ValueError naming the first
+        difference: teachers with another tokenizer cannot be pooled)."""
         from .served import Served, ServedTeacher
         missing = [n for n, p in zip(self.names, self.personas) if "server" not in p]
         if missing:
             raise ValueError(f"teacher {missing[0]!r} has no server")
         teachers = [ServedTeacher(p["server"]["url"], p["server"]["model"], ids, t, name)
                     for p, ids, t, name in zip(self.personas, self.template_ids, self.temperatures, self.names)]
-        return Served(teachers, len(self.tokenizer), self.end_token_ids, **transport)
+        served = Served(teachers, len(self.tokenizer), self.end_token_ids, **transport)
+        served.check_tokenizer(TOKENIZER_PROBE, _encode(self.tokenizer, TOKENIZER_PROBE))
+        return served
 
     def _template_text(self, system):
         if self.fmt == "chat":

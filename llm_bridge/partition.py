@@ -298,7 +298,6 @@ def sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples
     hs, _ = check_horizons(horizons)
     n_samples = check_int(n_samples, "n_samples", 1)
     exact = option_log_probs(teachers, prompt_ids, options)
-    rows = []
     from tqdm import tqdm
     estimates = [estimate_log_partition(teachers, prompt_ids, o, hs, n_samples,
                                         np.random.SeedSequence([int(seed), i]), batch_size)
@@ -310,17 +309,64 @@ def sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples
     exact_scores = {name: _normalise(exact["teacher"][k]) for k, name in enumerate(teachers.names)}
     exact_scores["local_geometric"] = _normalise(exact["local_geometric"])
     exact_scores["mixture"] = _normalise(exact["mixture"])
+    return _score_table(hs, exact_scores, exact["reward"], log_z, se, ess)
+
+
+def sequence_geometric_scores_backend(backend, weights, prompt_ids, options, horizons, n_samples, seed,
+                                      names=None):
+    """:func:`sequence_geometric_scores` through any backend (in process or served), from what a server gives
+    exactly: the options scored under every teacher, each option's ln Z_H from the teachers' own samples
+    (:func:`proposal_log_weights`). The same table without the ``local_geometric`` scorer (l's score needs
+    each position's normaliser, hence full distributions). ``weights`` (K,): the pool's, over the backend's
+    first K models; ``names``: the teachers' (default the backend's)."""
+    from aggregation.validate import check_weights
+    w = check_weights(weights, len(weights), name="weights")
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt is empty")
+    if len(options) < 1:
+        raise ValueError("options is empty")
+    for i, o in enumerate(options):
+        if len(o) == 0:
+            raise ValueError(f"options[{i}] has no tokens")
+    hs, _ = check_horizons(horizons)
+    n_samples = check_int(n_samples, "n_samples", 1)
+    names = [m.name for m in backend.models[:len(w)]] if names is None else list(names)
+    teacher = np.stack([sc.sum(axis=1) for sc in backend.score([(list(prompt_ids), list(o)) for o in options],
+                                                                models=list(range(len(w))))], axis=1)   # (K, O)
+    keep = positive_teachers(w)
+    reward = w[keep] @ teacher[keep]
+    with np.errstate(divide="ignore"):
+        mixture = logsumexp(np.log(w)[:, None] + teacher, axis=0)
+    ends = set(backend.end_token_ids)
+    rngs = [np.random.default_rng(np.random.SeedSequence([int(seed), i])) for i in range(len(options))]
+    sampled = proposal_log_weights(backend, w, [list(prompt_ids) + list(o) for o in options], max(hs), n_samples,
+                                   rngs)
+    log_z, se, ess = np.zeros((len(hs), len(options))), np.zeros((len(hs), len(options))), np.zeros((len(hs), len(options)))
+    for i, (o, (inc, _)) in enumerate(zip(options, sampled)):
+        if int(o[-1]) in ends:                 # nothing follows an option that ends the response: Z = 1
+            inc = np.zeros_like(inc)
+        L = np.concatenate([np.zeros((inc.shape[0], 1)), np.cumsum(inc, axis=1)], axis=1)[:, hs]
+        log_z[:, i], se[:, i], ess[:, i] = log_mean_exp_stats(L)
+    scores = {name: _normalise(teacher[k]) for k, name in enumerate(names)}
+    scores["mixture"] = _normalise(mixture)
+    return _score_table(hs, scores, reward, log_z, se, ess)
+
+
+def _score_table(hs, exact_scores, reward, log_z, se, ess):
+    """sequence_geometric_scores' table from the exact scorers' normalised scores, the unnormalised reward
+    (O,) and each option's ln Z, its s.e. and ESS at every horizon (n_h, O)."""
+    rows, O = [], len(reward)
     for j, h in enumerate(hs):
         for scorer, score in exact_scores.items():
-            for i in range(len(options)):
+            for i in range(O):
                 rows.append(dict(horizon=h, scorer=scorer, option=i, log_score=score[i],
                                  ci_low=score[i], ci_high=score[i]))
-        weight = exact["reward"] + log_z[j]
+        weight = reward + log_z[j]
         score = _normalise(weight)
         g = np.exp(score)
-        for i in range(len(options)):
+        for i in range(O):
             # d ln g_i / d ln Z_m = [i == m] - g_m, ln Z's independent
-            grad = (np.arange(len(options)) == i) - g
+            grad = (np.arange(O) == i) - g
             finite = grad != 0
             half = Z_95 * np.sqrt(np.sum((grad[finite] * se[j][finite]) ** 2))
             rows.append(dict(horizon=h, scorer="geometric", option=i, log_score=score[i],
@@ -328,5 +374,5 @@ def sequence_geometric_scores(teachers, prompt_ids, options, horizons, n_samples
                              log_weight=weight[i], log_partition=log_z[j, i],
                              log_partition_se=se[j, i], ess=ess[j, i]))
     df = pd.DataFrame(rows)
-    df.attrs["reward"] = exact["reward"]
+    df.attrs["reward"] = np.asarray(reward)
     return df

@@ -23,8 +23,9 @@ import pandas as pd
 from aggregation.validate import check_int, check_weights
 from harness import atomic_write, write_csv
 
-from .models import DTYPES, PersonaTeachers, load_model, read_jsonl, read_teachers_file, resolve_model_path
-from .partition import Z_95, sequence_geometric_scores
+from .models import (DTYPES, PersonaTeachers, load_model, load_tokenizer, read_jsonl, read_teachers_file,
+                     resolve_model_path)
+from .partition import Z_95, sequence_geometric_scores, sequence_geometric_scores_backend
 from .teachers import resolve_device
 
 
@@ -107,7 +108,10 @@ class ProbeSettings:
                    getattr(args, "seed", 0), getattr(args, "batch_size", None), args.device, args.dtype)
 
     def load(self):
-        """PersonaTeachers of the model under the file's personas (loads the model)."""
+        """PersonaTeachers of the model under the file's personas (loads the model); for teachers behind a
+        server (the file's ``server``) only the text side: the tokenizer loads, the server answers."""
+        if any("server" in p for p in self.personas):
+            return PersonaTeachers(None, load_tokenizer(self.model), self.personas, self.weights, self.format)
         model, tok = load_model(self.model, self.device, self.dtype)
         return PersonaTeachers(model, tok, self.personas, self.weights, self.format, device=self.device)
 
@@ -118,15 +122,21 @@ def run_probe(persona_teachers, question, options, correct, settings, progress=F
     bridge = persona_teachers.teachers
     prompt = persona_teachers.prompt_ids(question)
     option_ids = persona_teachers.option_ids(options)
-    df = sequence_geometric_scores(bridge, prompt, option_ids, settings.horizons, settings.n_samples,
-                                   settings.seed, settings.batch_size, progress)
+    names, weights = persona_teachers.names, np.asarray(settings.weights, dtype=float)
+    if bridge is None:                  # teachers behind a server: no l, ln Z from the teachers' own samples
+        df = sequence_geometric_scores_backend(persona_teachers.served(), weights, prompt, option_ids,
+                                               settings.horizons, settings.n_samples, settings.seed, names)
+    else:
+        df = sequence_geometric_scores(bridge, prompt, option_ids, settings.horizons, settings.n_samples,
+                                       settings.seed, settings.batch_size, progress)
     df.insert(3, "option_text", [options[i] for i in df["option"]])
     df["correct"] = df["option"] == c
-    summary = summarise(df, bridge.names, c)
+    summary = summarise(df, names, c)
     summary.update(question=question, options=list(options), correct=options[c], horizons=settings.horizons,
-                   n_samples=settings.n_samples, seed=settings.seed, weights=bridge.weights.tolist(),
-                   teachers=bridge.names, option_tokens=[len(o) for o in option_ids],
-                   reward=df.attrs["reward"].tolist(), model=settings.model, device=settings.device)
+                   n_samples=settings.n_samples, seed=settings.seed, weights=weights.tolist(),
+                   teachers=names, option_tokens=[len(o) for o in option_ids],
+                   reward=df.attrs["reward"].tolist(), model=settings.model, device=settings.device,
+                   served=bridge is None)
     return df, summary
 
 
@@ -186,7 +196,8 @@ def describe(summary):
     return "\n".join(
         f"H={r['horizon']:>4}  margin g={r['margin']['geometric']:+.3f} "
         f"[{r['geometric_margin_ci'][0]:+.3f}, {r['geometric_margin_ci'][1]:+.3f}]  "
-        f"l={r['margin']['local_geometric']:+.3f}  mixture={r['margin']['mixture']:+.3f}  "
+        + (f"l={r['margin']['local_geometric']:+.3f}  " if "local_geometric" in r["margin"] else "l=n/a (served)  ")
+        + f"mixture={r['margin']['mixture']:+.3f}  "
         f"teachers={'correct' if r['teachers_prefer_correct'] else 'not all correct'}"
         f"{'  FLIP' if r['flip'] else ''}" for r in summary["per_horizon"])
 

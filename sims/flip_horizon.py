@@ -330,22 +330,16 @@ def _model(spec, device, dtype):
 
 
 @lru_cache(maxsize=1)
-def _served(spec, url, model):
-    """The local tokenizer of the served model, checked against the server's once per process."""
+def _tokenizer(spec):
     from llm_bridge.models import load_tokenizer
-    from llm_bridge.served import Served, ServedTeacher
-    tok = load_tokenizer(spec)
-    probe = "The flip horizon: 7 x 8 = 56."
-    Served([ServedTeacher(url, model)], len(tok)).check_tokenizer(probe, tok(probe, add_special_tokens=False)["input_ids"])
-    return tok
+    return load_tokenizer(spec)
 
 
 def served_teachers(cell, personas):
     """PersonaTeachers (text side) of the cell's personas and their :class:`llm_bridge.served.Served` backend."""
     from llm_bridge.models import PersonaTeachers
-    server = cell["server"]
-    tok = _served(cell["model"], server["url"], server["model"])
-    pt = PersonaTeachers(None, tok, [dict(p, server=server) for p in personas], [0.5, 0.5], "chat")
+    pt = PersonaTeachers(None, _tokenizer(cell["model"]), [dict(p, server=cell["server"]) for p in personas],
+                         [0.5, 0.5], "chat")
     return pt, pt.served()
 
 

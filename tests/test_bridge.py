@@ -5,6 +5,7 @@ import json
 import os
 
 import numpy as np
+import pandas as pd
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -276,6 +277,34 @@ def test_scores_match_the_dynamic_programme():
     assert np.abs(got.log_score - g4).max() < 0.05 and half.max() < 0.05
     # the report is internally consistent: g from the estimated ln Z's
     np.testing.assert_allclose(got.log_score, got.log_weight - logsumexp(got.log_weight), atol=1e-12)
+
+
+def test_backend_scores_match_the_dynamic_programme():
+    """The probe's table through a backend (what a server serves: sequence_geometric_scores_backend): single-token
+    options over the whole vocabulary (one ends the response, Z = 1) of a machine with an end token; the teachers'
+    and the mixture's scores exact, g exact at H = 0 and within 4 s.e. of aggregation's g(a | start) at H = 4 (ln Z
+    from the teachers' own samples), no l; the same seed gives the same table."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.partition import sequence_geometric_scores_backend
+    t = end_token_machine()
+    backend = InProcess(end_bridge(t, pad=2))
+    options = [[a] for a in range(t.n)]
+    df = sequence_geometric_scores_backend(backend, W3, [t.n], options, [0, 4], 600, seed=0)
+    assert set(df.scorer) == {"teacher0", "teacher1", "teacher2", "mixture", "geometric"}
+    pick = lambda scorer, h: df[(df.scorer == scorer) & (df.horizon == h)].sort_values("option")
+    for k in range(t.K):
+        np.testing.assert_allclose(pick(f"teacher{k}", 4).log_score, t.log_probs[k, t.start], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pick("mixture", 0).log_score, ag.mixture_conditionals(t, W3, [])[0], atol=1e-6)
+    np.testing.assert_allclose(pick("geometric", 0).log_score, ag.sequence_geometric_conditionals(t, W3, 1)[0, t.start],
+                               atol=1e-6)
+    got, g4 = pick("geometric", 4), ag.sequence_geometric_conditionals(t, W3, 5)[0, t.start]
+    half = (got.ci_high - got.ci_low).to_numpy() / 2
+    assert np.all(np.abs(got.log_score - g4) <= half * 4 / 1.96 + 1e-9), (got.log_score, g4, half)
+    assert got[got.option == 5].log_partition.item() == 0.0                   # 5 ends the response
+    again = sequence_geometric_scores_backend(backend, W3, [t.n], options, [0, 4], 600, seed=0)
+    pd.testing.assert_frame_equal(df, again)
+    with pytest.raises(ValueError, match="n_samples"):
+        sequence_geometric_scores_backend(backend, W3, [t.n], options, [4], 2, seed=0)
 
 
 def test_multi_token_options_match_the_dynamic_programme():

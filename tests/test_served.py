@@ -403,3 +403,33 @@ def test_flip_horizon_cli_through_the_server(server, tmp_path):
     r = subprocess.run(base + ["--configs", "temperature", "--out", str(tmp_path / "t")], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "temperature other than 1" in r.stderr
+
+
+@pytest.mark.slow
+def test_probe_cli_through_the_server_matches_in_process(server, tmp_path):
+    """sims/probe_prefix_bias.py with the shipped teachers file pointing at the server: exit 0; the teachers' and
+    the mixture's margins equal the in-process probe's (1e-4 nats), g's margin lies within Monte Carlo error of it
+    (|z| < 4, both s.e.s), l is left out (it needs full distributions) and the summary says it was served."""
+    import json
+    import sys
+    import pandas as pd
+    spec = json.loads((ROOT / "llm_bridge" / "examples" / "teachers.json").read_text())
+    spec["server"] = {"url": server, "model": MODEL}
+    (tmp_path / "teachers.json").write_text(json.dumps(spec))
+    args = ["--question", "What is the capital of France?", "--options", "Paris", "Lyon", "--correct", "Paris",
+            "--horizons", "0,4", "--n-samples", "16", "--no-figures"]
+    got = {}
+    for where, teachers in (("served", tmp_path / "teachers.json"),
+                            ("local", ROOT / "llm_bridge" / "examples" / "teachers.json")):
+        r = subprocess.run([sys.executable, "sims/probe_prefix_bias.py", "--teachers", str(teachers), "--out",
+                            str(tmp_path / where), *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        got[where] = pd.read_csv(tmp_path / where / "margins.csv").set_index(["horizon", "scorer"])
+    served, local = got["served"], got["local"]
+    assert "local_geometric" not in set(served.index.get_level_values(1))
+    exact = [i for i in served.index if i[1] != "geometric"]
+    np.testing.assert_allclose(served.loc[exact, "margin"], local.loc[exact, "margin"], atol=1e-4)
+    g = (4, "geometric")
+    se = np.hypot(*((x.loc[g, "margin_high"] - x.loc[g, "margin_low"]) / (2 * 1.96) for x in (served, local)))
+    assert abs(served.loc[g, "margin"] - local.loc[g, "margin"]) < 4 * se, (served.loc[g], local.loc[g])
+    assert json.loads((tmp_path / "served" / "summary.json").read_text())["served"] is True
