@@ -48,7 +48,7 @@ import torch
 
 from aggregation.validate import check_horizons, check_int, check_weights, positive_teachers
 
-from .horizon import flip_horizon_study
+from .horizon import flip_horizon_study, flip_horizon_study_backend
 from .runs import describe
 
 
@@ -401,8 +401,10 @@ def first_token_options(first_log_probs, weights):
     return c, int(order[1])
 
 
-def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=64):
-    """Prefix flip risk of each prompt from :func:`llm_bridge.horizon.flip_horizon_study`.
+def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=64, weights=None):
+    """Prefix flip risk of each prompt from :func:`llm_bridge.horizon.flip_horizon_study` (``teachers``: an
+    llm_bridge.Teachers) or, for a backend with its pool ``weights`` (teachers on a server),
+    :func:`llm_bridge.horizon.flip_horizon_study_backend` (ln Z_H from the teachers' own samples).
 
     items : list of dicts with ``id``, ``prompt_ids`` and ``correct_ids`` / ``incorrect_ids`` (the options;
     for the teachers' first tokens, from :func:`first_token_options`). Returns the study's per-question
@@ -414,7 +416,10 @@ def flip_risk(teachers, items, horizons, n_samples, seed, max_rows=64):
     KV cache of the prompt, the option and H tokens).
     """
     check_horizons(horizons)
-    q, h = flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)
+    if weights is None:
+        q, h = flip_horizon_study(teachers, items, horizons, n_samples, seed, max_rows=max_rows)
+    else:
+        q, h = flip_horizon_study_backend(teachers, weights, items, horizons, n_samples, seed, max_rows=max_rows)
     q = q.drop(columns=["h_star", "h_star_lo", "h_star_hi"])
     q["flip_bound"] = [flip_bound(r) for r in q.itertuples(index=False)]
     # numbers that do not apply are blank: no first flip where none was measured, no powered bound where a flip
@@ -492,7 +497,7 @@ def _where(rows, n=4):
     return "; ".join(parts) + ("; ..." if len(by) > n else "")
 
 
-def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None, no_flip="--no-flip"):
+def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None):
     """Each finding's verdict in words, the rule that decides it (threshold and where it comes from) and an
     action; the first lines of every report. With bounded positions (``kl_a_l_hi``: teachers served,
     :mod:`llm_bridge.topk_bounds`) the disagreement is decided on the bounds of the mean KL, or said to be
@@ -503,7 +508,6 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     positions, vetoes, experts : the diagnosis tables over every prompt (``id`` and ``response`` columns);
     flips : :func:`flip_risk`'s table or None (not estimated); thresholds : :class:`Thresholds`;
     prediction : optional :class:`llm_bridge.runs.Prediction` of the user's run (its ``target``, ``label``).
-    no_flip : why the flip was not estimated, when ``flips`` is None.
 
     Returns
     -------
@@ -595,7 +599,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
                                      "(only the sequence-level geometric pool g has the prefix bias)"))
     elif flips is None or not len(flips):
         findings.append(dict(finding=flip_title, applies=False, rule="", action="",
-                             verdict=f"not estimated ({no_flip})"))
+                             verdict="not estimated (--no-flip)"))
     else:
         f_rule = ("a flip is measured at H when the 95% upper bound of g's margin m - D(H) is below 0 and every "
                   "teacher prefers C; otherwise the smallest drift of D(H) the design detects at 80% power bounds "

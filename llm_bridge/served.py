@@ -10,15 +10,18 @@ nodes); this backend asks it what :class:`llm_bridge.backend.InProcess` computes
     generate(rows, max_tokens, rngs)  a response per row, sampled by the server at the teacher's
                                       temperature with a seed drawn from the row's generator; it stops
                                       after an end token (``stop_token_ids``; the model's own EOS ignored)
+    distributions(rows)               the full next-token log-probabilities (a server started with
+                                      ``--max-logprobs -1``; ~40x slower than in process: short texts only)
 
 Requests run concurrently, at most ``max_in_flight`` at a time, each with a timeout and ``retries``
 retries with exponential backoff for a refused connection, a timeout, a 5xx or a 429; anything else, or
 the last failure, is a :class:`ServerError` whose message is one line naming the server.
 
-What a server cannot give exactly: the full next-token distribution (all n log-probabilities per position
-come back only with ``--max-logprobs -1``, ~40x slower than in process), so ``distributions`` is not
-offered; and prompt log-probabilities at a temperature other than 1 (vLLM applies a request's temperature
-to generated tokens only): :meth:`Served.score` refuses a tempered teacher instead of answering at 1.
+What a server cannot give cheaply: the full next-token distribution (all n log-probabilities per position
+come back only with ``--max-logprobs -1``, ~40x slower than in process), so the analyses that follow many
+responses work from the top k with bounds (:mod:`llm_bridge.topk_bounds`); and prompt log-probabilities at a
+temperature other than 1 (vLLM applies a request's temperature to generated tokens only): :meth:`Served.score`
+refuses a tempered teacher instead of answering at 1 (:meth:`Served.distributions` applies it exactly).
 """
 
 import json
@@ -102,8 +105,8 @@ class Served:
 
     def _map(self, calls):
         """Run (j, path, body) requests concurrently, at most max_in_flight at a time; answers in order."""
-        if len(calls) == 1:
-            return [self._post(*calls[0])]
+        if len(calls) <= 1:
+            return [self._post(*c) for c in calls]
         with ThreadPoolExecutor(max_workers=min(self.max_in_flight, len(calls))) as pool:
             return list(pool.map(lambda c: self._post(*c), calls))
 
@@ -192,6 +195,36 @@ class Served:
                     lps[m, t] = [b[2] for b in best]
                     own[m, t] = entry[str(int(tok))]["logprob"]
         return out
+
+    def distributions(self, rows, models=None, block=128):
+        """Every model's full next-token log-probabilities along given token ids, as
+        :meth:`llm_bridge.backend.InProcess.distributions` yields them (``(row, position, log_probs (J, b, n)
+        float32 tensor)``, blocks of at most ``block`` positions of one row), at each teacher's temperature:
+        the server returns all n log-probabilities at temperature 1 and the temperature is applied here,
+        exactly (``log_softmax(ln p / T)``). Needs a server started with ``--max-logprobs -1`` and is ~40x slower
+        than in process (a response of n entries per position): for studies of the full vocabulary on short
+        texts. One row's requests (one per model) at a time, so memory is O(J x T_i x n)."""
+        import torch
+        models = self._models(models)
+        block = check_int(block, "block", 1)
+        n = self.vocab_size
+        for i, row in enumerate(rows):
+            answers = self._prompt_log_probs([row], models, -1)
+            lp = np.full((len(models), len(row[1]), n), -np.inf, dtype=np.float32)
+            for m, entries in enumerate(answers):
+                for t, entry in enumerate(entries):
+                    if len(entry) < n:
+                        raise ServerError(f"server {self.models[models[m]].url} returned {len(entry)} of the {n} "
+                                          "log-probabilities of a position (start it with --max-logprobs -1)")
+                    ids = np.fromiter(entry.keys(), dtype=np.int64, count=len(entry))
+                    lp[m, t, ids] = np.fromiter((v["logprob"] for v in entry.values()), dtype=np.float64,
+                                                count=len(entry))
+                temperature = self.models[models[m]].temperature
+                if temperature != 1.0:
+                    lp[m] = torch.log_softmax(torch.from_numpy(lp[m]).double() / temperature, dim=-1).float().numpy()
+            for lo in range(0, lp.shape[1], block):
+                t = np.arange(lo, min(lo + block, lp.shape[1]))
+                yield np.full(len(t), i), t, torch.from_numpy(lp[:, t])
 
     # -- generation ------------------------------------------------------------------------------
     def generate(self, rows, max_tokens, rngs):

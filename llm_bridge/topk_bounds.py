@@ -212,3 +212,41 @@ def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, t
         stats = topk_stats(ids, lps, tok, own, w, n, ex, veto_candidates(th))
         out[p].append(Trace(source, list(tok), stats, None))
     return out
+
+
+def first_token_options_served(backend, weights, prompts, first_tokens, k=50):
+    """:func:`llm_bridge.diagnosis.first_token_options` through a server: for each prompt, (C, I, certain).
+
+    C is the pool's preferred first token ``argmax_a sum_k w_k ln p_k(a | u)`` over the union of the
+    positive-weight teachers' top k (each union token scored exactly under every teacher: a token missing from
+    a teacher's list is scored by one more request); ``certain`` when no token outside the union can beat it
+    (its pooled score is at least ``sum_k w_k`` (k-th log-probability of teacher k), the most an unlisted token
+    can have). I is the other teachers' top choice that the pool ranks highest, else the pool's runner-up in
+    the union. ``first_tokens``: any token per prompt (the top k are those of the position before it).
+    """
+    w = np.asarray(weights, dtype=float)
+    keep = [int(j) for j in positive_teachers(w)]
+    top = backend.top_k([(p, [int(a)]) for p, a in zip(prompts, first_tokens)], k, models=keep)
+    known = []                                            # per prompt: {token: {teacher: ln p}}
+    for ids, lps, _ in top:
+        table = {}
+        for m, j in enumerate(keep):
+            for a, lp in zip(ids[m, 0], lps[m, 0]):
+                table.setdefault(int(a), {})[j] = float(lp)
+        known.append(table)
+    for j in keep:
+        asked = [(i, a) for i, table in enumerate(known) for a, got in table.items() if j not in got]
+        if asked:
+            for (i, a), lp in zip(asked, backend.score([(prompts[i], [a]) for i, a in asked], models=[j])):
+                known[i][a][j] = float(lp[0, 0])
+    out = []
+    for (ids, lps, _), table in zip(top, known):
+        tokens = np.array(sorted(table))
+        pooled = np.array([sum(w[j] * table[a][j] for j in keep) for a in tokens])
+        order = np.argsort(-pooled, kind="stable")
+        c = int(tokens[order[0]])
+        outside = float(sum(w[j] * lps[m, 0, -1] for m, j in enumerate(keep)))
+        rivals = sorted({int(ids[m, 0, 0]) for m in range(len(keep))} - {c}, key=lambda a: -pooled[tokens == a][0])
+        i = rivals[0] if rivals else int(tokens[order[1]])
+        out.append((c, i, bool(pooled[order[0]] >= outside)))
+    return out

@@ -134,7 +134,7 @@ from llm_bridge import run_dynamics, runs
 from llm_bridge.diagnosis import (Thresholds, advise, diagnose_stats, exposure, exposure_text, first_token_options,
                                   flip_risk, follow_many, summarise, veto_candidates)
 from llm_bridge.served import ServerError
-from llm_bridge.topk_bounds import follow_served
+from llm_bridge.topk_bounds import first_token_options_served, follow_served
 from llm_bridge.models import (DTYPES, PersonaTeachers, check_keys, context_length, load_model, load_tokenizer,
                                read_jsonl, read_teachers_file, resolve_model_path)
 from llm_bridge.probes import parse_horizons
@@ -280,7 +280,7 @@ def parse(argv):
 
 
 def check_served(args):
-    """Served teachers (issue 43): what the diagnosis takes from a server and what it cannot. Sets --no-flip."""
+    """Served teachers (issue 43): what the diagnosis takes from a server and what it cannot."""
     if args.student is not None:
         raise ValueError("--student with served teachers is not supported: give --responses, or let the teachers "
                          "sample")
@@ -291,7 +291,6 @@ def check_served(args):
     if args.top_k < veto_candidates(args.thresholds):
         raise ValueError(f"--top-k {args.top_k} must be at least {veto_candidates(args.thresholds)} (1/--veto-floor + 1: "
                          "every token that can be vetoed is then listed by some teacher)")
-    args.no_flip = True
 
 
 def settings_of(args):
@@ -357,8 +356,8 @@ def run_batch(cell):
     rngs = [np.random.default_rng(x) for x in seeds]
     if bridge is None:                         # served teachers: bounded statistics from each one's top k
         weights = np.asarray(pt.weights, dtype=float) / np.sum(pt.weights)
-        traces = follow_served(pt.served(), weights, prompt_ids, cell["max_tokens"], rngs, responses, th,
-                               cell["top_k"])
+        backend = pt.served()
+        traces = follow_served(backend, weights, prompt_ids, cell["max_tokens"], rngs, responses, th, cell["top_k"])
     else:
         weights = bridge.weights
         traces = follow_many(bridge, prompt_ids, cell["max_tokens"], rngs, responses=responses, student=student,
@@ -376,16 +375,24 @@ def run_batch(cell):
     out["flip"] = pd.DataFrame()
     if cell["horizons"] is not None:
         questions, options = [], []
+        firsts = iter(first_token_options_served(backend, weights, [ids for q, ids in zip(items, prompt_ids) if
+                                                                    q["options"] is None],
+                                                 [tr[0].tokens[0] for q, tr in zip(items, traces) if q["options"] is None],
+                                                 cell["top_k"]) if bridge is None else [])
         for q, ids, prompt_traces in zip(items, prompt_ids, traces):
             if q["options"] is not None:
                 c_ids, i_ids = pt.option_ids(q["options"])
                 options.append(("options", list(q["options"])))
             else:
-                c, i = first_token_options(prompt_traces[0].first, bridge.weights)
+                c, i, certain = next(firsts) if bridge is None else \
+                    first_token_options(prompt_traces[0].first, bridge.weights) + (True,)
                 c_ids, i_ids = [c], [i]
-                options.append(("first tokens", [decode(c), decode(i)]))
+                options.append(("first tokens" if certain else f"first tokens (l's top among the top {cell['top_k']})",
+                                [decode(c), decode(i)]))
             questions.append(dict(id=q["id"], prompt_ids=ids, correct_ids=c_ids, incorrect_ids=i_ids))
-        f, _ = flip_risk(bridge, questions, cell["horizons"], cell["flip_samples"], [x + 1 for x in seeds])
+        f, _ = flip_risk(bridge, questions, cell["horizons"], cell["flip_samples"], [x + 1 for x in seeds]) \
+            if bridge is not None else flip_risk(backend, questions, cell["horizons"], cell["flip_samples"],
+                                                 [x + 1 for x in seeds], weights=weights)
         f.insert(1, "option_source", [o[0] for o in options])
         f.insert(2, "option_c", [o[1][0] for o in options])
         f.insert(3, "option_i", [o[1][1] for o in options])
@@ -543,7 +550,7 @@ def html_report(summary, tables, prompts, pngs):
         cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "drift", "drift_lo", "drift_hi",
                             "first_flip", "detectable_drift", "detectable_horizon", "flip_bound") if c in f]
         parts.append(_section("Prefix flip risk", f[cols] if len(f) else f,
-                              f"Not estimated ({NO_FLIP_SERVED if summary.get('served') else '--no-flip'}).",
+                              "Not estimated (--no-flip).",
                               "<p>The measured first significant flip (95% upper bound of g's margin below 0, every "
                               "teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
                               "power: no flip is detectable below it. Nothing is extrapolated beyond the measured "
@@ -588,8 +595,8 @@ def run_summary(run, tables, where=None):
 SERVED_NOTE = ("teachers served (vLLM): from each teacher's top {k} per position, KL(A || l) is a lower bound "
                "(kl_a_l; kl_a_l_hi is its upper bound, infinite while a tail is unknown), TV lies in [tv, tv_hi], "
                "l's probabilities are lower bounds (times l_factor: the upper) except the vetoes' l_prob, an upper "
-               "bound, entropies lie in [entropy, entropy_hi]; vetoes and A are exact")
-NO_FLIP_SERVED = "the flip estimate samples from l, which needs every teacher's full distribution: run it in process"
+               "bound, entropies lie in [entropy, entropy_hi]; vetoes and A are exact; the flip estimate's ln Z_H "
+               "comes from the teachers' own samples with importance weights (exact scores; l's margin left out)")
 
 # --run's advice: a run whose fixed point on the teachers' own tree is farther than this (total variation, the
 # largest over the tree's states) from every pool and every teacher learns none of them
@@ -653,8 +660,7 @@ def main(argv=None):
         summary["run"] = run_summary(args.run_spec, tables, where)
         prediction = runs.predict_target(args.run_spec)
     summary["advice"] = advise(tables["positions"], tables["vetoes"], tables["experts"],
-                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction,
-                               no_flip=NO_FLIP_SERVED if args.served else "--no-flip")
+                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction)
     if args.run_spec is not None and not args.served and min(summary["run"]["where"]["distances"].values()) > FAR:
         w = summary["run"]["where"]
         summary["advice"]["todo"].append(

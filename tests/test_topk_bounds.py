@@ -209,3 +209,53 @@ def test_a_confident_expert_is_found_through_the_top_k():
     assert len(exact) >= 2
     assert list(served.position) == list(exact.position) and list(served.token) == list(exact.token)
     np.testing.assert_allclose(served.a_prob, exact.a_prob, rtol=1e-9)
+
+
+class TableBackend:
+    """A backend over fixed first-position log-probabilities (K, n) per prompt: top_k and score as a server
+    gives them (the k most likely, exact scores of given tokens), counting the scores asked."""
+
+    def __init__(self, first):
+        self.first, self.scored = first, 0
+
+    def top_k(self, rows, k, models=None):
+        out = []
+        for p, c in rows:
+            lp = torch.as_tensor(self.first[p[0]])[models]
+            top = lp.topk(k, dim=-1)
+            out.append((top.indices.numpy()[:, None], top.values.numpy()[:, None], lp[:, c[0]].numpy()[:, None]))
+        return out
+
+    def score(self, rows, models=None):
+        self.scored += len(rows)
+        return [np.asarray(self.first[p[0]])[models][:, c] for p, c in rows]
+
+
+def test_first_token_options_served_equal_the_full_distribution_choice_where_certain():
+    """The served first-token options (C: the pool's top over the teachers' top k, every union token scored
+    exactly; I: the other teachers' top choice) equal llm_bridge.diagnosis.first_token_options on the full
+    distributions wherever the served C is certain; certainty fails only where a token outside the union could
+    win; unlisted union tokens were scored (one request each)."""
+    from llm_bridge.diagnosis import first_token_options
+    from llm_bridge.topk_bounds import first_token_options_served
+    cases = [teachers(s, T=1, n=60, scale=s % 3 + 1.0, veto=False, similar=s % 2 == 1)[:, 0].numpy() for s in range(30)]
+    w = np.array([0.4, 0.6])
+    certain_seen = uncertain_seen = 0
+    for k in (2, 5, 60):
+        backend = TableBackend(cases)
+        got = first_token_options_served(backend, w, [[i] for i in range(len(cases))], [0] * len(cases), k)
+        for first, (c, i, certain) in zip(cases, got):
+            want = first_token_options(first, w)
+            pooled = w @ first
+            if certain:
+                assert (c, i) == want or pooled[i] == pooled[want[1]]
+                certain_seen += 1
+            else:                                   # an unlisted token's bound passes the union's best
+                assert k < 60
+                uncertain_seen += 1
+            assert pooled[c] == pytest.approx(max(pooled[a] for a in set(np.argsort(-first, axis=1)[:, :k].ravel())))
+        if k == 60:
+            assert backend.scored == 0 and all(x[2] for x in got)
+        elif k == 2:
+            assert backend.scored > 0
+    assert certain_seen > 30 and uncertain_seen > 0, (certain_seen, uncertain_seen)
