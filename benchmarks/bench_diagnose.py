@@ -66,8 +66,8 @@ def main():
     ap.add_argument("--no-generate", action="store_true", help="leave out the model.generate floor")
     ap.add_argument("--backend", choices=["in-process", "served"], default="in-process",
                     help="served: also the diagnosis through a vLLM server (started here from .venv-vllm, --threads "
-                         "OMP threads, before the rounds) beside the in-process one with --no-flip (a served run "
-                         "has no flip estimate)")
+                         "OMP threads, before the rounds), with and without the flip estimate, beside the in-process "
+                         "one with --no-flip")
     ap.add_argument("--out", default="results/bench_diagnose.csv")
     args = ap.parse_args()
     import pandas as pd
@@ -100,7 +100,8 @@ def main():
             served = Path(tmp) / "teachers_served.json"
             served.write_text(json.dumps(spec))
             for name, extra in (("diagnose --no-flip", ["--teachers", str(teachers), "--no-flip"]),
-                                ("diagnose (served)", ["--teachers", str(served)])):
+                                ("diagnose (served)", ["--teachers", str(served)]),
+                                ("diagnose --flip (served)", ["--teachers", str(served), "--flip"])):
                 contenders.append((name, ROOT, [sys.executable, "sims/diagnose.py", *extra, "--prompts", str(prompts),
                                                 "--out", str(Path(tmp) / name.replace(" ", "_")), "--max-tokens",
                                                 str(args.tokens), "--threads", str(args.threads), "--no-resume",

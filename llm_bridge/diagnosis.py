@@ -497,7 +497,7 @@ def _where(rows, n=4):
     return "; ".join(parts) + ("; ..." if len(by) > n else "")
 
 
-def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None):
+def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=None, samples=None, no_flip="--no-flip"):
     """Each finding's verdict in words, the rule that decides it (threshold and where it comes from) and an
     action; the first lines of every report. With bounded positions (``kl_a_l_hi``: teachers served,
     :mod:`llm_bridge.topk_bounds`) the disagreement is decided on the bounds of the mean KL, or said to be
@@ -508,6 +508,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
     positions, vetoes, experts : the diagnosis tables over every prompt (``id`` and ``response`` columns);
     flips : :func:`flip_risk`'s table or None (not estimated); thresholds : :class:`Thresholds`;
     prediction : optional :class:`llm_bridge.runs.Prediction` of the user's run (its ``target``, ``label``).
+    no_flip : why the flip was not estimated, when ``flips`` is None.
 
     Returns
     -------
@@ -599,7 +600,7 @@ def advise(positions, vetoes, experts, flips=None, thresholds=None, prediction=N
                                      "(only the sequence-level geometric pool g has the prefix bias)"))
     elif flips is None or not len(flips):
         findings.append(dict(finding=flip_title, applies=False, rule="", action="",
-                             verdict="not estimated (--no-flip)"))
+                             verdict=f"not estimated ({no_flip})"))
     else:
         f_rule = ("a flip is measured at H when the 95% upper bound of g's margin m - D(H) is below 0 and every "
                   "teacher prefers C; otherwise the smallest drift of D(H) the design detects at 80% power bounds "

@@ -102,7 +102,10 @@ def parse_args(argv):
     p.add_argument("--flip-horizons", default="0,1,2,4,8", help="horizons of the flip estimate (default 0,1,2,4,8)")
     p.add_argument("--flip-samples", type=int_at_least(2, "--flip-samples"), default=8,
                    help="continuations per option for ln Z (default 8)")
-    p.add_argument("--no-flip", action="store_true", help="skip the flip estimate")
+    p.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
+                   help="estimate the flip risk (default: in process yes; with served teachers no, --flip asks for it: "
+                        "each option's --flip-samples continuations are then scored by every teacher through the "
+                        "server, ~10x the rest of the run on a CPU server)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
     p.add_argument("--dtype", default="auto", help="auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, "
                                                    "float16")
@@ -249,8 +252,6 @@ def parse(argv):
         names = [flag[2:].replace("-", "_") for flag, _, _ in THRESHOLD_FLAGS]
         args.thresholds = Thresholds(**{n: getattr(args, n) for n in names if getattr(args, n) is not None})
         args.horizons = parse_horizons(args.flip_horizons)
-        if not args.no_flip and max(args.horizons) < 1:
-            raise ValueError("--flip-horizons needs one horizon > 0 (or --no-flip)")
         resolve_device(args.device)
         if args.dtype != "auto" and args.dtype not in DTYPES:
             raise ValueError(f"--dtype {args.dtype!r} must be one of {sorted(DTYPES)} or 'auto'")
@@ -258,6 +259,9 @@ def parse(argv):
         args.weights = check_weights(weights, len(args.personas), name=f"teachers file {args.teachers}: weights",
                                      other="teachers").tolist()
         args.served = any("server" in q for q in args.personas)
+        args.no_flip = args.flip is False or (args.flip is None and args.served)
+        if not args.no_flip and max(args.horizons) < 1:
+            raise ValueError("--flip-horizons needs one horizon > 0 (or --no-flip)")
         if args.served:
             check_served(args)
         args.run_spec = read_run(args.run, args.weights) if args.run is not None else None
@@ -550,7 +554,7 @@ def html_report(summary, tables, prompts, pngs):
         cols = [c for c in ("id", "option_source", "option_c", "option_i", "margin", "drift", "drift_lo", "drift_hi",
                             "first_flip", "detectable_drift", "detectable_horizon", "flip_bound") if c in f]
         parts.append(_section("Prefix flip risk", f[cols] if len(f) else f,
-                              "Not estimated (--no-flip).",
+                              f"Not estimated ({summary.get('no_flip', '--no-flip')}).",
                               "<p>The measured first significant flip (95% upper bound of g's margin below 0, every "
                               "teacher preferring C), or else the smallest drift of D(H) the design detects at 80% "
                               "power: no flip is detectable below it. Nothing is extrapolated beyond the measured "
@@ -597,6 +601,8 @@ SERVED_NOTE = ("teachers served (vLLM): from each teacher's top {k} per position
                "l's probabilities are lower bounds (times l_factor: the upper) except the vetoes' l_prob, an upper "
                "bound, entropies lie in [entropy, entropy_hi]; vetoes and A are exact; the flip estimate's ln Z_H "
                "comes from the teachers' own samples with importance weights (exact scores; l's margin left out)")
+NO_FLIP_SERVED = ("teachers served: --flip estimates it through the server, scoring every option's continuations "
+                  "under every teacher")
 
 # --run's advice: a run whose fixed point on the teachers' own tree is farther than this (total variation, the
 # largest over the tree's states) from every pool and every teacher learns none of them
@@ -654,13 +660,16 @@ def main(argv=None):
                    flip_estimator="llm_bridge.horizon: first_significant_flip, else detectable_drift at 80% power")
     if args.served:
         summary["served"] = SERVED_NOTE.format(k=args.top_k)
+        if args.flip is None:
+            summary["no_flip"] = NO_FLIP_SERVED
     prediction = None
     if args.run_spec is not None:
         where = None if args.served else where_it_goes(args.run_spec, settings, args.prompt_list[0])
         summary["run"] = run_summary(args.run_spec, tables, where)
         prediction = runs.predict_target(args.run_spec)
     summary["advice"] = advise(tables["positions"], tables["vetoes"], tables["experts"],
-                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction)
+                               tables["flip"] if len(tables["flip"]) else None, args.thresholds, prediction,
+                               no_flip=summary.get("no_flip", "--no-flip"))
     if args.run_spec is not None and not args.served and min(summary["run"]["where"]["distances"].values()) > FAR:
         w = summary["run"]["where"]
         summary["advice"]["todo"].append(
