@@ -327,6 +327,45 @@ def is_saturating(running_correct, running_incorrect, share=SATURATION):
     return bool(min(running_correct, running_incorrect) < share)
 
 
+def resampled_coverage(pool_correct, pool_incorrect, n_samples, replicates, rng, ess_share=0.75, max_factor=4,
+                       z=Z_95):
+    """How the gap's interval behaves at a sample size, on a pool of real continuations (issue 44, item 10).
+
+    The pools ``(M, n_h)`` hold the log-weights L_i(H) of M continuations of uC and of uI; the pool's own
+    ``D = logmeanexp L(uI) - logmeanexp L(uC)`` (per horizon) is the truth. Each replicate draws
+    ``n_samples`` of each pool with replacement and, as the study does, doubles them while the ESS (at any
+    horizon) is below ``ess_share`` of ``n_samples``, up to ``max_factor`` x ``n_samples``; then the study's
+    delta-method interval ``D_hat +- z se`` at the largest horizon. Returns a dict: ``coverage`` (the share of
+    intervals holding the truth), ``false_flip`` (the share whose lower end is above it: at a margin equal to
+    the truth, no flip is true and the rule "m - D_hat + z se < 0" flags one), ``samples`` (mean per pool),
+    ``truth`` and ``replicates``.
+    """
+    pools = [np.asarray(p, dtype=float) for p in (pool_correct, pool_incorrect)]
+    for name, p in zip(("pool_correct", "pool_incorrect"), pools):
+        if p.ndim != 2 or p.shape[0] < 2:
+            raise ValueError(f"{name} must be (M >= 2, n_horizons), got shape {p.shape}")
+    if pools[0].shape[1] != pools[1].shape[1]:
+        raise ValueError("the two pools need the same horizons")
+    n_samples = check_int(n_samples, "n_samples", 2)
+    replicates = check_int(replicates, "replicates", 1)
+    truth = log_mean_exp_stats(pools[1])[0][-1] - log_mean_exp_stats(pools[0])[0][-1]
+    covered = above = used = 0
+    for _ in range(replicates):
+        est, var = 0.0, 0.0
+        for sign, pool in ((-1.0, pools[0]), (1.0, pools[1])):
+            idx = rng.integers(len(pool), size=n_samples)
+            while log_mean_exp_stats(pool[idx])[2].min() < ess_share * n_samples and \
+                    2 * len(idx) <= max_factor * n_samples:
+                idx = np.concatenate([idx, rng.integers(len(pool), size=len(idx))])
+            e, se, _ = log_mean_exp_stats(pool[idx][:, -1])
+            est, var, used = est + sign * e, var + se ** 2, used + len(idx)
+        half = z * np.sqrt(var)
+        covered += abs(est - truth) <= half
+        above += est - half > truth
+    return dict(coverage=covered / replicates, false_flip=above / replicates, samples=used / (2 * replicates),
+                truth=float(truth), replicates=replicates)
+
+
 def _check_twin(teachers, twin, name):
     if twin.K != teachers.K or not np.array_equal(twin.weights, teachers.weights) \
             or twin.vocab_size != teachers.vocab_size or twin.end_token_ids != teachers.end_token_ids:

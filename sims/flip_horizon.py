@@ -7,6 +7,7 @@ smallest drift the design detects, and a positive control whose drift is positiv
     python sims/flip_horizon.py --long       # then H <= 64 where the drift interval allows a flip beyond 16
     python sims/flip_horizon.py --quick      # 6 questions, N = 4, H <= 4 (tests)
     python sims/flip_horizon.py --only tabular   # the exact-machine validation only
+    python sims/flip_horizon.py --only coverage  # the gap interval's coverage on resampled real continuations
     python sims/flip_horizon.py --only smollm2 --server http://127.0.0.1:8000   # teachers served by vLLM
 
 With ``--server`` the personas are the served model's (``--served-model``, default the server's only model;
@@ -36,6 +37,11 @@ Writes to ``--out`` (default results/flip_horizon):
   flip_validation_summary.csv  per family: coverage of the drift, gap and H* intervals, z-scores, ESS,
                        samples used, measured and false flips
   flip_long_*.csv      with --long: the same tables at H up to 64 for the long candidates
+  flip_coverage.csv    with --only coverage: per question of the temperature pair and sample size N, the
+                       coverage of the gap's 95% interval at the largest H and the false-flip rate at the
+                       flip boundary, on replicates drawn from a pool of 512 continuations per option
+                       (:func:`llm_bridge.horizon.resampled_coverage`); flip_coverage_summary.csv per N;
+                       flip_confirm_*.csv: the two measured flips re-estimated at 4x the study's N
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
@@ -53,12 +59,21 @@ if __package__ in (None, ""):                 # run as a script: make the reposi
 import llm_bridge  # noqa: E402  (its names load on first use)
 from harness.cli import experiment_parser, int_at_least, names_from  # noqa: E402
 
-EXPERIMENTS = ("tabular", "smollm2")
+EXPERIMENTS = ("tabular", "smollm2", "coverage")
+DEFAULT_EXPERIMENTS = ("tabular", "smollm2")        # --only coverage runs the interval's coverage study
 DEFAULT_OUT = str(Path("results") / "flip_horizon")
 QUESTIONS = Path(llm_bridge.__file__).resolve().parent / "data" / "flip_questions.jsonl"
 SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group": (16, 6),
          "random_machines": (40, 4), "tabular_samples": (300, 100), "llm_machines": (80, 4), "control_questions": (16, 4),
-         "long_horizon": (64, 8)}
+         "long_horizon": (64, 8), "coverage_pool": (512, 16), "coverage_replicates": (1000, 20),
+         "coverage_samples": ((8, 16, 32, 64), (4, 8)), "coverage_questions": (8, 2), "confirm_samples": (32, 8)}
+# issue 44, item 10: the gap's interval on resampled real continuations of the temperature pair, where the two
+# significant flips were measured: those two questions first, then the six other eligible questions of that
+# configuration with margin below 1 nat or a minimum ESS below 2 in the default run
+COVERAGE_CONFIG = "temperature"
+COVERAGE_QUESTIONS = ("add_2_2", "div_100_10", "sky_colour", "grass_colour", "legs_spider", "days_week", "sub_9_4",
+                      "largest_planet")
+CONFIRM_QUESTIONS = ("add_2_2", "div_100_10")       # re-measured at confirm_samples (4x the study's N)
 # the heavy-tail correction: a context whose ESS at some H is below ESS_SHARE N (6 of N = 8) gets as
 # many samples again, up to MAX_SAMPLES_FACTOR N (restores the drift's coverage on the LLM-like family)
 ESS_SHARE = 0.75
@@ -225,6 +240,24 @@ def cells_for(size, only, base_seed):
                     settings.update(server=size["server"], ess_floor=None, max_samples=None)
                 cells.append(Cell("flip_horizon", "smollm2", settings, base_seed=base_seed,
                                   stream=("smollm2", config.name, lo)))
+    if "coverage" in only:
+        config = next(c for c in CONFIGS if c.name == COVERAGE_CONFIG)
+        meta = {q["id"]: q for q in load_questions()}
+        group = [meta[i] for i in COVERAGE_QUESTIONS[:size["coverage_questions"]]]
+        common = dict(config=config.name, personas=[list(p) for p in config.personas], model=size["model"],
+                      device=size["device"], dtype=size["dtype"], horizons=horizons_up_to(size["max_horizon"]))
+        for lo in range(0, len(group), 4):
+            cells.append(Cell("flip_horizon", "coverage", dict(
+                common, questions=[(q["id"], q["question"], q["correct"], q["incorrect"]) for q in group[lo:lo + 4]],
+                pool=size["coverage_pool"], samples=list(size["coverage_samples"]),
+                replicates=size["coverage_replicates"], ess_share=ESS_SHARE, max_factor=MAX_SAMPLES_FACTOR),
+                base_seed=base_seed, stream=("coverage", lo)))
+        n = size["confirm_samples"]
+        cells.append(Cell("flip_horizon", "confirm", dict(
+            common, after_correct=None, questions=[(q["id"], q["question"], q["correct"], q["incorrect"])
+                                                   for q in group if q["id"] in CONFIRM_QUESTIONS],
+            samples=n, ess_floor=ESS_SHARE * n, max_samples=MAX_SAMPLES_FACTOR * n), base_seed=base_seed,
+            stream=("confirm",)))
     return cells
 
 
@@ -373,8 +406,46 @@ def run_smollm2(cell):
     return q, h
 
 
+def run_coverage(cell):
+    """A pool of ``pool`` continuations (from l) of each question's uC and uI, then the study's interval at each
+    sample size on replicates drawn from the pool (:func:`llm_bridge.horizon.resampled_coverage`)."""
+    from llm_bridge.horizon import resampled_coverage, sample_log_factors_many
+    from llm_bridge.models import PersonaTeachers
+    model, tok = _model(cell["model"], cell["device"], cell["dtype"])
+    personas = [dict(name=n, system=s, temperature=t) for n, s, t in cell["personas"]]
+    pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
+    contexts = []
+    for _, text, correct, incorrect in cell["questions"]:
+        prompt = pt.prompt_ids(text)
+        contexts += [prompt + ids for ids in pt.option_ids([correct, incorrect])]
+    seed = int(cell.seed_array()[0])
+    H = max(cell["horizons"])
+    factors = sample_log_factors_many(pt.teachers, contexts, H, cell["pool"], np.random.default_rng(seed))
+    L = np.cumsum(factors, axis=2)                                      # (contexts, pool, H): L(1 .. H)
+    rng, rows = np.random.default_rng([seed, 1]), []
+    for a, (qid, *_) in enumerate(cell["questions"]):
+        for n in cell["samples"]:
+            r = resampled_coverage(L[2 * a], L[2 * a + 1], n, cell["replicates"], rng, cell["ess_share"],
+                                   cell["max_factor"])
+            rows.append(dict(config=cell["config"], id=qid, pool=cell["pool"], h_max=H, samples=n,
+                             samples_used=r["samples"], replicates=r["replicates"], pool_gap=r["truth"],
+                             coverage=r["coverage"], false_flip=r["false_flip"]))
+    return pd.DataFrame(rows)
+
+
+def coverage_table(coverage):
+    """Per sample size: the questions, the coverage of the gap's nominal 95% interval and the false-flip rate
+    at the flip boundary, over all replicates (mean of the per-question shares), and their ranges."""
+    g = coverage.groupby("samples", sort=True)
+    return pd.DataFrame(dict(questions=g.id.nunique(), samples_used=g.samples_used.mean(), coverage=g.coverage.mean(),
+                             coverage_min=g.coverage.min(), coverage_max=g.coverage.max(),
+                             false_flip=g.false_flip.mean(), false_flip_max=g.false_flip.max())).reset_index()
+
+
 def run_cell(cell):
-    return run_tabular(cell) if cell.kind == "tabular" else run_smollm2(cell)
+    if cell.kind == "coverage":
+        return run_coverage(cell)
+    return run_tabular(cell) if cell.kind == "tabular" else run_smollm2(cell)      # smollm2, confirm
 
 
 LOW_MARGIN = 1.0     # nats: the questions the model is unsure of, where a flip is nearest
@@ -433,13 +504,13 @@ def long_candidates(questions, h_long):
 
 def main(argv=None):
     ap, args = parse_args(sys.argv[1:] if argv is None else argv)
-    only = args.only or EXPERIMENTS
+    only = args.only or DEFAULT_EXPERIMENTS
     try:
         size = sizes(SIZES, args.quick)
         size.update({k: v for k, v in (("samples", args.samples), ("max_horizon", args.max_horizon),
                                        ("questions", args.questions)) if v is not None})
         size.update(model=args.model, device=args.device, dtype=args.dtype, configs=args.configs)
-        if "smollm2" in only:
+        if {"smollm2", "coverage"} & set(only):
             from llm_bridge.models import resolve_model_path
             resolve_model_path(args.model)
             if args.server:
@@ -465,6 +536,18 @@ def main(argv=None):
         if not args.quiet:
             print(table[["machine", "samples", "correction", "machines", "drift_coverage", "gap_coverage",
                          "h_star_coverage", "ess_min_median", "samples_used_mean", "false_flips"]].to_string(index=False))
+    cov = [r for c, r in zip(cells, results) if c.kind == "coverage"]
+    if cov:
+        coverage = pd.concat(cov, ignore_index=True)
+        write_csv(out / "flip_coverage.csv", coverage)
+        write_csv(out / "flip_coverage_summary.csv", coverage_table(coverage))
+        confirm = [r for c, r in zip(cells, results) if c.kind == "confirm"]
+        write_csv(out / "flip_confirm_questions.csv", confirm[0][0])
+        write_csv(out / "flip_confirm_partitions.csv", confirm[0][1])
+        if not args.quiet:
+            print(coverage_table(coverage).to_string(index=False))
+            print(confirm[0][0][["config", "id", "margin", "drift", "flip", "first_flip", "samples_correct",
+                                 "samples_incorrect"]].to_string(index=False))
     real = [r for c, r in zip(cells, results) if c.kind == "smollm2"]
     if real:
         meta = {q["id"]: q for q in load_questions()}

@@ -225,3 +225,24 @@ def test_long_cells_measure_only_the_questions_that_can_flip_beyond_the_default_
     assert all(c["horizons"] == [0, 1, 2, 4, 8, 16, 32, 64] for c in cells)
     assert cells[0]["after_correct"] is None and cells[1]["after_correct"] == 1.25
     assert all(c["ess_floor"] == 6 and c["max_samples"] == 32 and c["samples"] == 8 for c in cells)
+
+
+def test_cli_coverage_study_writes_its_tables(tmp_path):
+    """--only coverage --quick: per question and sample size the coverage and false-flip shares of the gap's
+    interval on replicates from the pool, the per-N summary equal to their means, and the two measured flips
+    re-estimated at the larger N (never fewer samples than asked)."""
+    out = tmp_path / "cov"
+    r = subprocess.run([sys.executable, "sims/flip_horizon.py", "--quick", "--only", "coverage", "--out", str(out),
+                        "--quiet", "--no-figures"], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    c = pd.read_csv(out / "flip_coverage.csv")
+    assert list(c.id.unique()) == ["add_2_2", "div_100_10"] and sorted(c.samples.unique()) == [4, 8]
+    assert c.coverage.between(0, 1).all() and c.false_flip.between(0, 1).all()
+    assert (c.false_flip <= 1 - c.coverage + 1e-12).all() and (c.samples_used >= c.samples).all()
+    assert (c.samples_used <= 4 * c.samples).all() and (c.pool == 16).all() and (c.replicates == 20).all()
+    t = pd.read_csv(out / "flip_coverage_summary.csv").set_index("samples")
+    for n, g in c.groupby("samples"):
+        assert t.loc[n, "coverage"] == pytest.approx(g.coverage.mean()) and t.loc[n, "questions"] == 2
+        assert t.loc[n, "false_flip_max"] == pytest.approx(g.false_flip.max())
+    f = pd.read_csv(out / "flip_confirm_questions.csv")
+    assert list(f.id) == ["add_2_2", "div_100_10"] and (f.samples_correct >= 8).all() and (f.config == "temperature").all()

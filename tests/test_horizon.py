@@ -742,3 +742,55 @@ def test_backend_study_refuses_bad_input():
         args = dict(weights=w, questions=one_question(t), horizons=[0, 2], n_samples=6, seed=0) | kw
         with pytest.raises(ValueError, match=message):
             flip_horizon_study_backend(backend, **args)
+
+
+# ------------------------------------------------------------------------------------------------
+# the gap interval's coverage on a pool of continuations (issue 44, item 10)
+# ------------------------------------------------------------------------------------------------
+def test_resampled_coverage_is_nominal_on_light_tails_and_fails_on_heavy_ones():
+    """On pools whose log-weights are normal with a small s.d. (the delta method's home) the interval covers the
+    pool's gap in 95% of replicates (2,000: within 0.93-0.97) and its lower end passes the truth in ~2.5% (<= 4.5%);
+    on a heavy-tailed uC pool (one weight in 1,000 carries ~95% of Z) an N = 8 replicate almost never sees it, so
+    ln Z(uC) is underestimated with a tiny s.e.: coverage below 10% and nearly every replicate is a false flip;
+    a constant pool is exact (se = 0, covered, no false flip)."""
+    from llm_bridge.horizon import resampled_coverage
+    rng = np.random.default_rng(0)
+    light = [rng.normal(-2.0, 0.3, size=(4000, 3)), rng.normal(-1.5, 0.3, size=(4000, 3))]
+    r = resampled_coverage(*light, 64, 2000, np.random.default_rng(1))
+    assert 0.93 <= r["coverage"] <= 0.97 and r["false_flip"] <= 0.045, r
+    want = logsumexp(light[1][:, -1]) - logsumexp(light[0][:, -1])          # the pool's own gap (equal sizes)
+    assert r["truth"] == pytest.approx(want, abs=1e-12) and r["samples"] == 64
+    heavy = np.full((1000, 3), -10.0)
+    heavy[0] = 0.0
+    r = resampled_coverage(heavy, np.full((1000, 3), -10.0), 8, 500, np.random.default_rng(2))
+    assert r["coverage"] < 0.1 and r["false_flip"] > 0.9, r
+    assert 8 <= r["samples"] <= 32 * 0.5 + 8 * 0.5 + 1e-9     # uC doubles (ESS ~1) only when it draws the big one
+    const = resampled_coverage(np.full((5, 2), -1.0), np.full((5, 2), -3.0), 4, 10, np.random.default_rng(3))
+    assert const == dict(coverage=1.0, false_flip=0.0, samples=4.0, truth=pytest.approx(-2.0), replicates=10)
+
+
+def test_resampled_coverage_doubles_like_the_study_and_refuses_bad_input():
+    """A draw whose ESS is below ess_share x N gets as many samples again, up to max_factor x N. A pool of two
+    weights e^30 apart: a draw's ESS is its number of large weights (or its size when it has none), so the
+    expected samples used follow from the binomial law of that number, enumerated here; bad shapes are
+    ValueErrors."""
+    from math import comb
+    from llm_bridge.horizon import resampled_coverage
+    pool = np.array([[0.0], [-30.0]])
+
+    def expected(n, c, cap):          # samples used by a draw of size n holding c large weights
+        ess = c if c else n
+        if ess >= 0.75 * 4 or 2 * n > cap:
+            return n
+        return sum(comb(n, j) / 2 ** n * expected(2 * n, c + j, cap) for j in range(n + 1))
+    want = sum(comb(4, c) / 16 * expected(4, c, 16) for c in range(5))
+    r = resampled_coverage(pool, pool, 4, 4000, np.random.default_rng(0), ess_share=0.75, max_factor=4)
+    assert 4 < want < 16 and r["samples"] == pytest.approx(want, abs=0.35), (r, want)
+    r1 = resampled_coverage(pool, pool, 4, 200, np.random.default_rng(0), ess_share=0.75, max_factor=1)
+    assert r1["samples"] == 4
+    with pytest.raises(ValueError, match="pool_correct"):
+        resampled_coverage(np.zeros((1, 2)), np.zeros((3, 2)), 4, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="same horizons"):
+        resampled_coverage(np.zeros((3, 2)), np.zeros((3, 1)), 4, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="n_samples"):
+        resampled_coverage(np.zeros((3, 2)), np.zeros((3, 2)), 1, 5, np.random.default_rng(0))
