@@ -538,14 +538,14 @@ def main(argv=None):
                          "h_star_coverage", "ess_min_median", "samples_used_mean", "false_flips"]].to_string(index=False))
     cov = [r for c, r in zip(cells, results) if c.kind == "coverage"]
     if cov:
-        coverage = pd.concat(cov, ignore_index=True)
-        write_csv(out / "flip_coverage.csv", coverage)
-        write_csv(out / "flip_coverage_summary.csv", coverage_table(coverage))
+        pooled = pd.concat(cov, ignore_index=True)
+        write_csv(out / "flip_coverage.csv", pooled)
+        write_csv(out / "flip_coverage_summary.csv", coverage_table(pooled))
         confirm = [r for c, r in zip(cells, results) if c.kind == "confirm"]
         write_csv(out / "flip_confirm_questions.csv", confirm[0][0])
         write_csv(out / "flip_confirm_partitions.csv", confirm[0][1])
         if not args.quiet:
-            print(coverage_table(coverage).to_string(index=False))
+            print(coverage_table(pooled).to_string(index=False))
             print(confirm[0][0][["config", "id", "margin", "drift", "flip", "first_flip", "samples_correct",
                                  "samples_incorrect"]].to_string(index=False))
     real = [r for c, r in zip(cells, results) if c.kind == "smollm2"]
