@@ -788,9 +788,15 @@ def test_resampled_coverage_doubles_like_the_study_and_refuses_bad_input():
     assert 4 < want < 16 and r["samples"] == pytest.approx(want, abs=0.35), (r, want)
     r1 = resampled_coverage(pool, pool, 4, 200, np.random.default_rng(0), ess_share=0.75, max_factor=1)
     assert r1["samples"] == 4
-    with pytest.raises(ValueError, match="pool_correct"):
-        resampled_coverage(np.zeros((1, 2)), np.zeros((3, 2)), 4, 5, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="same horizons"):
-        resampled_coverage(np.zeros((3, 2)), np.zeros((3, 1)), 4, 5, np.random.default_rng(0))
-    with pytest.raises(ValueError, match="n_samples"):
-        resampled_coverage(np.zeros((3, 2)), np.zeros((3, 2)), 1, 5, np.random.default_rng(0))
+    # an ESS exactly at the floor is enough (equal weights: ESS = N), and the smallest N and count are taken
+    even = resampled_coverage(np.zeros((3, 1)), np.zeros((3, 1)), 2, 1, np.random.default_rng(0), ess_share=1.0)
+    assert even["samples"] == 2 and even["replicates"] == 1 and even["coverage"] == 1.0
+    z = np.zeros((3, 2))
+    for args, message in (((np.zeros((1, 2)), z), "pool_correct must be"), ((z, np.zeros(3)), "pool_incorrect must be"),
+                          ((z, np.zeros((3, 1))), "the two pools need the same horizons")):
+        with pytest.raises(ValueError, match=message):
+            resampled_coverage(*args, 4, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="n_samples = 1 must"):
+        resampled_coverage(z, z, 1, 5, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="replicates = 0 must"):
+        resampled_coverage(z, z, 2, 0, np.random.default_rng(0))
