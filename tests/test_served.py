@@ -454,18 +454,18 @@ def test_probe_cli_through_the_server_matches_in_process(server, tmp_path):
 def test_served_distributions_equal_in_process_at_any_temperature(server, personas):
     """Served.distributions (every token's log-probability, the temperature applied here) equals the in-process
     full conditionals for a teacher at temperature 1 and one at 0.7, at every position of a short text (1e-4 nats
-    on every token above -20 nats; blocks of 3 positions cover the text once)."""
+    on every token above -20 nats; blocks of 2 positions cover the text once)."""
     from llm_bridge import Teacher, Teachers
     from llm_bridge.backend import InProcess
     base = personas.teachers.teachers
     tempered = Teachers([base[0], Teacher(base[1].model, base[1].template_ids, 0.7, "tutor-cold")], [0.5, 0.5],
                         vocab_size=personas.teachers.vocab_size, end_token_ids=personas.teachers.end_token_ids)
-    rows = [(personas.prompt_ids("Name a color."), personas.tokenizer(" Blue, like the sky.")["input_ids"])]
+    rows = [(personas.prompt_ids("Name a color."), personas.tokenizer(" Blue sky.")["input_ids"])]
     want = {(int(i), int(t)): lp.numpy() for r, ts, lp in InProcess(tempered).distributions(rows)
             for i, t, lp in zip(r, ts, lp.unbind(1))}
     seen = set()
-    for r, ts, lp in served_from(tempered, server).distributions(rows, block=3):
-        assert lp.shape[1] == len(ts) <= 3 and lp.shape[2] == personas.teachers.vocab_size
+    for r, ts, lp in served_from(tempered, server).distributions(rows, block=2):
+        assert lp.shape[1] == len(ts) <= 2 and lp.shape[2] == personas.teachers.vocab_size
         for i, t, got in zip(r, ts, lp.unbind(1)):
             ref = want[(int(i), int(t))]
             keep = ref > -20
@@ -484,12 +484,12 @@ def test_topk_bias_through_the_server_matches_in_process(server, tmp_path):
     spec = json.loads((ROOT / "llm_bridge" / "examples" / "teachers.json").read_text())
     spec["server"] = {"url": server, "model": MODEL}
     (tmp_path / "teachers.json").write_text(json.dumps(spec))
-    got = {}
-    for where, teachers in (("served", tmp_path / "teachers.json"),
-                            ("local", ROOT / "llm_bridge" / "examples" / "teachers.json")):
-        r = subprocess.run([sys.executable, "sims/topk_bias.py", "--teachers", str(teachers), "--text",
-                            "The river runs to the sea.", "--out", str(tmp_path / where), "--no-figures"], cwd=ROOT,
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr
-        got[where] = pd.read_csv(tmp_path / where / "topk_bias.csv")
+    from sims import topk_bias
+    args = ["--text", "The river runs.", "--no-figures"]
+    r = subprocess.run([sys.executable, "sims/topk_bias.py", "--teachers", str(tmp_path / "teachers.json"), "--out",
+                        str(tmp_path / "served"), *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    assert topk_bias.main(["--teachers", str(ROOT / "llm_bridge" / "examples" / "teachers.json"), "--out",
+                           str(tmp_path / "local"), *args]) == 0
+    got = {where: pd.read_csv(tmp_path / where / "topk_bias.csv") for where in ("served", "local")}
     pd.testing.assert_frame_equal(got["served"], got["local"], atol=1e-3, check_exact=False)
