@@ -482,14 +482,14 @@ def _check_questions(questions):
                 raise ValueError(f"questions[{i}].{key} is empty")
 
 
-def flip_horizon_study_backend(backend, weights, questions, horizons, n_samples, seed, max_rows=512, z=Z_95):
+def flip_horizon_study_backend(backend, weights, questions, horizons, n_samples, seed, max_rows=512, z=Z_95,
+                               after_correct=None):
     """:func:`flip_horizon_study` through any backend (in process or served), from what a server gives exactly.
 
     The options are scored under every teacher (``backend.score``); ln Z_H of each context comes from the
     teachers' own samples with importance weights (:func:`llm_bridge.partition.proposal_log_weights`), not
     from sampling l, which needs each position's normaliser z and so the full distributions. The same
-    tables, except ``margin_local`` (l's margin needs z: NaN here). Not here: the heavy-tail correction and
-    ``after_correct`` (a tempered teacher cannot be scored exactly through a server).
+    tables, except ``margin_local`` (l's margin needs z: NaN here). Not here: the heavy-tail correction.
 
     Parameters
     ----------
@@ -497,6 +497,8 @@ def flip_horizon_study_backend(backend, weights, questions, horizons, n_samples,
     questions, horizons : as :func:`flip_horizon_study`; n_samples : continuations per option (split over the
         positive-weight teachers); seed : int, or one per question (a question's samples depend on its
         seed alone: its two contexts draw from ``default_rng([seed, side])``).
+    after_correct : optional backend (the same teachers, vocabulary and end tokens) that continues after C
+        only, as in :func:`flip_horizon_study` (the options are scored under ``backend``).
     """
     from aggregation.validate import check_weights
     from .partition import proposal_log_weights
@@ -513,7 +515,16 @@ def flip_horizon_study_backend(backend, weights, questions, horizons, n_samples,
     rngs = [np.random.default_rng([int(x) for x in np.atleast_1d(s)] + [side]) for s in seeds for side in (0, 1)]
     options = backend.score([(list(q["prompt_ids"]), list(q[key])) for q in questions
                              for key in ("correct_ids", "incorrect_ids")], models=list(range(len(w))))
-    sampled = proposal_log_weights(backend, w, contexts, max(hs), n_samples, rngs, max_rows)
+    sampled = [None] * len(contexts)
+    if after_correct is not None and (len(after_correct.models) != len(backend.models) or after_correct.vocab_size
+                                      != backend.vocab_size or after_correct.end_token_ids != backend.end_token_ids):
+        raise ValueError("after_correct must have the backend's teachers, vocabulary and end tokens")
+    for src, side in ((backend, 1), (after_correct, 0)) if after_correct is not None else ((backend, None),):
+        idx = [j for j in range(len(contexts)) if side is None or j % 2 == side]
+        got = proposal_log_weights(src, w, [contexts[j] for j in idx], max(hs), n_samples, [rngs[j] for j in idx],
+                                   max_rows)
+        for j, g in zip(idx, got):
+            sampled[j] = g
     names = [getattr(backend.models[k], "name", "") or f"teacher{k}" for k in range(len(w))]
     return _study_tables(questions, names, w, backend.end_token_ids, hs, z, [(o, None) for o in options], sampled)
 

@@ -366,7 +366,8 @@ class PersonaTeachers:
         """The personas as :class:`llm_bridge.served.Served` teachers, each on the server its teachers-file entry
         names (``server``: url and model); ``transport``: Served's max_in_flight, timeout, retries, backoff.
         Every server must tokenize a probe text as the local tokenizer does (a ValueError naming the first
-        difference: teachers with another tokenizer cannot be pooled)."""
+        difference: teachers with another tokenizer cannot be pooled), and a tempered teacher's server must
+        answer at the request's temperature (:meth:`llm_bridge.served.Served.check_temperatures`)."""
         from .served import Served, ServedTeacher
         missing = [n for n, p in zip(self.names, self.personas) if "server" not in p]
         if missing:
@@ -374,7 +375,9 @@ class PersonaTeachers:
         teachers = [ServedTeacher(p["server"]["url"], p["server"]["model"], ids, t, name)
                     for p, ids, t, name in zip(self.personas, self.template_ids, self.temperatures, self.names)]
         served = Served(teachers, len(self.tokenizer), self.end_token_ids, **transport)
-        served.check_tokenizer(TOKENIZER_PROBE, _encode(self.tokenizer, TOKENIZER_PROBE))
+        probe = _encode(self.tokenizer, TOKENIZER_PROBE)
+        served.check_tokenizer(TOKENIZER_PROBE, probe)
+        served.check_temperatures(probe)
         return served
 
     def _template_text(self, system):

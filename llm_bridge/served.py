@@ -20,8 +20,12 @@ the last failure, is a :class:`ServerError` whose message is one line naming the
 What a server cannot give cheaply: the full next-token distribution (all n log-probabilities per position
 come back only with ``--max-logprobs -1``, ~40x slower than in process), so the analyses that follow many
 responses work from the top k with bounds (:mod:`llm_bridge.topk_bounds`); and prompt log-probabilities at a
-temperature other than 1 (vLLM applies a request's temperature to generated tokens only): :meth:`Served.score`
-refuses a tempered teacher instead of answering at 1 (:meth:`Served.distributions` applies it exactly).
+temperature other than 1 (vLLM's prompt log-probabilities are always at temperature 1). A tempered teacher
+(temperature T != 1) is therefore scored one generation step per position: the request carries T and
+``logprob_token_ids`` (the tokens asked), and a server started with ``--logprobs-mode processed_logprobs``
+answers ``log_softmax(logits / T)`` of those tokens, exactly; a server in vLLM's default mode
+(``raw_logprobs``) would answer at temperature 1, so :meth:`Served.check_temperatures` asks once and refuses
+it. Ranks do not change with T, so a tempered teacher's top k are its temperature-1 top k, re-scored at T.
 """
 
 import json
@@ -120,6 +124,14 @@ class Served:
             out.append(ids)
         return out
 
+    def _rows(self, rows):
+        """Validated (prompt ids, continuation ids) lists; an empty prompt is an error."""
+        rows = list(zip(self._ids([p for p, _ in rows], "prompts"), self._ids([c for _, c in rows], "continuations")))
+        for i, (p, _) in enumerate(rows):
+            if not p:
+                raise ValueError(f"prompts[{i}] is empty")
+        return rows
+
     def _models(self, models):
         models = list(range(len(self.models))) if models is None else [int(j) for j in models]
         bad = [j for j in models if not 0 <= j < len(self.models)]
@@ -142,15 +154,53 @@ class Served:
                                  f"local tokenizer: first difference at token {first} ({got[first:first + 3]} vs "
                                  f"{want[first:first + 3]})")
 
+    # -- tempered teachers -----------------------------------------------------------------------
+    def check_temperatures(self, prompt_ids):
+        """Raise ValueError unless each tempered teacher's server answers generated log-probabilities at the
+        request's temperature (``--logprobs-mode processed_logprobs``). One context (template + ``prompt_ids``),
+        two requests per tempered teacher, at T and at 1: the gap between its most and fifth most likely tokens
+        is the temperature-1 gap over T on such a server and the temperature-1 gap on a raw one."""
+        hot = [j for j, t in enumerate(self.models) if t.temperature != 1.0]
+        if not hot:
+            return
+        prompt = self._ids([prompt_ids], "prompt_ids")[0]
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        calls = [(j, "/v1/completions", dict(self._step(j, prompt, temperature), logprobs=5))
+                 for j in hot for temperature in (self.models[j].temperature, 1.0)]
+        answers = iter(self._map(calls))
+        for j in hot:
+            gaps = []
+            for _ in range(2):
+                got = sorted(next(answers)["choices"][0]["logprobs"]["top_logprobs"][0].values(), reverse=True)
+                gaps.append(got[0] - got[4])                 # [4]: a sampled token outside the 5 is appended
+            t = self.models[j]
+            if not abs(gaps[0] * t.temperature - gaps[1]) <= 1e-3 * gaps[1] + 1e-4 or gaps[1] < 1e-2:
+                raise ValueError(f"server {t.url} (model {t.model!r}) answers log-probabilities at temperature 1 "
+                                 f"for teacher {t.name!r} at temperature {t.temperature:g}: start it with "
+                                 "--logprobs-mode processed_logprobs")
+
+    def _step(self, j, context, temperature):
+        """One generation step's request body after template_j + context, at ``temperature``, full support."""
+        return {"prompt": list(self.models[j].template_ids) + [int(a) for a in context], "max_tokens": 1,
+                "temperature": temperature, "top_p": 1.0, "top_k": -1, "seed": 0, "return_tokens_as_token_ids": True}
+
+    def _tempered(self, j, asks):
+        """ln p_j(a | template_j u context) at teacher j's temperature for each (context, tokens) in ``asks``:
+        one generation step per context (the tokens as ``logprob_token_ids``); a list of float64 arrays."""
+        calls = [(j, "/v1/completions", dict(self._step(j, ctx, self.models[j].temperature), logprobs=0,
+                                              logprob_token_ids=[int(a) for a in tokens])) for ctx, tokens in asks]
+        out = []
+        for answer, (_, tokens) in zip(self._map(calls), asks):
+            got = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+            out.append(np.array([got[f"token_id:{int(a)}"] for a in tokens], dtype=float))
+        return out
+
     # -- scoring ---------------------------------------------------------------------------------
     def _prompt_log_probs(self, rows, models, k):
         """One request per (model, row), models outer: each row's continuation positions of vLLM's prompt
         log-probabilities of template + prompt + continuation, with the top k (k = 0: the scored token only)."""
-        rows = [(p, c) for p, c in zip(self._ids([p for p, _ in rows], "prompts"),
-                                      self._ids([c for _, c in rows], "continuations"))]
-        for i, (p, _) in enumerate(rows):
-            if not p:
-                raise ValueError(f"prompts[{i}] is empty")
+        rows = self._rows(rows)
         calls = [(j, "/v1/completions", {"prompt": list(self.models[j].template_ids) + p + c, "max_tokens": 1,
                                          "temperature": 0.0, "prompt_logprobs": k, "echo": False})
                  for j in models for p, c in rows]
@@ -160,27 +210,32 @@ class Served:
                 for a, start, n in zip(self._map(calls), starts, lengths)]
 
     def score(self, rows, models=None):
-        """ln p_j(c_t | template_j u prompt c_<t) for every row (prompt_ids, continuation_ids): a list of
-        (J, T_i) float64 arrays, as :meth:`llm_bridge.backend.InProcess.score` returns."""
+        """ln p_j(c_t | template_j u prompt c_<t) for every row (prompt_ids, continuation_ids), at teacher j's
+        temperature: a list of (J, T_i) float64 arrays, as :meth:`llm_bridge.backend.InProcess.score` returns.
+        One request per row and temperature-1 teacher; one per position of a tempered teacher."""
         models = self._models(models)
-        tempered = [self.models[j].name for j in models if self.models[j].temperature != 1.0]
-        if tempered:
-            raise ValueError(f"teacher {tempered[0]!r} has a temperature != 1: a server's prompt log-probabilities "
-                             "are at temperature 1, so its exact scores need the full distribution")
-        got = iter(self._prompt_log_probs(rows, models, 0))
+        rows = self._rows(rows)
         out = [np.zeros((len(models), len(c))) for _, c in rows]
-        for a in range(len(models)):
+        cold = [m for m, j in enumerate(models) if self.models[j].temperature == 1.0]
+        got = iter(self._prompt_log_probs(rows, [models[m] for m in cold], 0))
+        for m in cold:
             for (_, c), o in zip(rows, out):
-                o[a] = [entry[str(int(tok))]["logprob"] for tok, entry in zip(c, next(got))]
+                o[m] = [entry[str(tok)]["logprob"] for tok, entry in zip(c, next(got))]
+        for m, j in enumerate(models):
+            if m not in cold:
+                got = iter(self._tempered(j, [(p + c[:t], [c[t]]) for p, c in rows for t in range(len(c))]))
+                for (_, c), o in zip(rows, out):
+                    o[m] = [next(got)[0] for _ in c]
         return out
 
     def top_k(self, rows, k, models=None):
-        """Each continuation position's ``k`` most likely next tokens under each model (at temperature 1), and
-        the continuation's own tokens' log-probabilities, from one request per row and model: per row (ids
-        (J, T, k) int64, log_probs (J, T, k) float64, most likely first; token_log_probs (J, T) float64).
-        ``k`` is at most the server's ``--max-logprobs``."""
+        """Each continuation position's ``k`` most likely next tokens under each model (at its temperature), and
+        the continuation's own tokens' log-probabilities, from one request per row and model (and one per
+        position of a tempered teacher): per row (ids (J, T, k) int64, log_probs (J, T, k) float64, most likely
+        first; token_log_probs (J, T) float64). ``k`` is at most the server's ``--max-logprobs``."""
         k = check_int(k, "k", 1)
         models = self._models(models)
+        rows = self._rows(rows)
         got = iter(self._prompt_log_probs(rows, models, k))
         out = [(np.zeros((len(models), len(c), k), dtype=np.int64), np.zeros((len(models), len(c), k)),
                 np.zeros((len(models), len(c)))) for _, c in rows]
@@ -194,6 +249,15 @@ class Served:
                     ids[m, t] = [b[1] for b in best]
                     lps[m, t] = [b[2] for b in best]
                     own[m, t] = entry[str(int(tok))]["logprob"]
+        for m, j in enumerate(models):                  # tempered: the same ranks, re-scored at T
+            if self.models[j].temperature != 1.0:
+                asks = [(p + c[:t], [*ids[m, t], c[t]])
+                        for (p, c), (ids, _, _) in zip(rows, out) for t in range(len(c))]
+                got = iter(self._tempered(j, asks))
+                for (_, c), (_, lps, own) in zip(rows, out):
+                    for t in range(len(c)):
+                        g = next(got)
+                        lps[m, t], own[m, t] = g[:-1], g[-1]
         return out
 
     def distributions(self, rows, models=None, block=128):
@@ -281,9 +345,11 @@ class LocalServer:
     stopped by ``stop`` through its process group id (SIGTERM, SIGKILL after 60 s). ``python``: the vLLM
     environment's interpreter; ``threads``: OMP threads; ``log``: its output file. A context manager."""
 
-    def __init__(self, python, folder, name, log, max_logprobs=50, threads=1, max_model_len=2048, wait=900.0):
+    def __init__(self, python, folder, name, log, max_logprobs=50, threads=1, max_model_len=2048, wait=900.0,
+                 logprobs_mode="processed_logprobs"):
         self.python, self.folder, self.name, self.log = str(python), str(folder), name, log
         self.max_logprobs, self.threads, self.max_model_len, self.wait = max_logprobs, threads, max_model_len, wait
+        self.logprobs_mode = logprobs_mode
         self.proc, self.url = None, None
 
     def start(self):
@@ -300,7 +366,8 @@ class LocalServer:
             self.proc = subprocess.Popen(
                 [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.folder, "--served-model-name",
                  self.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-                 "--max-logprobs", str(self.max_logprobs), "--max-model-len", str(self.max_model_len)],
+                 "--max-logprobs", str(self.max_logprobs), "--max-model-len", str(self.max_model_len),
+                 "--logprobs-mode", self.logprobs_mode],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.wait

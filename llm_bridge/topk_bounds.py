@@ -8,7 +8,8 @@ mass tau_k = 1 - (the known mass) is exact and each of which has p_k(a) <= u_k =
 Let S be the tokens whose log-probability is known under every positive-weight teacher (listed by all, the
 response's token, or scored exactly on request) and R the rest. On S, A(a) = sum_k w_k p_k(a) and
 g(a) = prod_k p_k(a)^w_k are exact; A(R) = 1 - A(S) is exact; and l = g / Z with Z = Z_S + Z_R, where
-0 <= Z_R <= H = prod_k (1 - P_k(S))^w_k by Hoelder's inequality (the weights sum to 1). So:
+0 <= Z_R <= H = prod_k (1 - P_k(S))^w_k by Hoelder's inequality (the weights sum to 1; each factor at least
+|S| 2^-20, the float32 rounding of the known mass). So:
 
     l(a), a in S        in [g(a) / (Z_S + H), g(a) / Z_S]: the lower end is reported, ``l_factor`` =
                         (Z_S + H) / Z_S the upper end over it (one factor per position)
@@ -35,6 +36,11 @@ from aggregation.validate import check_int, positive_teachers
 from .diagnosis import STAT_FIELDS, Thresholds, Trace, response_rows, veto_candidates
 
 BOUND_FIELDS = ("kl_hi", "tv_hi", "entropy_hi", "l_factor", "argmax_certain")
+# a float32 log-probability moves its probability by at most ~2^-20 (|ln p| <= 16; below, p < 1e-7 itself), so
+# a teacher whose known mass rounds to 1 may still hold up to |S| 2^-20 outside S: H's factor never goes below
+# that (at 0, a tempered teacher's whole mass in its top k made l(R) = 0 and KL's lower bound infinite, although
+# another teacher put mass there and the true KL is finite)
+ROUNDING = 2.0 ** -20
 
 
 def _position(ids, lps, token, token_lp, extra, n):
@@ -98,7 +104,7 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
         r = s_lp[:, keep] @ wk
         z_s = np.exp(r).sum()
         ps = np.exp(s_lp[:, keep]).sum(0)
-        H = float(np.prod(np.maximum(1.0 - ps, 0.0) ** wk)) if len(s_tok) < n else 0.0
+        H = float(np.prod(np.maximum(1.0 - ps, len(s_tok) * ROUNDING) ** wk)) if len(s_tok) < n else 0.0
         a_r = max(0.0, 1.0 - A.sum()) if len(s_tok) < n else 0.0
         l_lo = np.exp(r) / (z_s + H)
         l_factor = (z_s + H) / z_s

@@ -288,10 +288,6 @@ def check_served(args):
     if args.student is not None:
         raise ValueError("--student with served teachers is not supported: give --responses, or let the teachers "
                          "sample")
-    hot = [q.get("name", f"teacher{i}") for i, q in enumerate(args.personas) if q.get("temperature", 1.0) != 1.0]
-    if hot:
-        raise ValueError(f"served teacher {hot[0]!r} has a temperature != 1: a server's log-probabilities of given "
-                         "tokens are at temperature 1 (run it in process)")
     if args.top_k < veto_candidates(args.thresholds):
         raise ValueError(f"--top-k {args.top_k} must be at least {veto_candidates(args.thresholds)} (1/--veto-floor + 1: "
                          "every token that can be vetoed is then listed by some teacher)")

@@ -13,9 +13,10 @@ smallest drift the design detects, and a positive control whose drift is positiv
 With ``--server`` the personas are the served model's (``--served-model``, default the server's only model;
 ``--model`` then only gives the tokenizer), scored and sampled through vLLM's completions: ln Z_H comes from
 the teachers' own samples with importance weights (:func:`llm_bridge.horizon.flip_horizon_study_backend`),
-exact in its scores, l's margin is left out (it needs full distributions), and the configurations that need a
-teacher scored at a temperature other than 1 (``temperature`` and the positive controls) are not run: a
-server's prompt log-probabilities are at temperature 1.
+exact in its scores, l's margin is left out (it needs full distributions), and the heavy-tail correction is
+off. A teacher at a temperature other than 1 (``temperature``, the positive controls) is scored one
+generation step per position, which needs the server started with ``--logprobs-mode processed_logprobs``
+(checked: a server that answers at temperature 1 is exit 2, one line).
 
 The positive control ``tempered-after-correct-<T2>`` (T2 = 2, 1.25; the first 16 questions): one
 persona twice, the second teacher's logits divided by T2 after the correct option only. Every context
@@ -177,20 +178,6 @@ def served_setting(url, model=None):
     if not str(url).startswith(("http://", "https://")):
         raise ValueError(f"--server {url!r} must start with http:// or https://")
     return dict(url=str(url).rstrip("/"), model=model or served_model_name(url))
-
-
-def served_configs(names, explicit):
-    """The configurations a server can run: every teacher at temperature 1 and no after-correct change (a
-    server scores prompts at temperature 1 only). Asked for explicitly, another one is an error."""
-    by = {c.name: c for c in CONFIGS + CONTROLS}
-    tempered = [n for n in names if by[n].after_correct or any(t != 1.0 for _, _, t in by[n].personas)]
-    if explicit and tempered:
-        raise ValueError(f"configuration {tempered[0]!r} needs a teacher scored at a temperature other than 1, "
-                         "which a server does not give (its prompt log-probabilities are at temperature 1)")
-    kept = tuple(n for n in names if n not in tempered)
-    if not kept:
-        raise ValueError("no configuration left to run through a server")
-    return kept
 
 
 def load_questions(path=QUESTIONS):
@@ -386,16 +373,17 @@ def run_smollm2(cell):
         model, tok = _model(cell["model"], cell["device"], cell["dtype"])
         pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
     twin = None
-    if cell.settings.get("after_correct") and not cell.settings.get("server"):
+    if cell.settings.get("after_correct"):
         changed = personas[:-1] + [dict(personas[-1], temperature=cell["after_correct"])]
-        twin = PersonaTeachers(model, tok, changed, [0.5, 0.5], "chat", device=cell["device"]).teachers
+        twin = served_teachers(cell, changed)[1] if cell.settings.get("server") else \
+            PersonaTeachers(model, tok, changed, [0.5, 0.5], "chat", device=cell["device"]).teachers
     questions = []
     for qid, text, correct, incorrect in cell["questions"]:
         c_ids, i_ids = pt.option_ids([correct, incorrect])
         questions.append(dict(id=qid, prompt_ids=pt.prompt_ids(text), correct_ids=c_ids, incorrect_ids=i_ids))
     if cell.settings.get("server"):
         q, h = flip_horizon_study_backend(backend, [0.5, 0.5], questions, cell["horizons"], cell["samples"],
-                                          int(cell.seed_array()[0]))
+                                          int(cell.seed_array()[0]), after_correct=twin)
     else:
         q, h = flip_horizon_study(pt.teachers, questions, cell["horizons"], cell["samples"], int(cell.seed_array()[0]),
                                   ess_floor=cell.settings.get("ess_floor"), max_samples=cell.settings.get("max_samples"),
@@ -514,8 +502,11 @@ def main(argv=None):
             from llm_bridge.models import resolve_model_path
             resolve_model_path(args.model)
             if args.server:
-                size.update(server=served_setting(args.server, args.served_model),
-                            configs=served_configs(args.configs, explicit=args.configs is not CONFIG_NAMES))
+                size.update(server=served_setting(args.server, args.served_model))
+                by = {c.name: c for c in CONFIGS + CONTROLS}
+                if any(by[n].after_correct or any(t != 1.0 for *_, t in by[n].personas) for n in args.configs):
+                    served_teachers(dict(model=args.model, server=size["server"]),     # checks the server's mode
+                                    [dict(name="probe", system=HELPFUL, temperature=t) for t in (2.0, 1.0)])
         cells = cells_for(size, only, args.base_seed)
     except (ValueError, ServerError) as exc:
         ap.error(str(exc))

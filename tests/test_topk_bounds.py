@@ -71,6 +71,27 @@ def test_topk_bounds_hold_against_the_full_distributions(seed, k):
     assert (a.l_prob.to_numpy() >= b.l_prob.to_numpy() * (1 - 1e-9)).all()      # "l gives it at most": an upper bound
 
 
+def test_a_teacher_whose_top_k_holds_all_its_mass_keeps_the_bounds_finite():
+    """A cold (tempered) teacher: 10 tokens at ln 0.1 + 2e-7 (float32's rounding there: their sum is above 1) and the rest
+    at -60; the other teacher spreads over the vocabulary, so A(R) > 0 while the cold teacher's known mass says
+    nothing is left. KL(A || l) is finite (the cold teacher's tail is 1e-23, not 0): its served lower bound is
+    finite and below the exact KL, l's probabilities and TV within their bounds."""
+    th = Thresholds()
+    n, T = 200, 3
+    cold = np.full((T, n), -60.0)
+    cold[:, :10] = np.log(0.1) + 2e-7
+    assert np.exp(cold[0, :10]).sum() >= 1.0
+    warm = torch.log_softmax(torch.tensor(np.random.default_rng(0).normal(size=(T, n))), -1).numpy()
+    lp = torch.tensor(np.stack([warm, cold]))
+    w, tokens = np.array([0.5, 0.5]), np.array([0, 1, 2])
+    exact = position_stats(lp, w, tokens, k=veto_candidates(th))
+    got, _ = served_stats(lp, w, tokens, 21, th)
+    assert np.isfinite(got["kl"]).all() and (got["kl"] <= exact["kl"] + 1e-9).all()
+    assert (got["tv"] <= exact["tv"] + 1e-9).all() and (exact["tv"] <= got["tv_hi"] + 1e-9).all()
+    assert ((got["l_token"] <= exact["l_token"] * (1 + 1e-9))
+            & (exact["l_token"] <= got["l_token"] * got["l_factor"] * (1 + 1e-9))).all()
+
+
 def test_vetoes_need_the_exact_scores_and_ask_for_few():
     """Without the rescored log-probabilities a planted veto is missed (the vetoing teacher does not list the
     token); rescore_needs asks for it, and for under half of the listed tokens some teacher does not list."""
@@ -135,7 +156,7 @@ def reference_bounds(lp, ids, token, extra, w):
     A = {a: sum(w[k] * p[k, a] for k in keep) for a in S}
     g = {a: np.exp(sum(w[k] * lp[k, a] for k in keep)) for a in S}
     z_s = sum(g.values())
-    H = np.prod([(1.0 - sum(p[k, a] for a in S)) ** w[k] for k in keep])
+    H = np.prod([max(1.0 - sum(p[k, a] for a in S), len(S) * 2.0 ** -20) ** w[k] for k in keep])
     a_r = 1.0 - sum(A.values())
 
     def coarse_kl(z_r):
