@@ -68,7 +68,7 @@ def _position(ids, lps, token, token_lp, extra, n):
     return known, table, tau, u, ent_lo, ent_hi
 
 
-def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
+def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21, reference=None):
     """:func:`llm_bridge.diagnosis.position_stats`'s fields along one response, from each teacher's top k.
 
     Parameters
@@ -78,6 +78,9 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
     weights : (K,) on the simplex; n : the vocabulary size.
     extra : optional {(t, k, a): ln p_k(a)} scored exactly (:func:`rescore_needs`).
     k_cand : veto candidates kept per position (A's most probable tokens of S).
+    reference : optional, per position (tokens, log-probs) of a student's tokens that can be vetoed (its
+        probability at least the veto floor; :func:`student_candidates`): the veto reference instead of A,
+        each token scored exactly under every positive-weight teacher (``extra``: :func:`rescore_needs`).
 
     Returns
     -------
@@ -100,6 +103,7 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
         toks = np.array(list(known), dtype=np.int64)
         in_s = ~np.isnan(table[:, keep]).any(1)
         s_tok, s_lp = toks[in_s], table[in_s]
+        where = {int(a): i for i, a in enumerate(s_tok)}
         A = np.exp(s_lp[:, keep]) @ wk
         r = s_lp[:, keep] @ wk
         z_s = np.exp(r).sum()
@@ -126,10 +130,20 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
         ia, il = int(np.argmax(A)), int(np.argmax(r))
         certain = bool(A[ia] >= (np.exp(bound) @ wk).max() and r[il] >= (bound @ wk).max())
         # the response's token, every teacher's top token, the candidates
-        where = {int(a): i for i, a in enumerate(s_tok)}
+
         tok = int(tokens[t])
         top = ids[:, t, 0]
-        order = np.argsort(-A, kind="stable")[:k_cand]
+        if reference is None:
+            order = np.argsort(-A, kind="stable")[:k_cand]
+            ref = A[order]
+        else:
+            r_tok, r_lp = reference[t]
+            missing = [int(a) for a in r_tok if int(a) not in where]
+            if missing:
+                raise ValueError(f"the student's candidate {missing[0]} at position {t} is not scored under every "
+                                 "teacher (rescore_needs names what to score)")
+            order = np.array([where[int(a)] for a in r_tok[:k_cand]], dtype=np.int64)
+            ref = np.exp(np.asarray(r_lp[:k_cand], dtype=float))
         cand = np.full(k_cand, -1, dtype=np.int64)
         cand[:len(order)] = s_tok[order]
         cand_lp = np.zeros((K, k_cand), dtype=np.float32)
@@ -141,16 +155,18 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21):
             top_l=np.array([l_lo[where[int(a)]] if int(a) in where else np.nan for a in top]),
             a_token=A[where[tok]], l_token=l_lo[where[tok]], kl=kl_lo, tv=tv_lo, argmax_a=s_tok[ia],
             argmax_a_prob=A[ia], argmax_l=s_tok[il], argmax_l_prob=l_lo[il], cand=cand, cand_lp=cand_lp,
-            cand_a=pad(A), cand_l=pad(l_hi), cand_ref=pad(A),
+            cand_a=pad(A), cand_l=pad(l_hi), cand_ref=np.concatenate([ref, np.zeros(k_cand - len(order))]),
             kl_hi=kl_hi, tv_hi=tv_hi, entropy_hi=ent_hi, l_factor=l_factor, argmax_certain=certain))
     return {key: np.array([row[key] for row in rows]) for key in STAT_FIELDS + BOUND_FIELDS}
 
 
-def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None):
+def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None, reference=None):
     """The (t, k, a) whose exact ln p_k(a) a finding needs and the top k does not give: a token whose A may
-    reach the veto floor (its unknown teachers at their bound u_k), and the top token of a teacher that may
-    be a confident expert (its entropy's lower bound at most the expert threshold, every other positive-weight
-    teacher's upper bound at least the uninformative one), under each positive-weight teacher not listing it."""
+    reach the veto floor (its unknown teachers at their bound u_k; with a student ``reference``, as
+    :func:`topk_stats` takes it, each of the student's candidates instead), and the top token of a teacher
+    that may be a confident expert (its entropy's lower bound at most the expert threshold, every other
+    positive-weight teacher's upper bound at least the uninformative one), under each positive-weight teacher
+    not listing it."""
     ids, lps = np.asarray(ids, dtype=np.int64), np.asarray(lps, dtype=float)
     th = Thresholds() if thresholds is None else thresholds
     K, T, _ = ids.shape
@@ -159,10 +175,14 @@ def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None):
     need = set()
     for t in range(T):
         known, table, tau, u, ent_lo, ent_hi = _position(ids[:, t], lps[:, t], tokens[t], token_lps[:, t], {}, n)
-        for a, row in known.items():
-            missing = [int(k) for k in keep if np.isnan(row[k])]
-            if missing and np.where(np.isnan(row), u, np.exp(row))[keep] @ w[keep] >= th.veto_floor:
-                need |= {(t, k, a) for k in missing}
+        if reference is None:
+            for a, row in known.items():
+                missing = [int(k) for k in keep if np.isnan(row[k])]
+                if missing and np.where(np.isnan(row), u, np.exp(row))[keep] @ w[keep] >= th.veto_floor:
+                    need |= {(t, k, a) for k in missing}
+        else:
+            need |= {(t, int(k), int(a)) for a in reference[t][0] for k in keep
+                     if int(a) not in known or np.isnan(known[int(a)][k])}
         for k in keep:
             others = [int(i) for i in keep if i != k]
             if others and ent_lo[k] <= th.expert_entropy and min(ent_hi[i] for i in others) >= th.uninformative_entropy:
@@ -171,7 +191,17 @@ def rescore_needs(ids, lps, tokens, token_lps, weights, n, thresholds=None):
     return sorted(need)
 
 
-def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, thresholds=None, k=50):
+def student_candidates(log_probs, floor, k_cand):
+    """A student's tokens that can be vetoed at one position: those whose probability is at least ``floor``,
+    most probable first (at most ``k_cand``), and their log-probabilities, from its (n,) log-probabilities."""
+    lp = np.asarray(log_probs, dtype=float)
+    at = np.flatnonzero(lp >= math.log(floor))
+    at = at[np.argsort(-lp[at], kind="stable")][:k_cand]
+    return at.astype(np.int64), lp[at]
+
+
+def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, thresholds=None, k=50,
+                  student=None):
     """:func:`llm_bridge.diagnosis.follow_many` through a server: the responses to several prompts and the
     bounded statistics (:func:`topk_stats`) of every position along them.
 
@@ -182,6 +212,9 @@ def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, t
         server from each positive-weight teacher, with a seed drawn from the prompt's generator).
     k : top tokens asked per position and teacher, at least :func:`llm_bridge.diagnosis.veto_candidates`
         (so that every veto candidate is listed) and at most the server's ``--max-logprobs``.
+    student : optional :class:`llm_bridge.Teacher` in this process (sharing the vocabulary): a prompt without
+        responses follows one rollout of the student, and the student is the veto reference (its full
+        distribution is here; each token it gives at least the veto floor is scored exactly under every teacher).
 
     Returns
     -------
@@ -201,12 +234,24 @@ def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, t
     responses = [None] * len(prompts) if responses is None else list(responses)
     if len(responses) != len(prompts):
         raise ValueError(f"responses has {len(responses)} entries for {len(prompts)} prompts")
-    rows = response_rows(backend, prompts, responses, [int(j) for j in positive_teachers(w)],
-                         [t.name for t in backend.models], max_tokens, rngs)
     n = backend.vocab_size
+    if student is None:
+        rows = response_rows(backend, prompts, responses, [int(j) for j in positive_teachers(w)],
+                             [t.name for t in backend.models], max_tokens, rngs)
+        refs = [None] * len(rows)
+    else:
+        from .backend import InProcess
+        from .teachers import Teachers
+        local = InProcess(Teachers([student], [1.0], vocab_size=n, end_token_ids=backend.end_token_ids))
+        rows = response_rows(local, prompts, responses, [0], ["student"], max_tokens, rngs)
+        refs = [[None] * len(tok) for _, _, tok in rows]
+        for r, t, lp in local.distributions([(prompts[p], tok) for p, _, tok in rows]):
+            for b, (i, s) in enumerate(zip(r, t)):
+                refs[i][s] = student_candidates(lp[0, b].double().numpy(), th.veto_floor, veto_candidates(th))
     top = backend.top_k([(prompts[p], tok) for p, _, tok in rows], k)
     extra = [{} for _ in rows]
-    needs = [rescore_needs(ids, lps, tok, own, w, n, th) for (_, _, tok), (ids, lps, own) in zip(rows, top)]
+    needs = [rescore_needs(ids, lps, tok, own, w, n, th, ref)
+             for (_, _, tok), (ids, lps, own), ref in zip(rows, top, refs)]
     for j in range(len(w)):
         asked = [(i, t, a) for i, need in enumerate(needs) for t, jj, a in need if jj == j]
         if asked:
@@ -214,8 +259,8 @@ def follow_served(backend, weights, prompts, max_tokens, rngs, responses=None, t
             for (i, t, a), lp in zip(asked, got):
                 extra[i][(t, j, a)] = float(lp[0, -1])
     out = [[] for _ in prompts]
-    for (p, source, tok), (ids, lps, own), ex in zip(rows, top, extra):
-        stats = topk_stats(ids, lps, tok, own, w, n, ex, veto_candidates(th))
+    for (p, source, tok), (ids, lps, own), ex, ref in zip(rows, top, extra, refs):
+        stats = topk_stats(ids, lps, tok, own, w, n, ex, veto_candidates(th), ref)
         out[p].append(Trace(source, list(tok), stats, None))
     return out
 

@@ -284,10 +284,7 @@ def parse(argv):
 
 
 def check_served(args):
-    """Served teachers (issue 43): what the diagnosis takes from a server and what it cannot."""
-    if args.student is not None:
-        raise ValueError("--student with served teachers is not supported: give --responses, or let the teachers "
-                         "sample")
+    """Served teachers (issue 43): the top k asked must list every token that can be vetoed."""
     if args.top_k < veto_candidates(args.thresholds):
         raise ValueError(f"--top-k {args.top_k} must be at least {veto_candidates(args.thresholds)} (1/--veto-floor + 1: "
                          "every token that can be vetoed is then listed by some teacher)")
@@ -357,7 +354,8 @@ def run_batch(cell):
     if bridge is None:                         # served teachers: bounded statistics from each one's top k
         weights = np.asarray(pt.weights, dtype=float) / np.sum(pt.weights)
         backend = pt.served()
-        traces = follow_served(backend, weights, prompt_ids, cell["max_tokens"], rngs, responses, th, cell["top_k"])
+        traces = follow_served(backend, weights, prompt_ids, cell["max_tokens"], rngs, responses, th, cell["top_k"],
+                               student)
     else:
         weights = bridge.weights
         traces = follow_many(bridge, prompt_ids, cell["max_tokens"], rngs, responses=responses, student=student,

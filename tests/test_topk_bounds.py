@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llm_bridge.diagnosis import Thresholds, diagnose_stats, position_stats, veto_candidates
-from llm_bridge.topk_bounds import rescore_needs, topk_stats
+from llm_bridge.topk_bounds import rescore_needs, student_candidates, topk_stats
 
 
 def teachers(seed, K=2, T=12, n=300, scale=3.0, veto=True, similar=False):
@@ -90,6 +90,34 @@ def test_a_teacher_whose_top_k_holds_all_its_mass_keeps_the_bounds_finite():
     assert (got["tv"] <= exact["tv"] + 1e-9).all() and (exact["tv"] <= got["tv_hi"] + 1e-9).all()
     assert ((got["l_token"] <= exact["l_token"] * (1 + 1e-9))
             & (exact["l_token"] <= got["l_token"] * got["l_factor"] * (1 + 1e-9))).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_student_reference_gives_the_vetoes_of_the_full_distributions(seed):
+    """With a student as the veto reference (a noisy copy of teacher 0, whose favourite tokens teacher 1 vetoes
+    every third position): its candidates (tokens at p >= the veto floor) scored exactly under every teacher,
+    the vetoes are the rows the full distributions give (position, teacher, token, the student's probability,
+    A's), >= 3 of them; a candidate left unscored is an error, not a silent miss."""
+    th = Thresholds()
+    w = np.array([0.5, 0.5])
+    lp = teachers(seed)
+    T, n = lp.shape[1], lp.shape[2]
+    student = torch.log_softmax(lp[0] + 0.3 * torch.tensor(np.random.default_rng(seed).normal(size=(T, n))), -1)
+    tokens = np.random.default_rng(seed + 7).integers(0, n, T)
+    refs = [student_candidates(student[t].numpy(), th.veto_floor, veto_candidates(th)) for t in range(T)]
+    ids, lps = truncate(lp, 21)
+    own = lp[:, np.arange(T), tokens].numpy()
+    extra = {(t, j, a): float(lp[j, t, a]) for t, j, a in rescore_needs(ids, lps, tokens, own, w, n, th, refs)}
+    got = topk_stats(ids, lps, tokens, own, w, n, extra, veto_candidates(th), refs)
+    exact = position_stats(lp, w, tokens, student, veto_candidates(th))
+    a = diagnose_stats(got, w, tokens, thresholds=th)["vetoes"]
+    b = diagnose_stats(exact, w, tokens, thresholds=th)["vetoes"]
+    assert len(b) >= 3
+    assert list(zip(a.position, a.teacher, a.token)) == list(zip(b.position, b.teacher, b.token))
+    np.testing.assert_allclose(a.reference_prob, b.reference_prob, rtol=1e-6)
+    np.testing.assert_allclose(a.a_prob, b.a_prob, rtol=1e-9)
+    with pytest.raises(ValueError, match="not scored under every teacher"):
+        topk_stats(ids, lps, tokens, own, w, n, {}, veto_candidates(th), refs)
 
 
 def test_vetoes_need_the_exact_scores_and_ask_for_few():
