@@ -45,7 +45,7 @@ import aggregation as ag
 from aggregation.validate import check_horizons, check_int, positive_teachers
 
 from .backend import Streams, expand_cache, prefill, step
-from .partition import Z_95, _sample, log_mean_exp_stats
+from .partition import Z_95, _sample, log_mean_exp_stats, log_weights_at
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,8 +196,7 @@ def log_partition_curve(factors, horizons):
     for i, h in enumerate(hs):
         if h > factors.shape[1]:
             raise ValueError(f"horizons[{i}] = {h} exceeds the {factors.shape[1]} factors sampled")
-    cum = np.concatenate([np.zeros((N, 1)), np.cumsum(factors, axis=1)], axis=1)
-    L = cum[:, hs]
+    L = log_weights_at(factors, hs)
     est, _, ess = log_mean_exp_stats(L)
     W = np.exp(L - L.max(axis=0))
     R = W / W.mean(axis=0)                          # W_H / mean W_H: the delta method's linearisation
@@ -328,8 +327,8 @@ def is_saturating(running_correct, running_incorrect, share=SATURATION):
 
 
 def resampled_coverage(pool_correct, pool_incorrect, n_samples, replicates, rng, ess_share=0.75, max_factor=4,
-                       z=Z_95):
-    """How the gap's interval behaves at a sample size, on a pool of real continuations (issue 44, item 10).
+                       z=Z_95, z_power=Z_80):
+    """How the gap's interval behaves at a sample size, on a pool of real continuations (issue 44, items 10, 12).
 
     The pools ``(M, n_h)`` hold the log-weights L_i(H) of M continuations of uC and of uI; the pool's own
     ``D = logmeanexp L(uI) - logmeanexp L(uC)`` (per horizon) is the truth. Each replicate draws
@@ -338,7 +337,11 @@ def resampled_coverage(pool_correct, pool_incorrect, n_samples, replicates, rng,
     delta-method interval ``D_hat +- z se`` at the largest horizon. Returns a dict: ``coverage`` (the share of
     intervals holding the truth), ``false_flip`` (the share whose lower end is above it: at a margin equal to
     the truth, no flip is true and the rule "m - D_hat + z se < 0" flags one), ``samples`` (mean per pool),
-    ``truth`` and ``replicates``.
+    ``truth``, ``replicates``, and the planted control arm: ``se_median`` (the s.e. the study states, median
+    over replicates) and ``planted_flip``, the share of replicates the rule flags when the gap is planted at
+    ``D = m + (z + z_power) se_median``, the gap the study says it detects with 80% power (adding a constant to
+    uI's log-weights moves D_hat by exactly that constant and leaves se and the ESS alone, so the replicates
+    are reused: flagged iff ``D_hat - D_pool > z se - (z + z_power) se_median``, whatever m).
     """
     pools = [np.asarray(p, dtype=float) for p in (pool_correct, pool_incorrect)]
     for name, p in zip(("pool_correct", "pool_incorrect"), pools):
@@ -349,8 +352,8 @@ def resampled_coverage(pool_correct, pool_incorrect, n_samples, replicates, rng,
     n_samples = check_int(n_samples, "n_samples", 2)
     replicates = check_int(replicates, "replicates", 1)
     truth = log_mean_exp_stats(pools[1])[0][-1] - log_mean_exp_stats(pools[0])[0][-1]
-    covered = above = used = 0
-    for _ in range(replicates):
+    err, ses, used = np.zeros(replicates), np.zeros(replicates), 0
+    for r in range(replicates):
         est, var = 0.0, 0.0
         for sign, pool in ((-1.0, pools[0]), (1.0, pools[1])):
             idx = rng.integers(len(pool), size=n_samples)
@@ -359,11 +362,11 @@ def resampled_coverage(pool_correct, pool_incorrect, n_samples, replicates, rng,
                 idx = np.concatenate([idx, rng.integers(len(pool), size=len(idx))])
             e, se, _ = log_mean_exp_stats(pool[idx][:, -1])
             est, var, used = est + sign * e, var + se ** 2, used + len(idx)
-        half = z * np.sqrt(var)
-        covered += abs(est - truth) <= half
-        above += est - half > truth
-    return dict(coverage=covered / replicates, false_flip=above / replicates, samples=used / (2 * replicates),
-                truth=float(truth), replicates=replicates)
+        err[r], ses[r] = est - truth, np.sqrt(var)
+    se_median = float(np.median(ses))
+    return dict(coverage=float(np.mean(np.abs(err) <= z * ses)), false_flip=float(np.mean(err > z * ses)),
+                samples=used / (2 * replicates), truth=float(truth), replicates=replicates, se_median=se_median,
+                planted_flip=float(np.mean(err > z * ses - (z + z_power) * se_median)))
 
 
 def _check_twin(teachers, twin, name):

@@ -53,6 +53,13 @@ class PartitionEstimate:
     log_z_first: float
 
 
+def log_weights_at(increments, horizons):
+    """L_i(H) = sum_{h < H} increments[i, h] at each of ``horizons`` (L(0) = 0): (N, n_h) from (N, H_max)
+    per-step log-weight increments (ln z of the continuations, or their importance-weight increments)."""
+    inc = np.asarray(increments, dtype=float)
+    return np.concatenate([np.zeros((inc.shape[0], 1)), np.cumsum(inc, axis=1)], axis=1)[:, list(horizons)]
+
+
 def log_mean_exp_stats(log_weights, z=Z_95):
     """(ln mean W, se of it by the delta method, ESS) of ``W = exp(log_weights)`` over axis 0."""
     L = np.asarray(log_weights, dtype=float)
@@ -141,6 +148,7 @@ def proposal_log_weights(backend, weights, contexts, horizon, n_samples, rngs, m
 
     where ``c^i_<=H`` is the sample's first H tokens (all of it when it ended earlier), so one
     continuation serves every horizon. The support of the pool lies within every teacher's, so q covers it.
+    A context that ends with an end token has nothing after it: L = 0 (Z = 1), with no request.
 
     Parameters
     ----------
@@ -177,18 +185,23 @@ def proposal_log_weights(backend, weights, contexts, horizon, n_samples, rngs, m
     per_call = max(1, check_int(max_rows, "max_rows", 1) // n_samples)
     for lo in range(0, len(contexts), per_call):
         chunk = [list(map(int, c)) for c in contexts[lo:lo + per_call]]
-        if horizon == 0:
-            out += [(np.zeros((n_samples, 0)), np.zeros((n_samples, 0), dtype=np.int64)) for _ in chunk]
-            continue
-        rows = [(int(j), c) for c in chunk for j in source]
-        gens = [g for g in rngs[lo:lo + len(chunk)] for _ in source]
-        drawn = [list(d[:horizon]) for d in backend.generate(rows, horizon, gens)]
-        scored = backend.score([(c, d) for (_, c), d in zip(rows, drawn)], models=list(keep))
+        # nothing follows a context that ends the response (Z = 1, L = 0): no request for it
+        live = [a for a, c in enumerate(chunk) if horizon > 0 and c[-1] not in ends]
+        done = {a: (np.zeros((n_samples, horizon)), np.full((n_samples, max(horizon - 1, 0)), -1, dtype=np.int64))
+                for a in range(len(chunk)) if a not in live}
+        rows = [(int(j), chunk[a]) for a in live for j in source]
+        gens = [rngs[lo + a] for a in live for _ in source]
+        drawn = [list(d[:horizon]) for d in backend.generate(rows, horizon, gens)] if rows else []
+        scored = backend.score([(c, d) for (_, c), d in zip(rows, drawn)], models=list(keep)) if rows else []
         for a in range(len(chunk)):
+            if a in done:
+                out.append(done[a])
+                continue
+            b = live.index(a)
             S = np.zeros((len(keep), n_samples, horizon + 1))            # cumulative ln p_j(c_<=H | v)
             tokens = np.full((n_samples, max(horizon - 1, 0)), -1, dtype=np.int64)
             for s in range(n_samples):
-                d, sc = drawn[a * n_samples + s], scored[a * n_samples + s]
+                d, sc = drawn[b * n_samples + s], scored[b * n_samples + s]
                 T = len(d)
                 S[:, s, 1:T + 1] = np.cumsum(sc, axis=1)
                 S[:, s, T + 1:] = S[:, s, T:T + 1]
@@ -230,8 +243,7 @@ def estimate_log_partition(teachers, prompt_ids, prefix_ids, horizon, n_samples,
         factors = np.zeros((n_samples, H))
     else:
         factors = sample_log_factors(teachers, prompt_ids + prefix_ids, H, n_samples, rng, batch_size)
-    cum = np.concatenate([np.zeros((n_samples, 1)), np.cumsum(factors, axis=1)], axis=1)
-    L = cum[:, horizons]
+    L = log_weights_at(factors, horizons)
     est, se, ess = log_mean_exp_stats(L)
     lo, hi = est - Z_95 * se, est + Z_95 * se
     pick = (lambda x: float(x[0])) if scalar else (lambda x: np.asarray(x))
@@ -337,16 +349,12 @@ def sequence_geometric_scores_backend(backend, weights, prompt_ids, options, hor
     reward = w[keep] @ teacher[keep]
     with np.errstate(divide="ignore"):
         mixture = logsumexp(np.log(w)[:, None] + teacher, axis=0)
-    ends = set(backend.end_token_ids)
     rngs = [np.random.default_rng(np.random.SeedSequence([int(seed), i])) for i in range(len(options))]
     sampled = proposal_log_weights(backend, w, [list(prompt_ids) + list(o) for o in options], max(hs), n_samples,
                                    rngs)
     log_z, se, ess = np.zeros((len(hs), len(options))), np.zeros((len(hs), len(options))), np.zeros((len(hs), len(options)))
-    for i, (o, (inc, _)) in enumerate(zip(options, sampled)):
-        if int(o[-1]) in ends:                 # nothing follows an option that ends the response: Z = 1
-            inc = np.zeros_like(inc)
-        L = np.concatenate([np.zeros((inc.shape[0], 1)), np.cumsum(inc, axis=1)], axis=1)[:, hs]
-        log_z[:, i], se[:, i], ess[:, i] = log_mean_exp_stats(L)
+    for i, (inc, _) in enumerate(sampled):             # an option that ends the response: L = 0, Z = 1
+        log_z[:, i], se[:, i], ess[:, i] = log_mean_exp_stats(log_weights_at(inc, hs))
     scores = {name: _normalise(teacher[k]) for k, name in enumerate(names)}
     scores["mixture"] = _normalise(mixture)
     return _score_table(hs, scores, reward, log_z, se, ess)

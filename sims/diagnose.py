@@ -388,9 +388,9 @@ def run_batch(cell):
                 options.append(("first tokens" if certain else f"first tokens (l's top among the top {cell['top_k']})",
                                 [decode(c), decode(i)]))
             questions.append(dict(id=q["id"], prompt_ids=ids, correct_ids=c_ids, incorrect_ids=i_ids))
-        f, _ = flip_risk(bridge, questions, cell["horizons"], cell["flip_samples"], [x + 1 for x in seeds]) \
-            if bridge is not None else flip_risk(backend, questions, cell["horizons"], cell["flip_samples"],
-                                                 [x + 1 for x in seeds], weights=weights)
+        served = bridge is None                # served: the study from the teachers' own samples
+        f, _ = flip_risk(backend if served else bridge, questions, cell["horizons"], cell["flip_samples"],
+                         [x + 1 for x in seeds], weights=weights if served else None)
         f.insert(1, "option_source", [o[0] for o in options])
         f.insert(2, "option_c", [o[1][0] for o in options])
         f.insert(3, "option_i", [o[1][1] for o in options])

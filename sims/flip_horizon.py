@@ -41,8 +41,10 @@ Writes to ``--out`` (default results/flip_horizon):
   flip_coverage.csv    with --only coverage: per question of the temperature pair and sample size N, the
                        coverage of the gap's 95% interval at the largest H and the false-flip rate at the
                        flip boundary, on replicates drawn from a pool of 512 continuations per option
-                       (:func:`llm_bridge.horizon.resampled_coverage`); flip_coverage_summary.csv per N;
-                       flip_confirm_*.csv: the two measured flips re-estimated at 4x the study's N
+                       (:func:`llm_bridge.horizon.resampled_coverage`), and the planted arm's flip rate at
+                       the detectable drift; flip_coverage_summary.csv per N
+  flip_confirm_*.csv   every flip flagged within H <= 16 (the default run's, and --long's) re-measured at 4x
+                       the study's N (32), where the gap's interval holds; flip_summary.csv's flips_confirmed
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
@@ -74,7 +76,6 @@ SIZES = {"questions": (46, 6), "samples": (8, 4), "max_horizon": (16, 4), "group
 COVERAGE_CONFIG = "temperature"
 COVERAGE_QUESTIONS = ("add_2_2", "div_100_10", "sky_colour", "grass_colour", "legs_spider", "days_week", "sub_9_4",
                       "largest_planet")
-CONFIRM_QUESTIONS = ("add_2_2", "div_100_10")       # re-measured at confirm_samples (4x the study's N)
 # the heavy-tail correction: a context whose ESS at some H is below ESS_SHARE N (6 of N = 8) gets as
 # many samples again, up to MAX_SAMPLES_FACTOR N (restores the drift's coverage on the LLM-like family)
 ESS_SHARE = 0.75
@@ -239,12 +240,28 @@ def cells_for(size, only, base_seed):
                 pool=size["coverage_pool"], samples=list(size["coverage_samples"]),
                 replicates=size["coverage_replicates"], ess_share=ESS_SHARE, max_factor=MAX_SAMPLES_FACTOR),
                 base_seed=base_seed, stream=("coverage", lo)))
-        n = size["confirm_samples"]
-        cells.append(Cell("flip_horizon", "confirm", dict(
-            common, after_correct=None, questions=[(q["id"], q["question"], q["correct"], q["incorrect"])
-                                                   for q in group if q["id"] in CONFIRM_QUESTIONS],
-            samples=n, ess_floor=ESS_SHARE * n, max_samples=MAX_SAMPLES_FACTOR * n), base_seed=base_seed,
-            stream=("confirm",)))
+    return cells
+
+
+def confirm_cells_for(flagged, size, base_seed):
+    """Cells re-measuring flagged flips at ``size["confirm_samples"]`` (4x the study's N) with the same doubling
+    and horizons: at the study's N the gap's interval covers ~77% and flags false flips in ~12% (``--only
+    coverage``), at 4x N 93% and 4%, so a flip counts when it holds there. ``flagged``: (config, id) rows,
+    one cell per configuration."""
+    meta = {q["id"]: q for q in load_questions()}
+    configs = {c.name: c for c in CONFIGS + CONTROLS}
+    n = size["confirm_samples"]
+    cells = []
+    for name, grp in flagged.groupby("config", sort=False):
+        config = configs[name]
+        settings = dict(config=name, personas=[list(p) for p in config.personas], after_correct=config.after_correct,
+                        questions=[(i, meta[i]["question"], meta[i]["correct"], meta[i]["incorrect"]) for i in grp.id],
+                        samples=n, horizons=horizons_up_to(size["max_horizon"]), ess_floor=ESS_SHARE * n,
+                        max_samples=MAX_SAMPLES_FACTOR * n, model=size["model"], device=size["device"],
+                        dtype=size["dtype"])
+        if size.get("server"):
+            settings.update(server=size["server"], ess_floor=None, max_samples=None)
+        cells.append(Cell("flip_horizon", "confirm", settings, base_seed=base_seed, stream=("confirm", name)))
     return cells
 
 
@@ -397,15 +414,19 @@ def run_smollm2(cell):
 def run_coverage(cell):
     """A pool of ``pool`` continuations (from l) of each question's uC and uI, then the study's interval at each
     sample size on replicates drawn from the pool (:func:`llm_bridge.horizon.resampled_coverage`)."""
-    from llm_bridge.horizon import resampled_coverage, sample_log_factors_many
+    from llm_bridge.backend import InProcess
+    from llm_bridge.horizon import Z_80, resampled_coverage, sample_log_factors_many
     from llm_bridge.models import PersonaTeachers
+    from llm_bridge.partition import Z_95
     model, tok = _model(cell["model"], cell["device"], cell["dtype"])
     personas = [dict(name=n, system=s, temperature=t) for n, s, t in cell["personas"]]
     pt = PersonaTeachers(model, tok, personas, [0.5, 0.5], "chat", device=cell["device"])
-    contexts = []
+    contexts, options = [], []
     for _, text, correct, incorrect in cell["questions"]:
         prompt = pt.prompt_ids(text)
-        contexts += [prompt + ids for ids in pt.option_ids([correct, incorrect])]
+        options += [(prompt, ids) for ids in pt.option_ids([correct, incorrect])]
+        contexts += [prompt + ids for _, ids in options[-2:]]
+    seq = [o.sum(1) for o in InProcess(pt.teachers).score(options)]              # (K,) ln p_k(option | u)
     seed = int(cell.seed_array()[0])
     H = max(cell["horizons"])
     factors = sample_log_factors_many(pt.teachers, contexts, H, cell["pool"], np.random.default_rng(seed))
@@ -415,19 +436,26 @@ def run_coverage(cell):
         for n in cell["samples"]:
             r = resampled_coverage(L[2 * a], L[2 * a + 1], n, cell["replicates"], rng, cell["ess_share"],
                                    cell["max_factor"])
+            margin = float(np.mean(seq[2 * a] - seq[2 * a + 1]))                  # the pooled margin, w = 1/2
             rows.append(dict(config=cell["config"], id=qid, pool=cell["pool"], h_max=H, samples=n,
                              samples_used=r["samples"], replicates=r["replicates"], pool_gap=r["truth"],
-                             coverage=r["coverage"], false_flip=r["false_flip"]))
+                             coverage=r["coverage"], false_flip=r["false_flip"], margin=margin,
+                             se_median=r["se_median"], planted_drift=(margin + (Z_95 + Z_80) * r["se_median"]) / H,
+                             planted_flip=r["planted_flip"]))
     return pd.DataFrame(rows)
 
 
 def coverage_table(coverage):
-    """Per sample size: the questions, the coverage of the gap's nominal 95% interval and the false-flip rate
-    at the flip boundary, over all replicates (mean of the per-question shares), and their ranges."""
+    """Per sample size: the questions, the coverage of the gap's nominal 95% interval, the false-flip rate
+    at the flip boundary and the planted arm's flip rate at the detectable gap (the stated power: 80%), over
+    all replicates (mean of the per-question shares), their ranges and the planted drift's median."""
     g = coverage.groupby("samples", sort=True)
     return pd.DataFrame(dict(questions=g.id.nunique(), samples_used=g.samples_used.mean(), coverage=g.coverage.mean(),
                              coverage_min=g.coverage.min(), coverage_max=g.coverage.max(),
-                             false_flip=g.false_flip.mean(), false_flip_max=g.false_flip.max())).reset_index()
+                             false_flip=g.false_flip.mean(), false_flip_max=g.false_flip.max(),
+                             planted_drift=g.planted_drift.median(), planted_flip=g.planted_flip.mean(),
+                             planted_flip_min=g.planted_flip.min(),
+                             planted_flip_max=g.planted_flip.max())).reset_index()
 
 
 def run_cell(cell):
@@ -439,7 +467,7 @@ def run_cell(cell):
 LOW_MARGIN = 1.0     # nats: the questions the model is unsure of, where a flip is nearest
 
 
-def summarise(questions, partitions):
+def summarise(questions, partitions, confirmed=None):
     """Per configuration: questions, those whose teachers all prefer C (eligible), the flips measured
     (significant; ``detection_rate`` = flips / eligible, the positive control's power) and at the point
     estimate, the smallest drift the design detects at 80% power (:func:`llm_bridge.horizon.detectable_drift`;
@@ -480,6 +508,10 @@ def summarise(questions, partitions):
                          nearest_h_star=near.h_star if near is not None else np.nan,
                          nearest_h_star_lo=near.h_star_lo if near is not None else np.nan,
                          nearest_h_star_hi=near.h_star_hi if near is not None else np.nan, h_max=h_max))
+        if confirmed is not None:
+            c = confirmed[(confirmed.config == config) & confirmed.id.isin(ok.id[ok.flip])]
+            rows[-1].update(flips_confirmed=int(c.flip.sum()),
+                            detection_rate_confirmed=float(c.flip.sum() / len(ok)) if len(ok) else np.nan)
     return pd.DataFrame(rows)
 
 
@@ -532,13 +564,8 @@ def main(argv=None):
         pooled = pd.concat(cov, ignore_index=True)
         write_csv(out / "flip_coverage.csv", pooled)
         write_csv(out / "flip_coverage_summary.csv", coverage_table(pooled))
-        confirm = [r for c, r in zip(cells, results) if c.kind == "confirm"]
-        write_csv(out / "flip_confirm_questions.csv", confirm[0][0])
-        write_csv(out / "flip_confirm_partitions.csv", confirm[0][1])
         if not args.quiet:
             print(coverage_table(pooled).to_string(index=False))
-            print(confirm[0][0][["config", "id", "margin", "drift", "flip", "first_flip", "samples_correct",
-                                 "samples_incorrect"]].to_string(index=False))
     real = [r for c, r in zip(cells, results) if c.kind == "smollm2"]
     if real:
         meta = {q["id"]: q for q in load_questions()}
@@ -547,23 +574,38 @@ def main(argv=None):
         questions.insert(3, "correct", [meta[i]["correct"] for i in questions.id])
         questions.insert(4, "incorrect", [meta[i]["incorrect"] for i in questions.id])
         partitions = pd.concat([h for _, h in real], ignore_index=True)
-        summary = summarise(questions, partitions)
         write_csv(out / "flip_questions.csv", questions)
         write_csv(out / "flip_partitions.csv", partitions)
-        write_csv(out / "flip_summary.csv", summary)
-        if not args.quiet:
-            print(summary[["config", "eligible", "flips", "detection_rate", "detectable_drift_median",
-                           "detectable_drift_low_margin", "saturating", "h_star_median"]].to_string(index=False))
+        long_ = None
         if args.long:
             long_cells = long_cells_for(questions, size, args.base_seed)
             results = run_cells(long_cells, run_cell, args.out, resume=args.resume, progress=not args.quiet,
                                 desc="flip_horizon --long")
             if results:
-                lq = pd.concat([q for q, _ in results], ignore_index=True)
-                lp = pd.concat([h for _, h in results], ignore_index=True)
-                write_csv(out / "flip_long_questions.csv", lq)
-                write_csv(out / "flip_long_partitions.csv", lp)
-                write_csv(out / "flip_long_summary.csv", summarise(lq, lp))
+                long_ = [pd.concat([r[i] for r in results], ignore_index=True) for i in (0, 1)]
+                write_csv(out / "flip_long_questions.csv", long_[0])
+                write_csv(out / "flip_long_partitions.csv", long_[1])
+        # every flip flagged within the study's horizons (by the default run or --long) is re-measured at 4x N
+        flagged = [questions[questions.flip & questions.teachers_prefer_correct]]
+        if long_ is not None:
+            lq = long_[0]
+            flagged.append(lq[lq.flip & lq.teachers_prefer_correct & (lq.first_flip <= size["max_horizon"])])
+        flagged = pd.concat(flagged, ignore_index=True).drop_duplicates(["config", "id"])[["config", "id"]]
+        confirmed = None
+        if len(flagged):
+            results = run_cells(confirm_cells_for(flagged, size, args.base_seed), run_cell, args.out,
+                                resume=args.resume, progress=not args.quiet, desc="flip_horizon confirm")
+            confirmed = pd.concat([q for q, _ in results], ignore_index=True)
+            write_csv(out / "flip_confirm_questions.csv", confirmed)
+            write_csv(out / "flip_confirm_partitions.csv", pd.concat([h for _, h in results], ignore_index=True))
+        summary = summarise(questions, partitions, confirmed)
+        write_csv(out / "flip_summary.csv", summary)
+        if long_ is not None:
+            write_csv(out / "flip_long_summary.csv", summarise(*long_, confirmed))
+        if not args.quiet:
+            cols = ["config", "eligible", "flips", "flips_confirmed", "detection_rate", "detectable_drift_median",
+                    "detectable_drift_low_margin", "saturating", "h_star_median"]
+            print(summary[[c for c in cols if c in summary]].to_string(index=False))
     if not args.no_figures:
         import figures
         figures.rebuild(str(out), fig_dir=args.figures, quiet=args.quiet)

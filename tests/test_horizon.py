@@ -687,6 +687,30 @@ def test_proposal_log_weights_equal_the_machine_along_every_sample():
                 machine.start, ctx[1]])].max(axis=0) > -np.inf)))
 
 
+def test_a_context_that_ends_the_response_is_not_sampled():
+    """A context whose last token ends the response has nothing after it: L = 0 at every horizon, tokens all
+    -1, and no generation or scoring request for it (the other context's rows, and its samples, unchanged)."""
+    from llm_bridge.backend import InProcess
+    from llm_bridge.partition import proposal_log_weights
+    machine = examples.llm_like_prefix_teachers(1, 0.3)
+    end, w = machine.n - 1, [0.5, 0.5]
+
+    class Counting(InProcess):
+        rows = 0
+
+        def generate(self, rows, max_tokens, rngs):
+            Counting.rows += len(rows)
+            return super().generate(rows, max_tokens, rngs)
+    backend = Counting(bridge_of(machine, w, [end]))
+    got = proposal_log_weights(backend, w, [[machine.n, 0], [machine.n, 0, end]], 5, 6,
+                               [np.random.default_rng(s) for s in (1, 2)])
+    assert Counting.rows == 6
+    assert np.all(got[1][0] == 0) and got[1][0].shape == (6, 5) and np.all(got[1][1] == -1)
+    alone, = proposal_log_weights(InProcess(bridge_of(machine, w, [end])), w, [[machine.n, 0]], 5, 6,
+                                  [np.random.default_rng(1)])
+    np.testing.assert_array_equal(got[0][0], alone[0])
+
+
 def test_proposal_estimate_covers_the_exact_partition():
     """ln Z_H(v) from the teachers' own samples against aggregation's exact recursion, on 8 LLM-like machines
     (an end token, heavy tails) and 8 random ones, N = 400, at H = 1 .. 8: the 95% intervals cover (>= 13 of 16 at
@@ -795,7 +819,30 @@ def test_resampled_coverage_is_nominal_on_light_tails_and_fails_on_heavy_ones():
     assert r["coverage"] < 0.1 and r["false_flip"] > 0.9, r
     assert 8 <= r["samples"] <= 32 * 0.5 + 8 * 0.5 + 1e-9     # uC doubles (ESS ~1) only when it draws the big one
     const = resampled_coverage(np.full((5, 2), -1.0), np.full((5, 2), -3.0), 4, 10, np.random.default_rng(3))
-    assert const == dict(coverage=1.0, false_flip=0.0, samples=4.0, truth=pytest.approx(-2.0), replicates=10)
+    assert const == dict(coverage=1.0, false_flip=0.0, samples=4.0, truth=pytest.approx(-2.0), replicates=10,
+                         se_median=0.0, planted_flip=0.0)
+
+
+def test_the_planted_arm_flips_at_the_stated_power_where_the_interval_holds():
+    """The control arm planted at the detectable gap D = m + (z + z_80) se: on light-tailed pools, where the
+    delta method holds, the rule flags it in 80% of 4,000 replicates (0.77-0.83: the binomial s.d. is 0.006,
+    plus the s.e.'s own spread) and a planted gap computed with z_80 = 0 (half the power: the gap at
+    m + z se) is flagged in ~50%; the replicates are those of the coverage (the same generator gives the same
+    coverage); on the heavy-tailed pool the stated power is not what one gets (the s.e. is ~0 where uC's big
+    weight is missed, so nearly every replicate flags)."""
+    from llm_bridge.horizon import resampled_coverage
+    rng = np.random.default_rng(0)
+    light = [rng.normal(-2.0, 0.3, size=(4000, 3)), rng.normal(-1.5, 0.3, size=(4000, 3))]
+    r = resampled_coverage(*light, 64, 4000, np.random.default_rng(5))
+    assert 0.77 <= r["planted_flip"] <= 0.83, r
+    half = resampled_coverage(*light, 64, 4000, np.random.default_rng(5), z_power=0.0)
+    assert 0.46 <= half["planted_flip"] <= 0.54 and half["coverage"] == r["coverage"], half
+    se = [log_mean_exp_stats(p[:, -1])[1] * np.sqrt(4000 / 64) for p in light]
+    assert r["se_median"] == pytest.approx(np.hypot(*se), rel=0.1)
+    heavy = np.full((1000, 3), -10.0)
+    heavy[0] = 0.0
+    r = resampled_coverage(heavy, np.full((1000, 3), -10.0), 8, 500, np.random.default_rng(2))
+    assert r["planted_flip"] > 0.9, r
 
 
 def test_resampled_coverage_doubles_like_the_study_and_refuses_bad_input():
