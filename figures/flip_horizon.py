@@ -21,16 +21,29 @@ def _flips(questions):
     return text + (f" (positive control: {int(eligible[control].flip.sum())} of {int(control.sum())})" if control.any() else "")
 
 
+def _held(questions, confirmed):
+    """How many of the flagged flips hold at 4x N (``confirmed``: ``flip_confirm_questions.csv``), the real
+    configurations' and the positive control's apart; '' without the table."""
+    if confirmed is None:
+        return ""
+    flagged = set(zip(questions.config[questions.flip & questions.teachers_prefer_correct],
+                      questions.id[questions.flip & questions.teachers_prefer_correct]))
+    held = [c for c, i, f in zip(confirmed.config, confirmed.id, confirmed.flip) if f and (c, i) in flagged]
+    control = sum(c.startswith(CONTROL) for c in held)
+    return f"{len(held) - control} of them hold at 4x the samples (positive control: {control});\n"
+
+
 def _count(n, noun):
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 @paper
-def flip_figure(questions, partitions):
+def flip_figure(questions, partitions, confirmed=None):
     """One panel per teacher configuration: each question's pooled margin m (x) against the drift of
     D(H) = ln Z_H(uI) - ln Z_H(uC) per token (y, 95% interval), and the flip boundary drift = m / H
     for each measured H > 0: a question above the line of H is predicted to flip by H (H* = m / drift).
-    Filled: every teacher prefers the correct option; hollow: not (not eligible); red: a measured flip."""
+    Filled: every teacher prefers the correct option; hollow: not (not eligible); red: a measured flip.
+    ``confirmed``: the flagged flips re-measured at 4x N (the title counts those that hold)."""
     configs = list(dict.fromkeys(questions["config"]))
     horizons = sorted(h for h in partitions["horizon"].unique() if h > 0)
     fig = figure(TWO_COLUMNS, 2.3 * ((len(configs) + 1) // 2) + 0.4)
@@ -64,8 +77,8 @@ def flip_figure(questions, partitions):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=4)
     fig.suptitle(f"Prefix flips on a real model (T8): {_flips(questions)} "
-                 f"flip measurably by H = {int(partitions.horizon.max())};\na question is predicted to flip by H where "
-                 "its drift lies above the boundary m / H (dashed)", fontsize=8)
+                 f"flip measurably by H = {int(partitions.horizon.max())};\n{_held(questions, confirmed)}a question "
+                 "is predicted to flip by H where its drift lies above m / H (dashed)", fontsize=8)
     return fig
 
 
@@ -133,7 +146,8 @@ def figures_from(folder):
     q = os.path.join(folder, "flip_questions.csv")
     if os.path.exists(q):
         questions, partitions = pd.read_csv(q), pd.read_csv(os.path.join(folder, "flip_partitions.csv"))
-        out["flip_horizon"] = flip_figure(questions, partitions)
+        c = os.path.join(folder, "flip_confirm_questions.csv")
+        out["flip_horizon"] = flip_figure(questions, partitions, pd.read_csv(c) if os.path.exists(c) else None)
         out["flip_curves"] = curves_figure(questions, partitions)
     lq = os.path.join(folder, "flip_long_questions.csv")
     if os.path.exists(lq):

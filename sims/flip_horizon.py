@@ -43,8 +43,9 @@ Writes to ``--out`` (default results/flip_horizon):
                        flip boundary, on replicates drawn from a pool of 512 continuations per option
                        (:func:`llm_bridge.horizon.resampled_coverage`), and the planted arm's flip rate at
                        the detectable drift; flip_coverage_summary.csv per N
-  flip_confirm_*.csv   every flip flagged within H <= 16 (the default run's, and --long's) re-measured at 4x
-                       the study's N (32), where the gap's interval holds; flip_summary.csv's flips_confirmed
+  flip_confirm_*.csv   every flip the default run flags re-measured at 4x the study's N (32), where the gap's
+                       interval holds (flip_summary.csv's flips_confirmed); flip_long_confirm_*.csv: --long's
+                       flags re-measured the same way at H <= 64
   figures/flip_horizon.png (margin against drift, the flip boundary drift = margin / H for each H),
   figures/flip_validation.png
 See :mod:`llm_bridge.horizon` for the estimators. Every cell is saved as it finishes (resumable).
@@ -243,11 +244,11 @@ def cells_for(size, only, base_seed):
     return cells
 
 
-def confirm_cells_for(flagged, size, base_seed):
+def confirm_cells_for(flagged, size, base_seed, horizons=None, tag="confirm"):
     """Cells re-measuring flagged flips at ``size["confirm_samples"]`` (4x the study's N) with the same doubling
-    and horizons: at the study's N the gap's interval covers ~77% and flags false flips in ~12% (``--only
-    coverage``), at 4x N 93% and 4%, so a flip counts when it holds there. ``flagged``: (config, id) rows,
-    one cell per configuration."""
+    and ``horizons`` (default the study's): at the study's N the gap's interval covers ~77% and flags false
+    flips in ~12% (``--only coverage``), at 4x N 93% and 4%, so a flip counts when it holds there.
+    ``flagged``: (config, id) rows, one cell per configuration; ``tag``: the cells' stream."""
     meta = {q["id"]: q for q in load_questions()}
     configs = {c.name: c for c in CONFIGS + CONTROLS}
     n = size["confirm_samples"]
@@ -256,13 +257,28 @@ def confirm_cells_for(flagged, size, base_seed):
         config = configs[name]
         settings = dict(config=name, personas=[list(p) for p in config.personas], after_correct=config.after_correct,
                         questions=[(i, meta[i]["question"], meta[i]["correct"], meta[i]["incorrect"]) for i in grp.id],
-                        samples=n, horizons=horizons_up_to(size["max_horizon"]), ess_floor=ESS_SHARE * n,
+                        samples=n, horizons=list(horizons or horizons_up_to(size["max_horizon"])),
+                        ess_floor=ESS_SHARE * n,
                         max_samples=MAX_SAMPLES_FACTOR * n, model=size["model"], device=size["device"],
                         dtype=size["dtype"])
         if size.get("server"):
             settings.update(server=size["server"], ess_floor=None, max_samples=None)
-        cells.append(Cell("flip_horizon", "confirm", settings, base_seed=base_seed, stream=("confirm", name)))
+        cells.append(Cell("flip_horizon", "confirm", settings, base_seed=base_seed, stream=(tag, name)))
     return cells
+
+
+def confirm(questions, size, args, out, name, horizons):
+    """Re-measure the flagged flips of ``questions`` at 4x N (:func:`confirm_cells_for`) and write
+    ``<name>_questions.csv`` and ``<name>_partitions.csv``; the confirmed table, or None when nothing flipped."""
+    flagged = questions[questions.flip & questions.teachers_prefer_correct][["config", "id"]]
+    if not len(flagged):
+        return None
+    results = run_cells(confirm_cells_for(flagged, size, args.base_seed, horizons, name), run_cell, args.out,
+                        resume=args.resume, progress=not args.quiet, desc=f"flip_horizon {name}")
+    confirmed = pd.concat([q for q, _ in results], ignore_index=True)
+    write_csv(out / f"{name}_questions.csv", confirmed)
+    write_csv(out / f"{name}_partitions.csv", pd.concat([h for _, h in results], ignore_index=True))
+    return confirmed
 
 
 def long_cells_for(questions, size, base_seed):
@@ -585,23 +601,14 @@ def main(argv=None):
                 long_ = [pd.concat([r[i] for r in results], ignore_index=True) for i in (0, 1)]
                 write_csv(out / "flip_long_questions.csv", long_[0])
                 write_csv(out / "flip_long_partitions.csv", long_[1])
-        # every flip flagged within the study's horizons (by the default run or --long) is re-measured at 4x N
-        flagged = [questions[questions.flip & questions.teachers_prefer_correct]]
-        if long_ is not None:
-            lq = long_[0]
-            flagged.append(lq[lq.flip & lq.teachers_prefer_correct & (lq.first_flip <= size["max_horizon"])])
-        flagged = pd.concat(flagged, ignore_index=True).drop_duplicates(["config", "id"])[["config", "id"]]
-        confirmed = None
-        if len(flagged):
-            results = run_cells(confirm_cells_for(flagged, size, args.base_seed), run_cell, args.out,
-                                resume=args.resume, progress=not args.quiet, desc="flip_horizon confirm")
-            confirmed = pd.concat([q for q, _ in results], ignore_index=True)
-            write_csv(out / "flip_confirm_questions.csv", confirmed)
-            write_csv(out / "flip_confirm_partitions.csv", pd.concat([h for _, h in results], ignore_index=True))
+        # every flagged flip is re-measured at 4x N, the default run's at its horizons and --long's at H <= 64
+        confirmed = confirm(questions, size, args, out, "flip_confirm", None)
         summary = summarise(questions, partitions, confirmed)
         write_csv(out / "flip_summary.csv", summary)
         if long_ is not None:
-            write_csv(out / "flip_long_summary.csv", summarise(*long_, confirmed))
+            long_confirmed = confirm(long_[0], size, args, out, "flip_long_confirm",
+                                     horizons_up_to(size["long_horizon"]))
+            write_csv(out / "flip_long_summary.csv", summarise(*long_, long_confirmed))
         if not args.quiet:
             cols = ["config", "eligible", "flips", "flips_confirmed", "detection_rate", "detectable_drift_median",
                     "detectable_drift_low_margin", "saturating", "h_star_median"]

@@ -258,6 +258,12 @@ def test_flip_titles_count_the_positive_control_apart():
     figs = ff.figures_from(str(FLIP))
     for stem in ("flip_horizon", "flip_curves"):
         assert expected in figs[stem]._suptitle.get_text(), stem
+    # the flagged flips that hold at 4x N (flip_confirm_questions.csv), each side counted apart
+    c = pd.read_csv(FLIP / "flip_confirm_questions.csv")
+    held = c.merge(e[e.flip][["config", "id"]]).assign(control=lambda x: x.config.str.startswith("tempered"))
+    title = figs["flip_horizon"]._suptitle.get_text()
+    assert expected in title and (f"{int(held[~held.control].flip.sum())} of them hold at 4x the samples (positive "
+                                  f"control: {int(held[held.control].flip.sum())})") in title
     one = q[q.config == q.config.iloc[0]].assign(flip=False)
     one.loc[one.index[0], ["flip", "teachers_prefer_correct"]] = True
     p = pd.read_csv(FLIP / "flip_partitions.csv")
