@@ -120,6 +120,28 @@ def test_a_student_reference_gives_the_vetoes_of_the_full_distributions(seed):
         topk_stats(ids, lps, tokens, own, w, n, {}, veto_candidates(th), refs)
 
 
+def test_student_candidates_and_what_they_ask_for():
+    """student_candidates: every token at p >= the floor (one exactly at it included), most probable first, ties
+    by token id, int64 ids, at most k_cand (the most probable kept). rescore_needs with that reference asks each
+    candidate of exactly the positive-weight teachers that do not list it: none for a token every teacher lists,
+    every such teacher for one no teacher lists."""
+    floor = 0.05
+    lp = np.full(10, np.log(1e-3))
+    lp[[7, 2, 5, 3]] = np.log([0.4, 0.2, 0.2, floor])
+    ids, got = student_candidates(lp, floor, 21)
+    assert ids.dtype == np.int64 and ids.tolist() == [7, 2, 5, 3]
+    np.testing.assert_array_equal(got, lp[[7, 2, 5, 3]])
+    assert student_candidates(lp, floor, 2)[0].tolist() == [7, 2]
+    assert student_candidates(np.nextafter(lp, -np.inf), floor, 21)[0].tolist() == [7, 2, 5]
+    # three teachers, weights (0.5, 0.5, 0): token 1 listed by all, 4 by teacher 0 only, 8 by none
+    w, n = np.array([0.5, 0.5, 0.0]), 10
+    ids_k = np.array([[[1, 4, 0]], [[1, 0, 2]], [[1, 0, 2]]])
+    lps_k = np.log(np.array([[[0.5, 0.3, 0.1]], [[0.6, 0.2, 0.1]], [[0.6, 0.2, 0.1]]]))
+    ref = [(np.array([1, 4, 8]), np.log([0.3, 0.2, 0.1]))]
+    need = rescore_needs(ids_k, lps_k, np.array([0]), lps_k[:, :, 2], w, n, Thresholds(), ref)
+    assert need == [(0, 0, 8), (0, 1, 4), (0, 1, 8)]
+
+
 def test_vetoes_need_the_exact_scores_and_ask_for_few():
     """Without the rescored log-probabilities a planted veto is missed (the vetoing teacher does not list the
     token); rescore_needs asks for it, and for under half of the listed tokens some teacher does not list."""
