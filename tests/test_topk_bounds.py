@@ -330,3 +330,47 @@ def test_first_token_options_served_equal_the_full_distribution_choice_where_cer
         elif k == 2:
             assert backend.scored > 0
     assert certain_seen > 30 and uncertain_seen > 0, (certain_seen, uncertain_seen)
+
+
+def test_rescore_needs_asks_a_token_whose_bound_reaches_the_veto_floor_exactly():
+    """Two sure teachers (top 1 each, all mass listed, so an unlisted token's bound u is 0): the token only the
+    first lists has A's upper bound w_0 * 1 + w_1 * 0 = 0.25 exactly. At a veto floor of 0.25 rescore_needs
+    asks the second teacher for it ("at least the floor"); one float above, nothing; the thresholds given are
+    the ones read (the default floor 0.05 would ask)."""
+    a, b, n = 3, 7, 10
+    ids = np.array([[[a]], [[b]]])
+    lps = np.array([[[np.log1p(-np.exp(-50.0))]], [[0.0]]])       # exp() of the first is 1.0 exactly
+    own = np.array([[-50.0], [0.0]])                               # the response's token b under each teacher
+    w = np.array([0.25, 0.75])
+    ask = lambda floor: rescore_needs(ids, lps, np.array([b]), own, w, n, Thresholds(veto_floor=floor))  # noqa: E731
+    assert ask(0.25) == [(0, 1, a)]
+    assert ask(np.nextafter(0.25, 1.0)) == []
+    assert rescore_needs(ids, lps, np.array([b]), own, w, n) == [(0, 1, a)]
+
+
+def test_rescore_needs_expert_rule_at_its_thresholds():
+    """The confident-expert rule at its edges, with the entropy bounds topk_stats reports for the same top k:
+    the sure teacher's lower bound exactly at expert_entropy and the flat teacher's upper bound exactly at
+    uninformative_entropy ask the flat teacher for the sure one's top token; either threshold one float
+    stricter asks nothing (each condition is needed, not one of them)."""
+    n = 400
+    rng = np.random.default_rng(9)
+    flat = torch.log_softmax(torch.tensor(rng.normal(size=(1, n)) * 0.3), -1)
+    sure_logits = rng.normal(size=(1, n))
+    star = int(flat[0].argsort()[n // 2])
+    sure_logits[0, star] += 14.0
+    lp = torch.stack([torch.log_softmax(torch.tensor(sure_logits), -1), flat])
+    w, tokens = np.array([0.5, 0.5]), np.array([(star + 1) % n])
+    ids, lps = truncate(lp, 21)
+    own = lp[:, [0], tokens].numpy()
+    stats = topk_stats(ids, lps, tokens, own, w, n)
+    lo, hi = float(stats["entropy"][0, 0]), float(stats["entropy_hi"][0, 1])
+    assert lo < 0.5 < 2.0 < hi
+
+    def ask(expert, uninformative):
+        th = Thresholds(veto_floor=1.0, expert_entropy=expert, uninformative_entropy=uninformative)
+        return rescore_needs(ids, lps, tokens, own, w, n, th)
+
+    assert ask(lo, hi) == [(0, 1, star)]
+    assert ask(np.nextafter(lo, 0.0), hi) == []
+    assert ask(lo, np.nextafter(hi, np.inf)) == []
