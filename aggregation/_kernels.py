@@ -317,19 +317,21 @@ def pooled_weights_kernel(log_probs, weights):
 
 
 _ITEM_WORK = 1 << 14   # (state, token) pairs of one work item of the recursion
+_DBL_MIN = 2.2250738585072014e-308             # the least normal float64
+_LN_DBL_MIN = -708.3964185322641               # ln DBL_MIN: a pooled log-weight below it has a subnormal exp
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
-def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
+def pooled_exp_kernel(log_probs, teachers, weights, weight, tiny, n_workers):
     """weight[s, a] = exp(sum_j weights[j] log_probs[teachers[j], s, a]): the pooled probabilities of the
     linear recursion in one pass, fused (no copy of the positive-weight teachers' table, no reward
     table, no separate finiteness pass). teachers: int64 indices of the positive-weight teachers.
-    Returns the smallest finite pooled log-weight (inf when there is none)."""
+    tiny (S,) int64 <- per state, how many pooled log-weights are finite and below ln DBL_MIN (their exp is
+    subnormal or 0, so off by up to DBL_MIN: :func:`linear_recursion_kernel` bounds what they can move)."""
     K2 = teachers.shape[0]
     S, n = weight.shape
     rows = max(1, _ITEM_WORK // n)
     items = (S + rows - 1) // rows
-    mins = np.full(items, np.inf)
     flat = log_probs.reshape((log_probs.shape[0], S * n))
     out = weight.reshape(S * n)
     counter = np.zeros(1, np.int64)
@@ -341,7 +343,8 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
             it = fetch_add_one(counter)
             if it >= items:
                 break
-            mn = np.inf
+            for s in range(it * rows, min(S, (it + 1) * rows)):
+                tiny[s] = 0
             # tiles over the item's (state, token) entries as one flat range: a short row (n = 6) costs
             # n exps, not a tile's
             f1 = min(S, (it + 1) * rows) * n
@@ -358,16 +361,15 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, n_workers):
                         e[i] += wj * flat[kj, b0 + i]
                 for i in range(t):
                     v = e[i]
-                    mn = min(mn, v if v > -np.inf else np.inf)
+                    if v < _LN_DBL_MIN and v > -np.inf:
+                        tiny[(b0 + i) // n] += 1
                 exp_inplace(e[:t], ba[:t], bb[:t])
                 for i in range(t):
                     out[b0 + i] = e[i]
-            mins[it] = mn
-    return mins.min()
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
-def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
+def linear_recursion_kernel(weight, transitions, tiny, horizon, out, n_workers):
     """Backward recursion for ln Z in linear space   (theory section 2).
 
     Z_h(s) = sum_a weight[s, a] Z_{h+1}(t(s, a)), Z_H = 1, Z = 1 after an end. weight = exp(r): (S, n);
@@ -377,9 +379,14 @@ def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
     is done (it waits on the items, never on another worker, so a worker whose core is busy holds up at
     most the item it has taken). The values of step h are divided by the largest value of step h + 1 (each
     worker reduces the items' maxima itself) and the logs of the scales are summed.
+    tiny (S,): per state, how many of its weights are below DBL_MIN though their pooled log-weight is finite
+    (:func:`pooled_exp_kernel`): each is off by at most DBL_MIN, times a continuation value at most
+    max(z_{h+1}), so a state whose value is at least 2^52 times that bound keeps its float64 accuracy
+    (such weights are e^-708 or less of a row whose other entries carry the mass: an LLM-like machine's
+    heavy-tailed log-probabilities reach -1,000 without mattering).
     Returns False when a state with a positive Z underflowed (a scaled value below 1e-280, or 0 although
-    some continuation has positive weight) or the scale of an end overflowed: out is then not valid and the
-    caller falls back to the log-space kernel.
+    some continuation has positive weight), its tiny weights could move it by more than 2^-52 of itself, or
+    the scale of an end overflowed: out is then not valid and the caller falls back to the log-space kernel.
     """
     S, n = weight.shape
     rows = max(1, _ITEM_WORK // n)
@@ -406,6 +413,7 @@ def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
             c = 0.0
             for it in range(items):
                 c = max(c, part_max[h + 1, it])
+            slack = max(c, z[h + 1, S]) * _DBL_MIN * 2.0 ** 52       # a tiny weight moves acc by < this
             if c == 0.0:
                 c = 1.0
             ls += np.log(c)
@@ -427,7 +435,9 @@ def linear_recursion_kernel(weight, transitions, horizon, out, n_workers):
                     v = acc * inv
                     z[h, s] = v
                     mx = max(mx, v)
-                    if v == 0.0:
+                    if tiny[s] > 0 and acc < tiny[s] * slack:
+                        ok = False
+                    elif v == 0.0:
                         for a in range(n):
                             if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
                                 ok = False
@@ -468,9 +478,11 @@ def end_transitions(next_state):
 
 
 def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
-    """The linear-space recursion from a reward table r (S, n) with every finite entry >= -700 and
-    next_state with -1 for an end: ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
-    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), horizon, out, get_num_threads())
+    """The linear-space recursion from a reward table r (S, n) and next_state with -1 for an end:
+    ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
+    tiny = (np.isfinite(reward) & (reward < _LN_DBL_MIN)).sum(axis=1).astype(np.int64)
+    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), tiny, horizon, out,
+                                   get_num_threads())
 
 
 @njit(parallel=True, cache=True)

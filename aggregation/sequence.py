@@ -22,9 +22,6 @@ from .validate import (as_array, check_horizon, check_int, check_log_probs, chec
                        positive_teachers)
 from .pools import _geometric, _threads_for, log_arithmetic_pool
 
-# Below this pooled log-weight exp() leaves the normal range and the linear-space recursion loses
-# its relative accuracy, so the log-space kernel is used instead.
-_LINEAR_MIN_REWARD = -700.0
 # Below this many (state, token) pairs a step is one work item of the recursion: the whole recursion
 # runs on one thread (a parallel region's start-up costs microseconds, far more when the other core is busy).
 _PARALLEL_MIN_WORK = 1 << 14
@@ -116,11 +113,12 @@ def _log_partition(teachers, weights, horizon):
     out = np.empty((horizon + 1, S))
     with _threads_for(S * n, _PARALLEL_MIN_WORK) as threads:
         weight = np.empty((S, n))
-        min_reward = _kernels.pooled_exp_kernel(teachers.log_probs, keep.astype(np.int64), w[keep], weight, threads)
-        if not (min_reward >= _LINEAR_MIN_REWARD and
-                _kernels.linear_recursion_kernel(weight, teachers._transitions, horizon, out, threads)):
+        tiny = np.empty(S, np.int64)
+        _kernels.pooled_exp_kernel(teachers.log_probs, keep.astype(np.int64), w[keep], weight, tiny, threads)
+        if not _kernels.linear_recursion_kernel(weight, teachers._transitions, tiny, horizon, out, threads):
             warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
-                          "differing by more than ~1e280, or pooled probabilities below 1e-304); using the "
+                          "differing by more than ~1e280, or pooled probabilities below 1e-308 that carry a "
+                          "state's partition); using the "
                           "log-space recursion", NumericalFallbackWarning, stacklevel=3)
             _kernels.sequence_log_partition_log_kernel(teachers.next_state, _reward(teachers, w), horizon, out)
     if out[0, teachers.start] == -np.inf:

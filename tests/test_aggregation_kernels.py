@@ -141,14 +141,31 @@ def test_no_fallback_warning_in_the_ordinary_case():
         ag.sequence_log_partition(t, np.full(4, 0.25), 256)
 
 
-def test_very_small_pooled_weights_use_log_space():
-    """Probabilities below 1e-304 leave exp's normal range: the log-space kernel is used, exactly."""
-    probs = np.array([[[1.0, 1e-310]], [[1e-310, 1.0]]])
-    t = ag.FiniteStateTeachers(np.array([[0, -1]]), np.log(probs))
-    w = np.array([0.99, 0.01])
-    with pytest.warns(ag.NumericalFallbackWarning):
-        log_z = ag.sequence_log_partition(t, w, 3)
+def test_tiny_pooled_weights_stay_linear_where_they_cannot_matter():
+    """Pooled log-weights below ln DBL_MIN = -708.4 (their exp subnormal or 0) beside entries that carry the
+    row: the linear recursion keeps float64 accuracy (no fallback), equal to the log-space twin; the pooled
+    weights here reach -1,000 and -1,400, as an LLM's heavy-tailed log-probabilities do."""
+    lp = np.array([[[0.0, -2000.0, -2800.0]], [[-10.0, 0.0, 0.0]]])
+    lp[1] -= np.logaddexp.reduce(lp[1], axis=-1, keepdims=True)
+    t = ag.FiniteStateTeachers(np.array([[0, 0, -1]]), lp)
+    w = np.array([0.5, 0.5])
     reward = _reward(t, w)
-    assert reward[0, 1] < -700
-    np.testing.assert_allclose(log_z, _reference.sequence_log_partition(t.next_state, reward, 3), rtol=1e-12)
-    assert log_z[2, 0] == pytest.approx(np.logaddexp(reward[0, 0], reward[0, 1]), rel=1e-12)
+    assert reward[0, 1] < -990 and reward[0, 2] < -1390 and reward[0, 0] > -6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ag.NumericalFallbackWarning)
+        log_z = ag.sequence_log_partition(t, w, 40)
+    np.testing.assert_allclose(log_z, _reference.sequence_log_partition(t.next_state, reward, 40), rtol=1e-12,
+                               atol=0)
+
+
+def test_tiny_pooled_weights_that_carry_a_row_use_log_space():
+    """A row whose every pooled weight is below DBL_MIN (e^-1000 each, so Z = 2 e^-1000, 0 in linear space;
+    and e^-720 each, subnormal): the linear recursion refuses it and the log-space kernel gives it exactly."""
+    for low in (-2000.0, -1440.0):
+        t = ag.FiniteStateTeachers(np.array([[-1, -1]]), np.array([[[0.0, low]], [[low, 0.0]]]))
+        w = np.array([0.5, 0.5])
+        with pytest.warns(ag.NumericalFallbackWarning):
+            log_z = ag.sequence_log_partition(t, w, 3)
+        assert log_z[0, 0] == pytest.approx(low / 2 + np.log(2.0), rel=1e-13)
+        out = np.empty_like(log_z)
+        assert not _kernels.sequence_log_partition_linear_kernel(t.next_state, _reward(t, w), 3, out)
