@@ -93,7 +93,7 @@ def child(size_name, dtype_name, layout, contender, repeats, threads):
         def inputs():
             return (leaf[:, :-1], teachers_full[:, :, :-1]) if extra else (leaf, teachers_full)
 
-        chunk = max(1, (1 << 21) // V)            # positions per chunk: ours' default (about 2M logits)
+        chunk = max(1, (1 << 19) // V)            # positions per chunk: ours' CPU default (about 512K logits)
 
         def plain():
             student, teachers = inputs()

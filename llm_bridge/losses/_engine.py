@@ -11,7 +11,11 @@ import numpy as np
 import torch
 
 TAILS = ("tail", "renormalize", "uniform", "truncate")
-CHUNK_ELEMENTS = 1 << 21        # default chunk: about 2M logits (8 MB in float32) per (positions, V) buffer
+# default chunk, logits per (positions, V) buffer: on a CPU about 512K (2 MB in float32), so that a chunk's
+# buffers stay in the caches the closed-form passes sweep (at V = 32,000 and one thread, 16 positions a
+# chunk took 0.67x the time of 65: benchmarks/README.md); on an accelerator, or from hidden states, about
+# 2M (8 MB): fewer launches, fewer reads of the lm_head
+CHUNK_ELEMENTS = {"cpu": 1 << 19, "other": 1 << 21}
 
 
 @dataclass(frozen=True)
@@ -300,7 +304,9 @@ def prepare(student, student_V, teachers, weights, mask, student_temperature, te
     student_temperature = positive_number("student_temperature", student_temperature)
     teacher_temperature = positive_number("teacher_temperature", teacher_temperature)
     if chunk_size is None:
-        chunk_size = max(1, CHUNK_ELEMENTS // max(int(student_V), 1))
+        # from hidden states each chunk re-reads the lm_head (V x H), so those keep the larger chunk
+        elements = CHUNK_ELEMENTS["cpu" if student.device.type == "cpu" and not hidden else "other"]
+        chunk_size = max(1, elements // max(int(student_V), 1))
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size = {chunk_size!r} must be a positive integer (positions per chunk)")
     check_reduction(reduction, num_items_in_batch, empty_mask)
@@ -382,7 +388,8 @@ def reduction_scale(problem):
 
 def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=False, base=None):
     """The loop over chunks of kept positions. ``kernel(idx, z, factor, need_grad)`` gets the chunk's
-    student logits z (n, V) (divided by the temperature, in the compute dtype, its own buffer) and
+    student log-probabilities z = ln q (n, V) (log_softmax of the logits divided by the temperature, in the
+    compute dtype, its own buffer) and
     returns (loss (n,), check (n,), metrics), with, when asked, factor x d loss.sum() / d z written over
     z. A non-finite ``check`` row is bad input (NaN / inf, or -inf where it is infinite): the chunk's
     inputs are then searched for the first bad entry (locate_bad_input). Returns (losses (N,),
@@ -416,15 +423,20 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
         if weight is None:
             direct = g_in is not None and g_base is None and dense and g_in.dtype == c and V == x.shape[1]
             z = g_in[idx] if direct else torch.empty((x.shape[0], V), dtype=c, device=device)
-            z.copy_(x[:, :V])
+            if problem.tau_s == 1.0:                     # one fused pass from the student's rows, upcast in it
+                torch.log_softmax(x[:, :V], -1, dtype=c, out=z)
+            else:
+                z.copy_(x[:, :V])
         else:
             direct = False
             x = x.to(c)
             z = x @ w_c.T
             if bias is not None:
                 z.add_(bias)
-        if problem.tau_s != 1.0:
-            z.div_(problem.tau_s)
+        if weight is not None or problem.tau_s != 1.0:
+            if problem.tau_s != 1.0:
+                z.div_(problem.tau_s)
+            z.sub_(torch.logsumexp(z, -1, keepdim=True))
         loss, check, met = kernel(idx, z, factor, need)
         if not bool(torch.isfinite(check).all()):
             locate_bad_input(problem, idx, kernel.kind)

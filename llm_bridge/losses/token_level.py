@@ -83,8 +83,10 @@ def _dot(a, b):
 
 def _kernel(problem, kind, beta):
     """kernel(idx, z, factor, need_grad) -> (loss (n,), check (n,), metrics) for the engine (_engine.run):
-    z holds the chunk's student logits / temperature and is overwritten with factor x the gradient of
-    the chunk's summed loss with respect to z, in closed form (q = softmax z, ln p_k, weights w_k):
+    z holds the chunk's student log-probabilities ln q (log_softmax of the logits / temperature: a gradient
+    with respect to them is one with respect to the logits / temperature) and is overwritten with factor x
+    the gradient of the chunk's summed loss with respect to z, in closed form (q = softmax z, ln p_k,
+    weights w_k):
 
         forward   sum_k w_k sum p_k ln p_k - sum A ln q        gradient (sum_k w_k) q - A, A = sum_k w_k p_k
         reverse   sum q (ln q - r), r = sum_k w_k ln p_k      gradient q (ln q - r - loss)
@@ -146,8 +148,7 @@ def _kernel(problem, kind, beta):
 
     def full(idx, z, factor, need_grad):
         w = problem.weights_at(idx, z.device)
-        w_sum = w.sum(-1, keepdim=True)
-        z.sub_(torch.logsumexp(z, -1, keepdim=True))                  # ln q
+        w_sum = w.sum(-1, keepdim=True)                               # z = ln q (the engine's log_softmax)
         if kind == "forward":
             A, neg_entropy, r = pools(idx, w, True, metrics)
             loss = neg_entropy - _dot(A, z)
@@ -231,7 +232,7 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
     over the first ``vocab_size`` columns (default: all; teachers must then have the student's width).
     ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and docs/losses.md,
     "Top-k teachers").
-    ``chunk_size``: positions per chunk (default about 2M logits per buffer); ``metrics=False`` skips
+    ``chunk_size``: positions per chunk (default about 512K logits per buffer on a CPU, 2M elsewhere); ``metrics=False`` skips
     the per-position metrics (a sixth to two fifths of the time: benchmarks/README.md).
 
     ``mask`` (B, T): 0 / 1 only (bool, integer or float; anything else is a ValueError; from labels with
