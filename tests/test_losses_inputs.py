@@ -501,6 +501,35 @@ def test_shifted_student_and_teachers_are_read_chunk_by_chunk_with_no_whole_copy
         assert largest_allocation(lambda: fn(s[:, :-1], permuted, W3, chunk_size=8, metrics=False)) < whole / 4
 
 
+def test_a_shifted_views_chunks_stay_within_a_sample_and_are_read_as_views():
+    """The chunks of a view that is not flat never cross a sample's end (where a sample fills a chunk), so
+    each chunk's rows are a view of the input (no gather); a chunk that does cross (a slice over two
+    samples) is gathered, with the same rows; the shifted loss and gradient equal the contiguous ones with
+    chunks that do not divide T."""
+    from llm_bridge.losses._engine import Rows, dense_chunks
+    assert [(c.start, c.stop) for c in dense_chunks(10, 4, 5, True)] == [(0, 4), (4, 5), (5, 9), (9, 10)]
+    assert [(c.start, c.stop) for c in dense_chunks(10, 4, 5, False)] == [(0, 4), (4, 8), (8, 10)]
+    g = torch.Generator().manual_seed(36)
+    x = torch.randn(2, 7, 5, generator=g)
+    rows, flat = Rows(x[:, :-1]), x[:, :-1].reshape(-1, 5)
+    view = rows(slice(7, 11))                              # sample 1, positions 1-4
+    assert view.data_ptr() == x[1, 1].data_ptr() and torch.equal(view, flat[7:11])
+    across = rows(slice(4, 9))                             # sample 0's last two, sample 1's first three
+    assert torch.equal(across, flat[4:9])
+    B, T, V = 2, 13, 50
+    s = torch.randn(B, T + 1, V, generator=g, dtype=torch.float64)
+    t = torch.randn(3, B, T + 1, V, generator=g, dtype=torch.float64)
+    for fn in (forward_kl, reverse_kl, generalized_jsd):
+        a = s.clone().requires_grad_(True)
+        want, _ = fn(a[:, :-1].contiguous(), t[:, :, :-1].contiguous(), W3, chunk_size=5)
+        want.backward()
+        b = s.clone().requires_grad_(True)
+        got, _ = fn(b[:, :-1], t[:, :, :-1], W3, chunk_size=5)
+        got.backward()
+        assert float(got) == pytest.approx(float(want), rel=1e-12)
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-14)
+
+
 def test_backward_hands_over_the_gradient_without_a_second_full_size_buffer():
     """loss.backward() (upstream gradient 1) allocates nothing near the (B, T, V) gradient: the buffer
     filled in the forward pass becomes the student's .grad (a scaled upstream gradient, or a retained

@@ -54,12 +54,27 @@ class Rows:
         self.flat, self.tensor = (x.reshape(-1, x.shape[-1]), None) if flat else (None, x)
 
     def __call__(self, idx):
-        """Rows ``idx`` (a slice or an index tensor of flat positions b T + t) as an (n, D) tensor."""
+        """Rows ``idx`` (a slice or an index tensor of flat positions b T + t) as an (n, D) tensor: a view
+        when the layout is flat or the slice lies within one sample (a shifted view's rows there are one
+        strided block), else the rows gathered."""
         if self.flat is not None:
             return self.flat[idx]
         if isinstance(idx, slice):
+            b, t0 = divmod(idx.start, self.T)
+            if t0 + idx.stop - idx.start <= self.T:
+                return self.tensor[b, t0:t0 + idx.stop - idx.start]
             idx = torch.arange(self.B * self.T, device=self.tensor.device)[idx]
         return self.tensor[idx // self.T, idx % self.T]
+
+
+def dense_chunks(count, chunk, T, split):
+    """Slices of at most ``chunk`` consecutive flat positions; with ``split`` none crosses a sample's end, so
+    that the rows of a view that is not flat (a shifted ``logits[:, :-1]``) are read as views, not gathered."""
+    lo = 0
+    while lo < count:
+        hi = min(lo + chunk, count, (lo // T + 1) * T) if split else min(lo + chunk, count)
+        yield slice(lo, hi)
+        lo = hi
 
 
 def locate_bad_input(problem, idx, kind):
@@ -417,8 +432,11 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
     g_w = torch.zeros(weight.shape, dtype=c, device=device) if grad_w else None
     w_c = weight.detach()[:V].to(c) if weight is not None else None
     bias = problem.bias.detach()[:V].to(c) if problem.bias is not None else None
-    for lo in range(0, count, problem.chunk):
-        idx = slice(lo, min(lo + problem.chunk, count)) if dense else positions[lo:lo + problem.chunk]
+    # a chunk within one sample where some input is a view that is not flat and a sample fills a chunk
+    split = problem.T >= problem.chunk and any(r.flat is None for r in [problem.student_rows, *problem.teacher_rows])
+    chunks = (dense_chunks(count, problem.chunk, problem.T, split) if dense else
+              (positions[lo:lo + problem.chunk] for lo in range(0, count, problem.chunk)))
+    for idx in chunks:
         x = problem.student_rows(idx)
         if weight is None:
             direct = g_in is not None and g_base is None and dense and g_in.dtype == c and V == x.shape[1]
