@@ -320,7 +320,7 @@ def t_power(effect, se, df, level=0.95):
     from scipy.integrate import quad
     tail = lambda u: (stats.norm.cdf(nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df))      # noqa: E731
                       + stats.norm.cdf(-nc - crit * math.sqrt(stats.chi2.ppf(u, df) / df)))
-    return float(quad(tail, 0, 1, limit=200)[0])
+    return float(quad(tail, 0, 1)[0])        # at most 14 subintervals at df 1 to 1e5, noncentrality to 300
 
 
 def t_mde_80(se, df, level=0.95, power_target=0.8):

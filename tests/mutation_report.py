@@ -51,10 +51,29 @@ EQUIVALENT = {
     "analysis.verdicts.x_decide_draws__mutmut_39": _FLOAT_ARRAY,
     "analysis.verdicts.x_decide_draws__mutmut_9": "None given: np.asarray(None, dtype=float) broadcasts to NaN, the same as np.full(n, nan)",
     "analysis.verdicts.x_decide_draws__mutmut_25": "None given: np.asarray(None, dtype=float) broadcasts to NaN, the same as np.full(n, nan)",
-    "analysis.verdicts.x_separating_condition__mutmut_10": _FLOAT_ARRAY,
-    "analysis.verdicts.x_separating_condition__mutmut_12": _FLOAT_ARRAY,
-    "analysis.verdicts.x_draw_verdict__mutmut_26": _FLOAT_ARRAY,
-    "analysis.verdicts.x_draw_verdict__mutmut_28": _FLOAT_ARRAY,
+    **{f"analysis.verdicts.x_draw_verdict__mutmut_{n}": (
+        "the properties' values as read (dtype None) for float: draw_verdict only indexes them and hands them to "
+        "separating_condition and separation_p, which cast each to float themselves") for n in (20, 22)},
+    **{f"analysis.verdicts.x__splits__mutmut_{n}": (
+        "argsort's kind (None, default, 'STABLE' for 'stable'): a set of k units is added only when strictly "
+        "separated from the rest, so which of several tied values sorts first never changes the sets")
+       for n in (3, 5, 7)},
+    "analysis.verdicts.x_median_lower_bound__mutmut_25": (
+        "k <= n for k < n: at k = n, P(Binomial(n, 1/2) <= n) = 1 > 1 - level for every level in (0, 1), so the "
+        "loop's second test stops it there"),
+    "analysis.verdicts.x_tost_power__mutmut_40": (
+        "the upper cap of V's normal score at 10 for 9: beyond z = 9 the integrand is below pdf(9) ~ 1e-18, and the "
+        "96 nodes over the longer range integrate to within the stated 1e-8 (the adaptive-quadrature test's 1e-7)"),
+    **{f"analysis.verdicts.x_tost_power__mutmut_{n}": (
+        "the early return at top < -9 (or <= -10) for <= -9: with top <= -9 every node lies in [top, -9], at or "
+        "above the score where the bracket reaches 0, so max(inside, 0) = 0 at each: 0 (or -0.0) either way") for n in (41, 43)},
+    **{f"analysis.verdicts.x_tost_clusters_for_power__mutmut_{n}": (
+        "the search bracket: bisection from any lo with power(lo) < target (lo is never evaluated) to any hi with "
+        "power(hi) >= target finds the same first count, tost_power being increasing in the number of clusters")
+       for n in (23, 24, 29)},
+    "analysis.verdicts.x_tost_clusters_for_power__mutmut_19": (
+        "power > target for >= target: a quadrature equal to the target to the last bit is a rounding "
+        "coincidence"),
     "analysis.statistics.x__window__mutmut_3": _FLOAT_ARRAY,
     "analysis.statistics.x__window__mutmut_5": _FLOAT_ARRAY,
     "analysis.statistics.x_fit_slope__mutmut_13": _FLOAT_ARRAY,
@@ -121,14 +140,17 @@ EQUIVALENT = {
     "figures.verdicts.x_replace_block__mutmut_9": ("stop <= start: stop == start needs the end marker found where the "
                                                    "begin marker is, one a prefix of the other, and no pair of markers "
                                                    "(BEGIN/END, GALLERY_BEGIN/GALLERY_END) is"),
+    "figures.verdicts.x_verdict_text__mutmut_16": ("condition_p default None for NaN: both fail `isinstance(p, "
+                                                   "float) and p == p`, so a row without the column shows the "
+                                                   "condition alone"),
     "figures.verdicts.x_verdict_text__mutmut_5": ("stated_condition default None for '': both fail "
                                                   "`isinstance(condition, str) and condition`"),
     "sims.forgetting.x_ratio_row__mutmut_3": _RATIO_FLOAT,
     "sims.forgetting.x_ratio_row__mutmut_5": _RATIO_FLOAT,
-    "sims.forgetting.x_frontier_rows__mutmut_5": "groupby(sort=None): pandas reads the falsy None as False",
-    "sims.forgetting.x_verdicts__mutmut_16": ("shares(..., student=None): the student column only labels the table; "
+    "sims.forgetting.x_frontier_rows__mutmut_6": "groupby(sort=None): pandas reads the falsy None as False",
+    "sims.forgetting.x_verdicts__mutmut_20": ("shares(..., student=None): the student column only labels the table; "
                                               "verdicts() reads its term, share, lo, hi and seeds"),
-    "sims.forgetting.x_precision_rows__mutmut_55": _FALSY + " (bound_verdict: `if not at_most`)",
+    "sims.forgetting.x_precision_rows__mutmut_53": _FALSY + " (bound_verdict: `if not at_most`)",
     "analysis.verdicts.x_fieller__mutmut_13": _Q_SQUARED,
     "analysis.verdicts.x_fieller__mutmut_22": _Q_SQUARED,
     "analysis.verdicts.x_clusters_for_power__mutmut_30": _BRACKET + " (lo = 2: read only after enough(2) failed)",
@@ -270,6 +292,18 @@ EQUIVALENT = {
                                          "1e-12) finds equivalence first"),
     "sims.rlvr.x_verdicts__mutmut_333": ("a proper subset for a subset: curves always carry stage, step, method, task "
                                          "and seed besides the five E6 columns"),
+    **{f"sims.rlvr.x_{name}__mutmut_{n}": "groupby(sort=None): pandas reads the falsy None as False"
+       for name, n in (("_e6_rows", 3), ("_reverse_rows", 3), ("e6_runs", 44), ("e6_runs", 51))},
+    "sims.rlvr.x__e6_rows__mutmut_27": ("np.errstate(divide=None) for 'ignore': None leaves numpy's setting ('warn'), "
+                                        "so the same values, with a RuntimeWarning for the log of 0"),
+    "sims.rlvr.x__e6_rows__mutmut_107": "effect_verdict(lo, hi, 1) without margin 0.0: its default margin is 0.0",
+    "sims.rlvr.x__reverse_rows__mutmut_20": _FALSY + " (count_verdict: `if at_most`)",
+    "sims.rollout_spectrum.x_paired_row__mutmut_57": ("condition_p None for NaN: pandas writes both as an empty cell, and "
+                                                      "verdict_text reads neither as a p-value (`isinstance(p, float) "
+                                                      "and p == p`)"),
+    "llm_bridge.horizon.x_resampled_coverage__mutmut_2": ("the default cap 5 n for 4 n: the samples double (n, 2n, 4n), "
+                                                          "so any cap in [4n, 8n) stops at 4n"),
+    **{f"llm_bridge.horizon.x_resampled_coverage__mutmut_{n}": _FLOAT_ARRAY for n in (5, 7)},
     "sims.rlvr.x__reverse_rows__mutmut_16": ("to_numpy(dtype=None) for float: the bool column's count (count_verdict "
                                              "casts it to float) and mean are the same"),
     "sims.rlvr.x_e6_table__mutmut_54": ("_interval of no values: the mean of an empty array is NaN (with a "

@@ -893,3 +893,84 @@ def test_decade_slopes_skip_a_first_decade_the_grid_starts_inside():
     t = analysis.log_grid(10_000)
     assert list(analysis.decade_slopes(t[t >= 15], np.log(t[t >= 15]))) == [(100.0, 1000.0), (1000.0, 10000.0)]
     assert list(analysis.decade_slopes(t[t >= 10], np.log(t[t >= 10])))[0] == (10.0, 100.0)
+
+
+def test_a_condition_with_too_few_failing_units_is_not_stated():
+    """The minimum per side binds on the failing side too: 39 of 40 holding (one failure, p = 2/40 = 0.05)
+    is 'mixed', as 1 of 40 is."""
+    table = verdicts.decide_draws([0.001] * 39 + [0.5], 0.01)
+    assert verdicts.draw_verdict(table, {"p": np.arange(40, 0, -1.0)})[:3] == ("mixed", 40, 39)
+    assert verdicts.draw_verdict(table, {"p": np.arange(40, 0, -1.0)}, min_side=1)[0] == \
+        "reproduces under stated conditions"
+
+
+def test_median_lower_bound_at_a_dyadic_level_and_its_refusals():
+    """At level 1 - 2^-5 with 5 values the smallest is a bound exactly at the level (P(all above) = 2^-5 =
+    1 - level: "at most" includes it), confidence 31/32; a level of 0 or a missing value is refused by name."""
+    assert verdicts.median_lower_bound([5.0, 1.0, 3.0, 2.0, 4.0], level=1 - 2 ** -5) == (1.0, 1, 31 / 32)
+    assert math.isnan(verdicts.median_lower_bound([5.0, 1.0, 3.0, 2.0, 4.0], level=0.97)[0])
+    with pytest.raises(ValueError, match=r"^level = 0 must lie in \(0, 1\)$"):
+        verdicts.median_lower_bound([1.0, 2.0], level=0)
+    with pytest.raises(ValueError, match=r"^values must be a 1-d array of numbers without NaN$"):
+        verdicts.median_lower_bound([1.0, None, 3.0])
+
+
+def test_a_property_with_missing_values_is_skipped_not_fatal():
+    """A property read from an object column with None where a value is missing is skipped, as one with
+    NaN, by separating_condition and separation_p (the next property decides)."""
+    held = np.array([True, True, True, False, False, False, False, False])
+    props = {"gap": [1.0, None, 0.8, 0.5, 0.4, 0.3, 0.2, 0.1], "sep": [1.0, 0.9, 0.8, 0.5, 0.4, 0.3, 0.2, 0.1]}
+    assert verdicts.separating_condition(held, props) == "sep > 0.65"
+    assert verdicts.separation_p(held, props) == pytest.approx(2 / 56)
+
+
+def _tost_power_by_quadrature(sd, margin, n, alpha=0.05):
+    """TOST's power at a true effect of 0 by adaptive quadrature over s = the sample s.d. / sd (V = (n - 1)
+    s^2 ~ chi2(n - 1)), independent of tost_power's normal-score Gauss-Legendre rule."""
+    from scipy import stats
+    from scipy.integrate import quad
+    df = n - 1
+    t = stats.t.ppf(1 - alpha, df)
+    se = sd / math.sqrt(n)
+    edge = (margin / (t * se)) ** 2 * df                     # V beyond which |mean| < margin - t s.e. is empty
+    f = lambda v: max(0.0, 2 * stats.norm.cdf((margin - t * se * math.sqrt(v / df)) / se) - 1) \
+        * stats.chi2.pdf(v, df)                                                            # noqa: E731
+    return quad(f, 0, edge, limit=500, epsabs=1e-12, epsrel=1e-10)[0]
+
+
+@pytest.mark.parametrize("sd, margin, n", [(1.0, 0.5, 30), (1.0, 1.0, 5), (0.3, 0.2, 8), (2.0, 0.5, 200),
+                                           (1.0, 3.0, 3), (0.5, 0.1, 40)])
+def test_tost_power_equals_adaptive_quadrature(sd, margin, n):
+    """tost_power against an independent integral (to 1e-7: its 96-node rule is stated at 1e-8), at designs
+    with powers from near 0 to near 1, where the upper end of the integral (chi2's quantile at
+    df (d / t)^2) sits at different places; alpha is the one given."""
+    assert verdicts.tost_power(sd, margin, n) == pytest.approx(_tost_power_by_quadrature(sd, margin, n), abs=1e-7)
+    assert verdicts.tost_power(sd, margin, n, alpha=0.1) == \
+        pytest.approx(_tost_power_by_quadrature(sd, margin, n, alpha=0.1), abs=1e-7)
+
+
+def test_tost_power_never_exceeds_one_and_its_inverses_keep_alpha_and_refuse_by_name():
+    """Where the power is 1 to rounding the quadrature sums to a few ulps above 1: the power is clamped.
+    tost_se_for_power and tost_clusters_for_power pass alpha on (their answers are the designs at which
+    tost_power at that alpha is the target, to 1e-9 at a margin of 1e-6 as of 1), and refuse bad input
+    by their own messages."""
+    powers = [verdicts.tost_power(sd, m, n) for sd in (0.01, 0.1, 0.5, 1.0, 2.0) for m in (0.05, 0.2, 1.0, 3.0)
+              for n in (2, 3, 4, 8, 30, 200)]
+    assert max(powers) <= 1.0 and max(powers) > 1 - 1e-12
+    for margin in (1e-6, 1.0, 1e3):
+        se = verdicts.tost_se_for_power(margin, 10, alpha=0.1)
+        assert verdicts.tost_power(se * math.sqrt(10), margin, 10, alpha=0.1) == pytest.approx(0.8, abs=1e-9)
+        assert se != pytest.approx(verdicts.tost_se_for_power(margin, 10), rel=1e-3)
+    n = verdicts.tost_clusters_for_power(1.0, 0.5, alpha=0.1)
+    assert verdicts.tost_power(1.0, 0.5, n, alpha=0.1) >= 0.8 > verdicts.tost_power(1.0, 0.5, n - 1, alpha=0.1)
+    assert n < verdicts.tost_clusters_for_power(1.0, 0.5)
+    for kw in (dict(margin=0.0, n=5), dict(margin=1.0, n=1), dict(margin=1.0, n=5, power_target=0.0),
+               dict(margin=1.0, n=5, power_target=1.0), dict(margin=1.0, n=5, power_target=1.5)):
+        with pytest.raises(ValueError, match=r"must be > 0, n = .* >= 2 and power_target in \(0, 1\)$"):
+            verdicts.tost_se_for_power(**kw)
+    for sd in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match=r"^sd = .* must be a finite number > 0$"):
+            verdicts.tost_clusters_for_power(sd, 0.5)
+    for sd, margin in ((0.0, 1.0), (1.0, 0.0)):
+        with pytest.raises(ValueError, match=r"must be > 0 and n = 5 >= 2$"):
+            verdicts.tost_power(sd, margin, 5)

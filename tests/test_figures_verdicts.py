@@ -136,3 +136,14 @@ def test_verdict_text_reads_a_missing_half_tolerance_verdict_as_the_verdict():
     from figures.verdicts import verdict_text
     row = collections.namedtuple("Row", "verdict verdict_twice_tolerance")("mixed", "reproduces")
     assert verdict_text(row) == "**mixed**; at half the tolerance: mixed, at twice: reproduces"
+
+
+def test_verdict_text_gives_the_conditions_permutation_p():
+    """A stated condition carries its permutation p-value when the row has one (two significant figures);
+    a row without one (NaN or no column) shows the condition alone."""
+    from figures.verdicts import verdict_text
+    rows = pd.DataFrame([dict(verdict="reproduces under stated conditions", stated_condition="sep > 0.03",
+                              condition_p=2 / 56),
+                         dict(verdict="mixed", stated_condition="sep > 0.85", condition_p=np.nan)])
+    assert [verdict_text(r) for r in rows.itertuples(index=False)] == \
+        ["**reproduces under stated conditions** (sep > 0.03; permutation p = 0.036)", "**mixed** (sep > 0.85)"]

@@ -334,6 +334,9 @@ def test_e3_rows_among_the_rates_that_learn_b_are_written_when_fewer_than_two_do
     assert list(among.claim) == [c for _, c, _, _ in forgetting.E3_SHARES]
     assert (among.verdict == "inconclusive").all() and among.estimate.isna().all()
     assert among.statistic.str.startswith("no share: fewer than 2 learning rates learn B (over 8 task pairs)").all()
+    df.loc[:, "quality"] = 0.05                                          # no rate learns B: the rows say "none"
+    rows = pd.DataFrame(forgetting.verdicts(df, "loglinear"))
+    assert (rows.condition == "loglinear, learning rates that learn B (mean quality < 0.01: none)").sum() == 2
 
 
 def _ratio(log_ratios, margin):
@@ -399,6 +402,8 @@ def test_frontier_ratio_is_read_at_nine_log_spaced_qualities_up_to_learned():
     (none,) = forgetting.frontier_rows(_step_frontiers([(0.01, 1.0)]), "loglinear")
     assert np.isnan(none["estimate"]) and none["verdict"] == "inconclusive"
     assert "0 of 2 task pairs reach quality < 0.01 at both alphas: no frontier to compare" in none["statistic"]
+    assert (none["claim"], none["condition"]) == (row["claim"], row["condition"])    # the same row, undecided
+    assert none["rule"] == "interval within 1 +- 0.05: reproduces; outside it: does not; else inconclusive"
     # pair 0 never learns (its best quality both reach is at LEARNED): skipped, the pairs after it still read
     mixed = _step_frontiers([(0.001, 1.0), (10 ** (-3 + 7.5 / 8), 0.5)])
     mixed = pd.concat([mixed[mixed.pair == 0].assign(quality=0.02), mixed.assign(pair=mixed.pair + 1)])
