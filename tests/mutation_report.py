@@ -207,7 +207,7 @@ EQUIVALENT = {
        for f, n in (("task_clustered", 23), ("crossing_cost", 17), ("_last_at_most", 12))},
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("effect_verdict(lo, hi, 1) without its margin 0.0: the default margin "
                                          "is 0.0")
-       for f, n in (("verdicts", 122), ("_e6_rows", 95))},
+       for f, n in (("verdicts", 122), ("_e6_rows", 107))},
     **{f"sims.rlvr.x_{f}__mutmut_{n}": ("at_most=None for False: bound_verdict and count_verdict read it only "
                                          "for truth, and None is falsy")
        for f, n in (("_share_row", 110), ("_reverse_rows", 20))},
@@ -217,7 +217,7 @@ EQUIVALENT = {
     **{f"sims.rlvr.x__share_row__mutmut_{n}": _COV_DDOF for n in (34, 37, 56, 59)},
     "sims.rlvr.x_verdicts__mutmut_196": ("'does not reproduce' at lo >= 0 for lo > 0: lo is a t-interval's lower "
                                          "bound est - t se, exactly 0 only where est = t se to the last bit"),
-    "sims.rlvr.x_verdicts__mutmut_343": ("the E6 columns a proper subset (<) of the curves' columns for a subset "
+    "sims.rlvr.x_verdicts__mutmut_349": ("the E6 columns a proper subset (<) of the curves' columns for a subset "
                                          "(<=): the curves also hold method, seed, task and step (E4 reads them "
                                          "above), so the five are never all of them"),
     **{f"distillation.continual.x_update_sparsity__mutmut_{n}": (
@@ -249,9 +249,9 @@ EQUIVALENT = {
                     ("exact_flip_horizon", 5), ("exact_flip_horizon", 7), ("log_partition_curve", 3),
                     ("log_partition_curve", 5), ("detectable_drift", 3), ("detectable_drift", 5),
                     ("detectable_drift", 8), ("detectable_drift", 10))},
-    "llm_bridge.horizon.x_log_partition_curve__mutmut_51": ("np.cov(rowvar=None) for False: numpy reads rowvar only "
+    "llm_bridge.horizon.x_log_partition_curve__mutmut_42": ("np.cov(rowvar=None) for False: numpy reads rowvar only "
                                                             "for truth, and None is falsy"),
-    **{f"llm_bridge.horizon.x_log_partition_curve__mutmut_{n}": _COV_DDOF for n in (52, 55)},
+    **{f"llm_bridge.horizon.x_log_partition_curve__mutmut_{n}": _COV_DDOF for n in (43, 46)},
     **{f"llm_bridge.horizon.x_running_share__mutmut_{n}": ("the first column of `before` as float zeros instead of "
                                                             "bool: concatenated with the bool columns it makes a float "
                                                             "0/1 array, whose column means are the same shares")
@@ -292,12 +292,8 @@ EQUIVALENT = {
                                          "1e-12) finds equivalence first"),
     "sims.rlvr.x_verdicts__mutmut_333": ("a proper subset for a subset: curves always carry stage, step, method, task "
                                          "and seed besides the five E6 columns"),
-    **{f"sims.rlvr.x_{name}__mutmut_{n}": "groupby(sort=None): pandas reads the falsy None as False"
-       for name, n in (("_e6_rows", 3), ("_reverse_rows", 3), ("e6_runs", 44), ("e6_runs", 51))},
     "sims.rlvr.x__e6_rows__mutmut_27": ("np.errstate(divide=None) for 'ignore': None leaves numpy's setting ('warn'), "
                                         "so the same values, with a RuntimeWarning for the log of 0"),
-    "sims.rlvr.x__e6_rows__mutmut_107": "effect_verdict(lo, hi, 1) without margin 0.0: its default margin is 0.0",
-    "sims.rlvr.x__reverse_rows__mutmut_20": _FALSY + " (count_verdict: `if at_most`)",
     "sims.rollout_spectrum.x_paired_row__mutmut_57": ("condition_p None for NaN: pandas writes both as an empty cell, and "
                                                       "verdict_text reads neither as a p-value (`isinstance(p, float) "
                                                       "and p == p`)"),
