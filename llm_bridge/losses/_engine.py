@@ -12,9 +12,9 @@ import torch
 
 TAILS = ("tail", "renormalize", "uniform", "truncate")
 # default chunk, logits per (positions, V) buffer: on a CPU about 512K (2 MB in float32), so that a chunk's
-# buffers stay in the caches the closed-form passes sweep (at V = 32,000 and one thread, 16 positions a
-# chunk took 0.67x the time of 65: benchmarks/README.md); on an accelerator, or from hidden states, about
-# 2M (8 MB): fewer launches, fewer reads of the lm_head
+# buffers stay in the caches the closed-form passes sweep (benchmarks/README.md, the losses' idle
+# re-measurement); on an accelerator, or from hidden states, about 2M (8 MB): fewer launches, fewer reads
+# of the lm_head
 CHUNK_ELEMENTS = {"cpu": 1 << 19, "other": 1 << 21}
 
 
