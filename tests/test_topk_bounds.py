@@ -374,3 +374,76 @@ def test_rescore_needs_expert_rule_at_its_thresholds():
     assert ask(lo, hi) == [(0, 1, star)]
     assert ask(np.nextafter(lo, 0.0), hi) == []
     assert ask(lo, np.nextafter(hi, np.inf)) == []
+
+
+def test_first_token_certainty_is_the_stated_bound_and_ties_go_to_the_lowest_id():
+    """'certain' is exactly: the pool's best union score >= sum_k w_k (teacher k's k-th log-probability), read
+    off the full distributions (it must fail for a runner-up and for another listed rank); uniform teachers
+    tie every token (C the lowest id of the union, certain: the best equals that bound, and no unlisted
+    token can beat it); the default asks each teacher's top 50."""
+    from llm_bridge.topk_bounds import first_token_options_served
+    cases = [teachers(s, T=1, n=60, scale=s % 3 + 1.0, veto=False, similar=s % 2 == 1)[:, 0].numpy() for s in range(30)]
+    w = np.array([0.4, 0.6])
+    outcomes = set()
+    for k in (2, 5, 20):
+        got = first_token_options_served(TableBackend(cases), w, [[i] for i in range(len(cases))], [0] * 30, k)
+        for first, (c, _, certain) in zip(cases, got):
+            bound = w @ np.sort(first, axis=1)[:, -k]
+            assert certain == bool(w @ first[:, c] >= bound)
+            outcomes.add(certain)
+    assert outcomes == {True, False}
+    flat = [np.full((2, 60), -np.log(60.0))]
+    for k in (5, 60):
+        ((c, i, certain),) = first_token_options_served(TableBackend(flat), w, [[0]], [0], k)
+        union = set(torch.as_tensor(flat[0]).topk(k, dim=-1).indices.ravel().tolist())
+        assert c == min(union) and certain                 # the best ties the bound: no token can beat it
+
+    class Asked(TableBackend):
+        def top_k(self, rows, k, models=None):
+            self.k = k
+            return super().top_k(rows, k, models)
+    backend = Asked([np.log(np.full((2, 60), 1 / 60.0))])
+    first_token_options_served(backend, w, [[0]], [0])
+    assert backend.k == 50
+
+
+def test_topk_stats_read_float32_inputs_as_float64_and_keep_the_default_veto_candidates():
+    """Servers may hand float32 log-probabilities: topk_stats gives exactly what it gives for the same
+    values in float64 (it computes in float64), and by default keeps veto_candidates(Thresholds()) candidates
+    per position; student_candidates returns float64 log-probabilities and breaks ties by token id."""
+    th = Thresholds()
+    w = np.array([0.3, 0.7])
+    lp = teachers(3)
+    T, n = lp.shape[1], lp.shape[2]
+    tokens = np.random.default_rng(103).integers(0, n, T)
+    ids, lps = truncate(lp, 30)
+    own = lp[:, np.arange(T), tokens].numpy()
+    lps32, own32 = lps.astype(np.float32), own.astype(np.float32)
+    a = topk_stats(ids.astype(np.int32), lps32, tokens, own32, w, n)
+    b = topk_stats(ids, lps32.astype(np.float64), tokens, own32.astype(np.float64), w, n)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    assert a["cand"].shape == (T, veto_candidates(th))
+    tied = np.full(40, np.log(0.02), dtype=np.float32)
+    tied[[7, 3]] = np.log(0.1)
+    at, at_lp = student_candidates(tied, 0.01, 30)
+    assert at_lp.dtype == np.float64
+    assert list(at) == [3, 7] + [a for a in range(40) if a not in (3, 7)][:28]
+
+
+def test_tokens_every_teacher_masks_add_nothing():
+    """A vocabulary mask shared by the teachers (-inf logits for the last 10 tokens, listed in the top k
+    because k = n): those tokens have A = 0 and contribute 0 log 0 = 0; with every token listed the bounds
+    close on the exact statistics of the full distributions (finite, not NaN)."""
+    th = Thresholds()
+    w = np.array([0.3, 0.7])
+    logits = torch.tensor(np.random.default_rng(7).normal(size=(2, 4, 60)) * 2.0)
+    logits[..., 50:] = -np.inf
+    lp = torch.log_softmax(logits, -1)
+    tokens = np.array([1, 5, 9, 20])
+    exact = position_stats(lp, w, tokens, k=veto_candidates(th))
+    got, _ = served_stats(lp, w, tokens, 60, th)
+    for key in ("kl", "tv"):
+        assert np.isfinite(got[key]).all()
+        np.testing.assert_allclose(got[key], exact[key], rtol=1e-9, atol=1e-12, err_msg=key)
+        np.testing.assert_allclose(got[key + "_hi"], exact[key], rtol=1e-9, atol=1e-12, err_msg=key)
