@@ -110,20 +110,25 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21, r
         ps = np.exp(s_lp[:, keep]).sum(0)
         H = float(np.prod(np.maximum(1.0 - ps, len(s_tok) * ROUNDING) ** wk)) if len(s_tok) < n else 0.0
         a_r = max(0.0, 1.0 - A.sum()) if len(s_tok) < n else 0.0
-        l_lo = np.exp(r) / (z_s + H)
-        l_factor = (z_s + H) / z_s
+        # z_s = 0: no known token has mass under every teacher (supports that do not meet there): l lives on
+        # unlisted tokens or nowhere, so its statistics are unknown (NaN), as the full distributions give NaN
+        # where the supports do not meet
+        met = z_s > 0
+        l_lo = np.exp(r) / (z_s + H) if met else np.full(len(r), np.nan)
+        l_factor = (z_s + H) / z_s if met else math.nan
         base = float(np.sum(np.where(A > 0, A * (np.log(np.where(A > 0, A, 1.0)) - r), 0.0)))
-        with np.errstate(divide="ignore"):
+        kl_lo = kl_hi = math.nan
+        if met:
             zr = min(a_r * z_s / (1.0 - a_r), H) if a_r < 1 else H
             tail = a_r * math.log(a_r) - a_r * math.log(zr) if a_r > 0 else 0.0
             kl_lo = base + math.log(z_s + zr) + tail
-        kl_hi = base + math.log(z_s + H) if a_r == 0 else math.inf
+            kl_hi = base + math.log(z_s + H) if a_r == 0 else math.inf
         l_hi = l_lo * l_factor
         gap_lo = np.where(A < l_lo, l_lo - A, np.where(A > l_hi, A - l_hi, 0.0))
         gap_hi = np.maximum(np.abs(A - l_lo), np.abs(A - l_hi))
         l_r_hi = H / (z_s + H)
-        tv_lo = 0.5 * (gap_lo.sum() + max(0.0, a_r - l_r_hi))
-        tv_hi = 0.5 * (gap_hi.sum() + a_r + l_r_hi)
+        tv_lo = 0.5 * (gap_lo.sum() + max(0.0, a_r - l_r_hi)) if met else math.nan
+        tv_hi = 0.5 * (gap_hi.sum() + a_r + l_r_hi) if met else math.nan
         # argmaxes over S, and whether a token outside S could beat them
         log_u = np.log(np.maximum(u[keep], 1e-300))
         bound = np.vstack([np.where(np.isnan(x), log_u, x) for x in table[~in_s][:, keep]] + [log_u])  # + unlisted

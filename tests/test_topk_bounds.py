@@ -447,3 +447,22 @@ def test_tokens_every_teacher_masks_add_nothing():
         assert np.isfinite(got[key]).all()
         np.testing.assert_allclose(got[key], exact[key], rtol=1e-9, atol=1e-12, err_msg=key)
         np.testing.assert_allclose(got[key + "_hi"], exact[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_teachers_whose_supports_do_not_meet_give_unknown_statistics_not_an_error():
+    """Two teachers on disjoint supports (every other logit -inf) and a response token only the first
+    allows: no known token has mass under both, so the pool's statistics are NaN, as the full distributions
+    give them (the geometric pool is empty there); the top-k path used to stop with 'math domain error'."""
+    n = 20
+    logits = torch.full((2, 1, n), -np.inf, dtype=torch.float64)
+    logits[0, 0, :5] = torch.tensor([3.0, 1.0, 0.0, 0.0, 0.0])
+    logits[1, 0, 10:15] = torch.tensor([3.0, 1.0, 0.0, 0.0, 0.0])
+    lp = torch.log_softmax(logits, -1)
+    w, tokens, th = np.array([0.5, 0.5]), np.array([0]), Thresholds()
+    exact = position_stats(lp, w, tokens, k=veto_candidates(th))
+    got, extra = served_stats(lp, w, tokens, 5, th)
+    assert extra                                              # the listed tokens were scored under the other
+    for key in ("kl", "tv", "kl_hi", "tv_hi", "l_token"):
+        assert np.isnan(got[key]).all(), key
+    assert np.isnan(exact["kl"]).all() and np.isnan(exact["tv"]).all()
+    np.testing.assert_allclose(got["a_token"], exact["a_token"], rtol=1e-12)
