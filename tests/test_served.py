@@ -366,7 +366,7 @@ def test_served_diagnosis_cli_survives_a_server_that_goes_away(server, tmp_path)
     out = tmp_path / "out"
     cmd = [sys.executable, "sims/diagnose.py", "--teachers", str(tmp_path / "teachers.json"), "--prompts",
            str(tmp_path / "prompts.jsonl"), "--out", str(out), "--max-tokens", "8", "--batch", "1", "--quiet",
-           "--no-figures", "--flip"]
+           "--no-figures", "--flip", "--flip-horizons", "0,2", "--flip-samples", "2"]   # two horizons, the least samples
     stop = threading.Event()
 
     def watch():                               # the server goes away once the first batch is saved
