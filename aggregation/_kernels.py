@@ -10,7 +10,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import atomic_add, exp_inplace, fetch_add_one, log_inplace, soft_value, yield_cpu
+from .jit import atomic_add, exp_inplace, exp_sum_below, fetch_add_one, log_inplace, soft_value, yield_cpu
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -47,6 +47,13 @@ def log_kernel(x):
 # below (8 + N) 2^-29 times the scale: float32 results are within 1 ulp of the exact value rounded
 # except for log-probabilities within ~1e-4 of 0 at n = 152k. tests/test_aggregation_dtypes.py checks
 # the bound for both dtypes against an extended-precision (long double) reference.
+# The geometric pool's sum of exps is shifted by the row's maximum (a running maximum, tile by tile), so its
+# largest term is exactly 1 and every other term's error counts relative to Z e^-max - 1 = e^(ln Z - max s) - 1.
+# That is what lets a float32 result take cheaper terms: a degree-7 exp, each term within 1e-8 of itself
+# (``jit.exp_sum_below``), moves ln Z and out by at most 1e-8 (ln Z - max s), a sixth of a float32 ulp of the
+# most probable token's log-probability -(ln Z - max s) and less of every other; without the shift it would
+# be 1e-8 absolute, thousands of ulps near 0. float64 results keep the exact terms. The mixture keeps them
+# for both dtypes: its log-probability near 0 is a cancellation mx + ln sm of two numbers of size ln w.
 # Bandwidth: 4 bytes a value read and written for float32, as the data.
 #
 # Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
@@ -54,82 +61,74 @@ def log_kernel(x):
 # atomic counter (``jit.fetch_add_one``): a worker whose core is busy takes fewer items instead of
 # stalling the others, and a single row still uses every core.
 
-_TILE = 512          # vocabulary entries of a float64 tile (4 KB; a worker's tiles stay in L1)
+_TILE = 512          # entries of a float64 tile of the recursion's passes (4 KB; a worker's tiles stay in L1)
+_POOL_TILE = 256     # vocabulary entries of a pool's tile: each teacher's row is read in bursts of this many
 _BLOCK = 8192        # vocabulary entries of a work item when rows are split
 _ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one item
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
 def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
-    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64).
-    Returns (sum of max(x, 0) over the inputs, sum of e[:t]): > 0 iff some input is > 0, NaN iff one is NaN."""
+    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64). Returns (sum of max(x, 0) over
+    the inputs, sum of e[:t], max of e[:t]): the first > 0 iff some input is > 0, the second NaN iff one is NaN.
+    Rows are read as 1-D slices: an index into the 3-D array makes LLVM gather instead of load."""
     K = log_probs.shape[0]
     pos = 0.0
     w0 = weights[0]
+    xs = log_probs[0, m, a0:a0 + t]
     for i in range(t):
-        x = np.float64(log_probs[0, m, a0 + i])
+        x = np.float64(xs[i])
         pos += max(x, 0.0)
         e[i] = w0 * x
     for k in range(1, K):
         wk = weights[k]
+        xs = log_probs[k, m, a0:a0 + t]
         for i in range(t):
-            x = np.float64(log_probs[k, m, a0 + i])
+            x = np.float64(xs[i])
             pos += max(x, 0.0)
             e[i] += wk * x
     chk = 0.0
+    top = -np.inf
+    sr = srow[a0:a0 + t]
     for i in range(t):
-        chk += e[i]
-        srow[a0 + i] = e[i]
-    return pos, chk
+        v = e[i]
+        chk += v
+        top = v if v > top else top
+        sr[i] = v
+    return pos, chk, top
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _exp_sum(srow, a0, a1, shift, e, ba, bb):
-    """sum of exp(srow[a0:a1] - shift), tile by tile through e (float64)."""
-    tot = 0.0
-    T = e.shape[0]
-    for b0 in range(a0, a1, T):
-        t = min(T, a1 - b0)
-        for i in range(t):
-            e[i] = srow[b0 + i] - shift
-        exp_inplace(e[:t], ba[:t], bb[:t])      # only the t entries: a short row costs t exps, not a tile's
-        for i in range(t):
-            tot += e[i]
-    return tot
-
-
-@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb):
-    """s = sum_k w_k log_probs[k, m, a0:a1] into srow[a0:a1]; returns (sum exp(s), pos, chk)."""
+def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb, fast):
+    """s = sum_k w_k log_probs[k, m, a0:a1] into srow[a0:a1] in one pass, and the sum of exp(s) shifted by the
+    running maximum (a tile whose maximum is larger rescales the sum so far): returns (sum exp(s - shift),
+    shift = max s (-inf when every s is -inf), pos, chk)."""
     T = e.shape[0]
     tot = 0.0
+    shift = -np.inf
     pos = 0.0
     chk = 0.0
     for b0 in range(a0, a1, T):
         t = min(T, a1 - b0)
-        p, c = _pooled_tile(log_probs, weights, m, b0, t, e, srow)
+        p, c, top = _pooled_tile(log_probs, weights, m, b0, t, e, srow)
         pos += p
         chk += c
-        exp_inplace(e[:t], ba[:t], bb[:t])
-        for i in range(t):
-            tot += e[i]
-    return tot, pos, chk
+        if top > shift:
+            tot *= np.exp(shift - top)                 # 0 while shift is -inf
+            shift = top
+        if shift > -np.inf:
+            tot += exp_sum_below(e[:t], shift, ba[:t], bb[:t], fast)
+    return tot, shift, pos, chk
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _row_status(tot, pos, chk, srow, n, e, ba, bb):
-    """(status, ln Z) of a row from its pass: 1 = an entry > 0 or NaN, 2 = empty support. s <= 0, so exp(s)
-    cannot overflow and no max-shift is needed unless the sum underflows; then it is redone shifted."""
+def _row_status(tot, shift, pos, chk):
+    """(status, ln Z) of a row from its pass: 1 = an entry > 0 or NaN, 2 = empty support (every s is -inf)."""
     if not (pos == 0.0) or chk != chk:
         return 1, 0.0
-    if tot >= 1e-280:
-        return 0, np.log(tot)
-    shift = -np.inf
-    for a in range(n):
-        shift = max(shift, srow[a])
     if shift == -np.inf:
         return 2, 0.0
-    return 0, shift + np.log(_exp_sum(srow, 0, n, shift, e, ba, bb))
+    return 0, shift + np.log(tot)
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
@@ -139,70 +138,79 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
     log_probs: (K, M, n) float32 or float64, weights: (K,) float64 all positive, out: (M, n) of the same
     dtype as log_probs (or float64), log_z: (M,) float64, status: (M,) int8. n_workers: the worker count
     (the thread count). block: vocabulary entries per item when rows are split (0: 8192).
-    One read of the input: the first pass keeps s in a float64 row of the worker's (a vocabulary row
-    fits in L2 at any size up to 2^17 tokens), the second writes out from it. The status of each row is a
-    by-product of the pass (a separate NumPy validation pass costs as much as the pool): 1 = some
-    entry > 0 or NaN, 2 = empty support (every token -inf under some teacher). The wrapper raises on a
-    non-zero status; out is then not valid for that row.
-    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1).
+    One read of the input: a pass keeps s in a float64 row of the worker's (a vocabulary row fits in L2 at any
+    size up to 2^17 tokens) and sums exp(s - max s) tile by tile with a running maximum; a second writes out
+    from the row. The status of each row is a by-product of the pass (a separate NumPy validation pass costs
+    as much as the pool): 1 = some entry > 0 or NaN, 2 = empty support (every token -inf under some teacher).
+    The wrapper raises on a non-zero status; out is then not valid for that row.
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1),
+    plus, for a float32 out (whose sum of exps takes ``jit.exp_sum_below``'s fast terms), 1e-8 (ln Z - max s)
+    in out and in ln Z.
     """
     K, M, n = log_probs.shape
     workers = max(1, min(n_workers, M * n))
     if block <= 0:
         block = _BLOCK
+    fast = out.itemsize == 4
     counter = np.zeros(1, np.int64)
     if M >= _ROWS_PER_WORKER * workers:
         # one row per item: two passes over the row while it is in cache
         srows = np.empty((workers, n))
         for wk in prange(workers):
             srow = srows[wk]
-            e = np.empty(_TILE)
-            ba = np.empty(_TILE, np.int64)
-            bb = np.empty(_TILE, np.int64)
+            e = np.empty(_POOL_TILE)
+            ba = np.empty(_POOL_TILE, np.int64)
+            bb = np.empty(_POOL_TILE, np.int64)
             while True:
                 m = fetch_add_one(counter)
                 if m >= M:
                     break
-                tot, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, bb)
-                st, lse = _row_status(tot, pos, chk, srow, n, e, ba, bb)
+                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, bb, fast)
+                st, lse = _row_status(tot, shift, pos, chk)
                 status[m] = st
                 if st != 0:
                     continue
                 log_z[m] = lse
+                o = out[m]
                 for a in range(n):
-                    out[m, a] = srow[a] - lse
+                    o[a] = srow[a] - lse
         return
-    # few rows: blocks of the vocabulary, partial sums per block, then the rows' ln Z, then the writes
+    # few rows: blocks of the vocabulary, partial sums per block (each shifted by its own maximum), then the
+    # rows' ln Z, then the writes
     nb = (n + block - 1) // block
     items = M * nb
     srows = np.empty((M, n))
-    part = np.empty((items, 3))
+    part = np.empty((items, 4))
     for wk in prange(workers):
-        e = np.empty(_TILE)
-        ba = np.empty(_TILE, np.int64)
-        bb = np.empty(_TILE, np.int64)
+        e = np.empty(_POOL_TILE)
+        ba = np.empty(_POOL_TILE, np.int64)
+        bb = np.empty(_POOL_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
                 break
             m = it // nb
             a0 = (it % nb) * block
-            tot, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, bb)
+            tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, bb,
+                                                   fast)
             part[it, 0] = tot
-            part[it, 1] = pos
-            part[it, 2] = chk
-    e = np.empty(_TILE)
-    ba = np.empty(_TILE, np.int64)
-    bb = np.empty(_TILE, np.int64)
+            part[it, 1] = shift
+            part[it, 2] = pos
+            part[it, 3] = chk
     for m in range(M):
-        tot = 0.0
+        shift = -np.inf
         pos = 0.0
         chk = 0.0
         for it in range(m * nb, (m + 1) * nb):
-            tot += part[it, 0]
-            pos += part[it, 1]
-            chk += part[it, 2]
-        st, lse = _row_status(tot, pos, chk, srows[m], n, e, ba, bb)
+            shift = max(shift, part[it, 1])
+            pos += part[it, 2]
+            chk += part[it, 3]
+        tot = 0.0
+        if shift > -np.inf:
+            for it in range(m * nb, (m + 1) * nb):
+                if part[it, 1] > -np.inf:
+                    tot += part[it, 0] * np.exp(part[it, 1] - shift)
+        st, lse = _row_status(tot, shift, pos, chk)
         status[m] = st
         log_z[m] = lse
     counter2 = np.zeros(1, np.int64)
@@ -216,29 +224,34 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
                 continue
             a0 = (it % nb) * block
             lse = log_z[m]
+            o = out[m]
+            sr = srows[m]
             for a in range(a0, min(n, a0 + block)):
-                out[m, a] = srows[m, a] - lse
+                o[a] = sr[a] - lse
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
 def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
     """mx[:t], sm[:t] with logsumexp_k (ln w_k + x_k) = mx + ln sm over log_probs[:, m, a0:a0 + t]:
     a streaming logsumexp over k keeps (max, sum), so the first teacher costs no exp and each later
-    one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags)."""
+    one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags). Rows are read as
+    1-D slices (an index into the 3-D array makes LLVM gather)."""
     K = log_probs.shape[0]
     pos = 0.0
     chk = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
     lw = log_weights[0]
+    xs = log_probs[0, m, a0:a0 + t]
     for i in range(t):
-        x = np.float64(log_probs[0, m, a0 + i])
+        x = np.float64(xs[i])
         pos += max(x, 0.0)
         chk += x
         mx[i] = lw + x
         sm[i] = 1.0
     for k in range(1, K):
         lw = log_weights[k]
+        xs = log_probs[k, m, a0:a0 + t]
         for i in range(t):
-            x = np.float64(log_probs[k, m, a0 + i])
+            x = np.float64(xs[i])
             pos += max(x, 0.0)
             chk += x
             diff = (lw + x) - mx[i]
@@ -246,7 +259,7 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
             d[i] = -abs(diff) if diff == diff else -np.inf
         exp_inplace(d[:t], ba[:t], bb[:t])
         for i in range(t):
-            tk = lw + np.float64(log_probs[k, m, a0 + i])
+            tk = lw + np.float64(xs[i])
             up = tk > mx[i]
             sm[i] = sm[i] * d[i] + 1.0 if up else sm[i] + d[i]
             mx[i] = tk if up else mx[i]
@@ -274,11 +287,11 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     flags = np.zeros(items, np.int8)
     counter = np.zeros(1, np.int64)
     for wk in prange(workers):
-        mx = np.empty(_TILE)
-        sm = np.empty(_TILE)
-        d = np.empty(_TILE)
-        ba = np.empty(_TILE, np.int64)
-        bb = np.empty(_TILE, np.int64)
+        mx = np.empty(_POOL_TILE)
+        sm = np.empty(_POOL_TILE)
+        d = np.empty(_POOL_TILE)
+        ba = np.empty(_POOL_TILE, np.int64)
+        bb = np.empty(_POOL_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
@@ -286,13 +299,14 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
             m = it // nb
             a0 = (it % nb) * block
             a1 = min(n, a0 + block)
-            for b0 in range(a0, a1, _TILE):
-                t = min(_TILE, a1 - b0)
+            o = out[m]
+            for b0 in range(a0, a1, _POOL_TILE):
+                t = min(_POOL_TILE, a1 - b0)
                 pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba, bb)
                 if not (pos == 0.0) or chk != chk:
                     flags[it] = 1
                 for i in range(t):
-                    out[m, b0 + i] = mx[i] + sm[i]
+                    o[b0 + i] = mx[i] + sm[i]
     for m in range(M):
         st = 0
         for it in range(m * nb, (m + 1) * nb):
