@@ -53,6 +53,16 @@ _EXP_C = (
 )
 
 
+@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
+def horner(coefficients, r):
+    """c[0] r^(m-1) + ... + c[m-1] for a tuple of m floats, highest power first (a fixed-length loop that
+    LLVM unrolls, so the loops that call it stay vectorised)."""
+    p = coefficients[0]
+    for j in range(1, len(coefficients)):
+        p = p * r + coefficients[j]
+    return p
+
+
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def exp_inplace(x, bits_a, bits_b):
     """x[i] <- exp(x[i]) for a 1-D float64 buffer; bits_a, bits_b: int64 scratch of len(x).
@@ -80,20 +90,7 @@ def exp_parts(x, bits_a, bits_b):
         xi = -746.0 if xi < -746.0 else (710.0 if xi > 710.0 else xi)
         kf = np.floor((xi if xi == xi else 0.0) * _LOG2E + 0.5)
         r = (xi - kf * _LN2_HI) - kf * _LN2_LO
-        p = _EXP_C[0]
-        p = p * r + _EXP_C[1]
-        p = p * r + _EXP_C[2]
-        p = p * r + _EXP_C[3]
-        p = p * r + _EXP_C[4]
-        p = p * r + _EXP_C[5]
-        p = p * r + _EXP_C[6]
-        p = p * r + _EXP_C[7]
-        p = p * r + _EXP_C[8]
-        p = p * r + _EXP_C[9]
-        p = p * r + _EXP_C[10]
-        p = p * r + _EXP_C[11]
-        p = p * r + _EXP_C[12]
-        p = p * r + _EXP_C[13]
+        p = horner(_EXP_C, r)
         k = np.int64(kf)
         k1 = k >> 1
         bits_a[i] = (k1 + 1023) << 52
@@ -131,14 +128,7 @@ def exp_sum_below(x, shift, bits_a, bits_b, fast):
         d = d if d > -700.0 else -700.0              # -inf too; NaN gives -700 (the callers flag NaN rows)
         kf = np.floor(d * _LOG2E + 0.5)
         r = (d - kf * _LN2_HI) - kf * _LN2_LO
-        p = _EXP7_C[0]
-        p = p * r + _EXP7_C[1]
-        p = p * r + _EXP7_C[2]
-        p = p * r + _EXP7_C[3]
-        p = p * r + _EXP7_C[4]
-        p = p * r + _EXP7_C[5]
-        p = p * r + _EXP7_C[6]
-        p = p * r + _EXP7_C[7]
+        p = horner(_EXP7_C, r)
         bits_a[i] = (np.int64(kf) + 1023) << 52
         x[i] = p
     tot = 0.0

@@ -135,7 +135,6 @@ def topk_stats(ids, lps, tokens, token_lps, weights, n, extra=None, k_cand=21, r
         ia, il = int(np.argmax(A)), int(np.argmax(r))
         certain = bool(A[ia] >= (np.exp(bound) @ wk).max() and r[il] >= (bound @ wk).max())
         # the response's token, every teacher's top token, the candidates
-
         tok = int(tokens[t])
         top = ids[:, t, 0]
         if reference is None:

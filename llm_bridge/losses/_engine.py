@@ -436,12 +436,13 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
     split = problem.T >= problem.chunk and any(r.flat is None for r in [problem.student_rows, *problem.teacher_rows])
     chunks = (dense_chunks(count, problem.chunk, problem.T, split) if dense else
               (positions[lo:lo + problem.chunk] for lo in range(0, count, problem.chunk)))
+    fused = weight is None and problem.tau_s == 1.0      # ln q from one log_softmax of the student's rows
     for idx in chunks:
         x = problem.student_rows(idx)
         if weight is None:
             direct = g_in is not None and g_base is None and dense and g_in.dtype == c and V == x.shape[1]
             z = g_in[idx] if direct else torch.empty((x.shape[0], V), dtype=c, device=device)
-            if problem.tau_s == 1.0:                     # one fused pass from the student's rows, upcast in it
+            if fused:                                    # one pass, upcast in it
                 torch.log_softmax(x[:, :V], -1, dtype=c, out=z)
             else:
                 z.copy_(x[:, :V])
@@ -451,7 +452,7 @@ def run(problem, kernel, student, weight, out_metrics, grad_in=False, grad_w=Fal
             z = x @ w_c.T
             if bias is not None:
                 z.add_(bias)
-        if weight is not None or problem.tau_s != 1.0:
+        if not fused:
             if problem.tau_s != 1.0:
                 z.div_(problem.tau_s)
             z.sub_(torch.logsumexp(z, -1, keepdim=True))
