@@ -10,7 +10,8 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import atomic_add, exp_inplace, exp_sum_below, fetch_add_one, log_inplace, soft_value, yield_cpu
+from .jit import (EXP_C, atomic_add, exp_inplace, exp_parts_below, exp_sum_below, fetch_add_one, log_inplace,
+                  soft_value, yield_cpu)
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -62,7 +63,7 @@ def log_kernel(x):
 # stalling the others, and a single row still uses every core.
 
 _TILE = 512          # entries of a float64 tile of the recursion's passes (4 KB; a worker's tiles stay in L1)
-_POOL_TILE = 256     # vocabulary entries of a pool's tile: each teacher's row is read in bursts of this many
+_POOL_TILE = 64      # vocabulary entries of a pool's tile: each teacher's row is read in bursts of this many
 _BLOCK = 8192        # vocabulary entries of a work item when rows are split
 _ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one item
 
@@ -99,7 +100,7 @@ def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb, fast):
+def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, fast):
     """s = sum_k w_k log_probs[k, m, a0:a1] into srow[a0:a1] in one pass, and the sum of exp(s) shifted by the
     running maximum (a tile whose maximum is larger rescales the sum so far): returns (sum exp(s - shift),
     shift = max s (-inf when every s is -inf), pos, chk)."""
@@ -117,7 +118,7 @@ def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, bb, fast):
             tot *= np.exp(shift - top)                 # 0 while shift is -inf
             shift = top
         if shift > -np.inf:
-            tot += exp_sum_below(e[:t], shift, ba[:t], bb[:t], fast)
+            tot += exp_sum_below(e[:t], shift, ba[:t], fast)
     return tot, shift, pos, chk
 
 
@@ -160,12 +161,11 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
             srow = srows[wk]
             e = np.empty(_POOL_TILE)
             ba = np.empty(_POOL_TILE, np.int64)
-            bb = np.empty(_POOL_TILE, np.int64)
             while True:
                 m = fetch_add_one(counter)
                 if m >= M:
                     break
-                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, bb, fast)
+                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, fast)
                 st, lse = _row_status(tot, shift, pos, chk)
                 status[m] = st
                 if st != 0:
@@ -184,15 +184,13 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
     for wk in prange(workers):
         e = np.empty(_POOL_TILE)
         ba = np.empty(_POOL_TILE, np.int64)
-        bb = np.empty(_POOL_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
                 break
             m = it // nb
             a0 = (it % nb) * block
-            tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, bb,
-                                                   fast)
+            tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, fast)
             part[it, 0] = tot
             part[it, 1] = shift
             part[it, 2] = pos
@@ -231,7 +229,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
+def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba):
     """mx[:t], sm[:t] with logsumexp_k (ln w_k + x_k) = mx + ln sm over log_probs[:, m, a0:a0 + t]:
     a streaming logsumexp over k keeps (max, sum), so the first teacher costs no exp and each later
     one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags). Rows are read as
@@ -257,11 +255,13 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba, bb):
             diff = (lw + x) - mx[i]
             # both -inf: diff is NaN and the term is 0
             d[i] = -abs(diff) if diff == diff else -np.inf
-        exp_inplace(d[:t], ba[:t], bb[:t])
+        exp_parts_below(d[:t], 0.0, ba[:t], EXP_C)
+        fb = ba[:t].view(np.float64)
         for i in range(t):
             tk = lw + np.float64(xs[i])
             up = tk > mx[i]
-            sm[i] = sm[i] * d[i] + 1.0 if up else sm[i] + d[i]
+            di = d[i] * fb[i]
+            sm[i] = sm[i] * di + 1.0 if up else sm[i] + di
             mx[i] = tk if up else mx[i]
     # sm >= 1
     log_inplace(sm[:t], ba[:t])
@@ -291,7 +291,6 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
         sm = np.empty(_POOL_TILE)
         d = np.empty(_POOL_TILE)
         ba = np.empty(_POOL_TILE, np.int64)
-        bb = np.empty(_POOL_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
@@ -302,7 +301,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
             o = out[m]
             for b0 in range(a0, a1, _POOL_TILE):
                 t = min(_POOL_TILE, a1 - b0)
-                pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba, bb)
+                pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba)
                 if not (pos == 0.0) or chk != chk:
                     flags[it] = 1
                 for i in range(t):

@@ -6,8 +6,8 @@ call them only from ``@njit`` code. No validation: plain contiguous arrays in, a
 Vectorised exp and log
 ----------------------
 numba's ``math.exp`` / ``math.log`` are scalar calls here (no SVML), and every pool is bound by them.
-``exp_inplace`` and ``log_inplace`` are branch-free loops that LLVM vectorises: a Cody-Waite
-reduction plus a polynomial, with the power of two assembled in an int64 buffer viewed as float64.
+``exp_inplace`` and ``log_inplace`` are branch-free loops that LLVM vectorises: a range reduction plus a
+polynomial, with the power of two assembled (exp) or taken apart (log) in an int64 buffer viewed as float64.
 They are compiled with ``error_model="numpy"``: numba's default ("python") wraps every float division
 in a ZeroDivisionError branch, which keeps LLVM from vectorising the loop (a scalar log at ~5 ns a
 value instead of ~1 ns). Kernels that inline them should use ``error_model="numpy"`` too. Both work in
@@ -45,7 +45,7 @@ _EXP_ONE = 1023 << 52
 _TINY = 2.2250738585072014e-308      # the smallest normal float64
 _TWO54 = 18014398509481984.0          # 2^54
 # 1/k!, k = 13 .. 0, for Horner on |r| <= ln2 / 2 (truncation error 2e-18 relative, below half an ulp).
-_EXP_C = (
+EXP_C = (
     1.6059043836821613e-10, 2.08767569878681e-09, 2.505210838544172e-08, 2.755731922398589e-07,
     2.7557319223985893e-06, 2.48015873015873e-05, 0.0001984126984126984, 0.001388888888888889,
     0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5,
@@ -90,7 +90,7 @@ def exp_parts(x, bits_a, bits_b):
         xi = -746.0 if xi < -746.0 else (710.0 if xi > 710.0 else xi)
         kf = np.floor((xi if xi == xi else 0.0) * _LOG2E + 0.5)
         r = (xi - kf * _LN2_HI) - kf * _LN2_LO
-        p = horner(_EXP_C, r)
+        p = horner(EXP_C, r)
         k = np.int64(kf)
         k1 = k >> 1
         bits_a[i] = (k1 + 1023) << 52
@@ -100,52 +100,67 @@ def exp_parts(x, bits_a, bits_b):
 
 # 1/k!, k = 7 .. 0: exp to 7e-9 relative on |r| <= ln2 / 2 (truncation r^8 / 8! e^-r), for sums that a float32
 # result reads (a float32 ulp is 6e-8 relative)
-_EXP7_C = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)
+EXP7_C = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
-def exp_sum_below(x, shift, bits_a, bits_b, fast):
-    """sum_i exp(x[i] - shift) for x[i] <= shift (a max-shifted sum, so every term is at most 1); x is used
-    as scratch. bits_a, bits_b: int64 scratch of len(x).
+def exp_parts_below(x, shift, bits, coefficients):
+    """The terms of a max-shifted sum, in two parts: for d = x[i] - shift <= 0, x[i] <- P(r) and bits[i] <- the
+    bits of 2^k (d = k ln2 + r), so that exp(d) = x[i] * fb[i] with fb = bits.view(np.float64); one loop that
+    LLVM vectorises, one power of two (``exp_parts`` splits it in two for subnormal results).
 
-    fast=False: ``exp_inplace``'s terms (within 1 ulp of NumPy's). fast=True: a degree-7 polynomial, each term
-    within 1e-8 of itself (relative; arguments below -700 are taken as -700, 1e-304), about half the work: for
-    results that are rounded to float32, where the sum's relative error 1e-8 moves ln of it by at most
-    1e-8 (ln sum - ln 1) - a sixth of a float32 ulp of that log (tests/test_aggregation_dtypes.py).
+    d below -700 (-inf and NaN too) is taken as -700: e^-700 = 1e-304 instead of a smaller term, which a sum
+    of at least 1 (a max-shifted sum has a term 1) cannot tell apart; callers flag NaN themselves.
+    coefficients: ``EXP_C`` (the exact terms: within 1 ulp of NumPy's exp on [-700, 0]) or ``EXP7_C`` (a
+    degree-7 polynomial, each term within 1e-8 of itself, about half the work).
     """
-    m = x.shape[0]
-    if not fast:
-        for i in range(m):
-            x[i] = x[i] - shift
-        exp_inplace(x, bits_a, bits_b)
-        tot = 0.0
-        for i in range(m):
-            tot += x[i]
-        return tot
-    fb = bits_a.view(np.float64)
-    for i in range(m):
+    for i in range(x.shape[0]):
         d = x[i] - shift
-        d = d if d > -700.0 else -700.0              # -inf too; NaN gives -700 (the callers flag NaN rows)
+        d = d if d > -700.0 else -700.0
         kf = np.floor(d * _LOG2E + 0.5)
         r = (d - kf * _LN2_HI) - kf * _LN2_LO
-        p = horner(_EXP7_C, r)
-        bits_a[i] = (np.int64(kf) + 1023) << 52
-        x[i] = p
+        bits[i] = (np.int64(kf) + 1023) << 52
+        x[i] = horner(coefficients, r)
+
+
+@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
+def exp_sum_below(x, shift, bits, fast):
+    """sum_i exp(x[i] - shift) for x[i] <= shift (a max-shifted sum, so every term is at most 1), with
+    ``exp_parts_below``'s terms; x is used as scratch, bits: int64 scratch of len(x).
+
+    fast=False: the exact terms (within 1 ulp of NumPy's exp). fast=True: the degree-7 terms, for results that
+    are rounded to float32, where the sum's relative error 1e-8 moves ln of it by at most 1e-8 (ln sum - ln 1)
+    - a sixth of a float32 ulp of that log (tests/test_aggregation_dtypes.py).
+    """
+    if fast:
+        exp_parts_below(x, shift, bits, EXP7_C)
+    else:
+        exp_parts_below(x, shift, bits, EXP_C)
+    fb = bits.view(np.float64)
     tot = 0.0
-    for i in range(m):
+    for i in range(x.shape[0]):
         tot += x[i] * fb[i]
     return tot
 
 
-@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
+# minimax coefficients of (ln((1 + r) / (1 - r)) - 2 r) / r^3 = 2/3 + 2/5 r^2 + ... in z = r^2, highest power first
+# (|r| <= 0.1716; error below 2^-58)
+_LOG_C = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.818357216161805012e-01, 2.222219843214978396e-01,
+          2.857142874366239149e-01, 3.999999999940941908e-01, 6.666666666666735130e-01)
+
+
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def log_inplace(x, bits):
     """x[i] <- ln x[i] for a 1-D float64 buffer; bits: int64 scratch of len(x) (viewed as float64).
 
-    x = 2^e m with m in [sqrt(1/2), sqrt 2); ln m = 2 atanh(f), f = (m - 1) / (m + 1), |f| < 0.172,
-    summed to f^21 (truncation error below 1e-16). The whole range, branch-free: subnormals are scaled
-    by 2^54 first, 0 gives -inf, +inf gives inf, a negative number or NaN gives NaN (as np.log).
-    ``error_model="numpy"`` keeps numba's ZeroDivisionError branch out of the loop, so LLVM vectorises it.
-    Accuracy: within 2 ulps of NumPy's log over the whole float64 range (tests/test_aggregation_dtypes.py).
+    x = 2^e m with m in [sqrt(1/2), sqrt 2); f = m - 1 is exact there, and ln m = f - (h - r (h + R)) with
+    h = f^2 / 2, r = f / (2 + f), |r| < 0.172, and R a degree-7 minimax polynomial in r^2 (the compensated form
+    keeps the leading f exact, so the result is accurate near 1 too). The whole range, branch-free: subnormals
+    are scaled by 2^54 first, 0 gives -inf, +inf gives inf, a negative number or NaN gives NaN (as np.log).
+    ``error_model="numpy"`` keeps numba's ZeroDivisionError branch out of the loop, so LLVM vectorises it;
+    fused multiply-adds are allowed but no reassociation, which would undo the compensation.
+    Accuracy: within 1 ulp of NumPy's log over the whole float64 range and of the exact value (against long
+    double; tests/test_aggregation_dtypes.py).
     """
     m = x.shape[0]
     fb = bits.view(np.float64)
@@ -160,20 +175,12 @@ def log_inplace(x, bits):
         big = mant > _SQRT2
         mant = mant * 0.5 if big else mant
         ef = np.float64(e + 1) if big else np.float64(e)
-        f = (mant - 1.0) / (mant + 1.0)
-        f2 = f * f
-        s = 1.0 / 21.0
-        s = s * f2 + 1.0 / 19.0
-        s = s * f2 + 1.0 / 17.0
-        s = s * f2 + 1.0 / 15.0
-        s = s * f2 + 1.0 / 13.0
-        s = s * f2 + 1.0 / 11.0
-        s = s * f2 + 1.0 / 9.0
-        s = s * f2 + 1.0 / 7.0
-        s = s * f2 + 1.0 / 5.0
-        s = s * f2 + 1.0 / 3.0
-        s = s * f2 + 1.0
-        v = ef * _LN2_HI + (2.0 * f * s + ef * _LN2_LO)
+        f = mant - 1.0                                   # exact (Sterbenz)
+        r = f / (2.0 + f)
+        z = r * r
+        hfsq = 0.5 * f * f
+        t = z * horner(_LOG_C, z)
+        v = ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
         v = -np.inf if xi == 0.0 else v
         v = np.inf if xi == np.inf else v
         x[i] = v if xi >= 0.0 else np.nan

@@ -11,7 +11,8 @@ Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv
 - pools: ``log_geometric_pool`` and ``log_arithmetic_pool`` (public wrappers, validation included; "ours"
   writes into an ``out=`` array, "ours-fresh" allocates its result) against NumPy, numexpr, torch and JAX
   (each skipped with a note when not installed), and the floor: a numba kernel with the same reads and
-  writes and no exp or log (out = sum_k w_k x_k in the input's dtype). Inputs are (K, N, V) log-probs
+  writes and no exp or log (out = sum_k w_k x_k in the input's dtype), read and written in tiles as the pools
+  do (a plain loop with the teachers innermost was up to 2x slower). Inputs are (K, N, V) log-probs
   in float32 or float64 (negative normals, not normalised: the pools do not need it).
 - recursion: ``sequence_log_partition`` on three machines (a random machine, a prefix tree with S ~ 3e5,
   an LLM-like machine with S = 10^4 and n = 256) against NumPy (log space and linear space) and torch;
@@ -73,18 +74,28 @@ def numba_kernels():
 
     @njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
     def floor(x, w, out):
-        """out[m, a] = sum_k w_k x[k, m, a]: the pools' reads and writes, no exp or log."""
+        """out[m, a] = sum_k w_k x[k, m, a]: the pools' reads and writes, no exp or log, done as the pools do
+        them (blocks of 8,192 entries, each teacher's row read as 1-D slices into a float64 tile of 64)."""
         K, M, n = x.shape
         block = 8192
         nb = (n + block - 1) // block
         for it in prange(M * nb):
             m = it // nb
             a0 = (it % nb) * block
-            for a in range(a0, min(n, a0 + block)):
-                acc = w[0] * np.float64(x[0, m, a])
+            e = np.empty(64)
+            for b0 in range(a0, min(n, a0 + block), 64):
+                t = min(64, n - b0)
+                xs = x[0, m, b0:b0 + t]
+                for i in range(t):
+                    e[i] = w[0] * np.float64(xs[i])
                 for k in range(1, K):
-                    acc += w[k] * np.float64(x[k, m, a])
-                out[m, a] = acc
+                    xs = x[k, m, b0:b0 + t]
+                    wk = w[k]
+                    for i in range(t):
+                        e[i] += wk * np.float64(xs[i])
+                o = out[m, b0:b0 + t]
+                for i in range(t):
+                    o[i] = e[i]
 
     return triad, floor
 
