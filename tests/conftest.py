@@ -39,9 +39,31 @@ def pytest_collection_modifyitems(items):
 # torch's CPU kernels round differently on other CPUs (AVX-512, AVX2, ...) and with other thread counts,
 # and a training run amplifies that. Every script a test runs, and tests/golden/refresh.py, use the
 # portable code paths: generic ATen kernels, MKL's conditional-numerical-reproducibility mode, oneDNN
-# without ISA-specific kernels, one thread. Their CSVs are then the same on any x86-64 machine.
+# without ISA-specific kernels, one thread. The sims without training then write the same CSVs on any x86-64
+# machine; those that train torch students still differ between CPU models (measured: an AMD EPYC (Zen 3)
+# against copies written on an Intel machine: 1.5e-4 relative in rollout_spectrum's KLs, 0.3% in rlvr's
+# accuracies, up to 68% in forgetting's, whose runs diverge), so their golden copies name the CPU
+# (:func:`cpu_signature`) and are compared number by number only on that CPU.
 PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41",
                      "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def cpu_signature():
+    """``machine | vendor | model name | family, model | vector extensions`` of this CPU (from /proc/cpuinfo where
+    there is one): a virtual machine may name only "AMD EPYC", so the family, model and AVX-512 tell its kinds apart."""
+    import platform
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    model = fields.get("model name") or fields.get("Model") or platform.processor() or "?"
+    flags = fields.get("flags", "").split()
+    vector = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags) or "-"
+    return (f"{platform.machine()} | {fields.get('vendor_id', '?')} | {model} | "
+            f"family {fields.get('cpu family', '?')}, model {fields.get('model', '?')} | {vector}")
 
 
 def run_script(script, *args, check=True, timeout=None):

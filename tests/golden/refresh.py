@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import PORTABLE_NUMERICS, QUICK_RUNS  # noqa: E402
+from conftest import PORTABLE_NUMERICS, QUICK_RUNS, cpu_signature  # noqa: E402
 
 for name, cmd in QUICK_RUNS.items():
     if len(sys.argv) > 1 and name not in sys.argv[1:]:
@@ -25,3 +25,4 @@ for name, cmd in QUICK_RUNS.items():
             with open(csv, "rb") as src, gzip.GzipFile(target / f"{csv.name}.gz", "wb", mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
             print(f"wrote {target / csv.name}.gz")
+        (target / "cpu.txt").write_text(cpu_signature() + "\n")        # the machine these numbers are from
