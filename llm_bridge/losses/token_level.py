@@ -140,11 +140,13 @@ def _kernel(problem, kind, beta):
                 r = lp.mul_(wk) if r is None else r.addcmul_(lp, wk)
         return A, neg_entropy, r
 
-    def metrics_of(A, neg_entropy, r):
-        a_log_a = _dot(A, torch.log(A))
-        if not bool(torch.isfinite(a_log_a).all()):                   # A = 0 somewhere (-inf logits)
-            a_log_a = torch.special.xlogy(A, A).sum(-1)
-        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -torch.logsumexp(r, -1)}
+    def metrics_of(A, neg_entropy, r, scratch=None):
+        """The metrics in place: A and r are overwritten (r only when no scratch buffer is given)."""
+        a_log_a = torch.xlogy(A, A, out=A).sum(-1)                     # 0 log 0 = 0
+        top = r.amax(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))   # a row of -inf: lse = -inf
+        e = torch.sub(r, top, out=r if scratch is None else scratch).exp_()
+        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -(e.sum(-1).log_() + top[:, 0])}
 
     def full(idx, z, factor, need_grad):
         w = problem.weights_at(idx, z.device)
@@ -152,14 +154,14 @@ def _kernel(problem, kind, beta):
         if kind == "forward":
             A, neg_entropy, r = pools(idx, w, True, metrics)
             loss = neg_entropy - _dot(A, z)
-            met = metrics_of(A, neg_entropy, r) if metrics else {}
             if need_grad:
                 z.exp_().mul_(w_sum * factor).sub_(A, alpha=factor)
-            return loss, loss, met
+            return loss, loss, metrics_of(A, neg_entropy, r) if metrics else {}
         if kind == "reverse":
             A, neg_entropy, r = pools(idx, w, metrics, True)
-            met = metrics_of(A, neg_entropy, r) if metrics else {}
-            q = z.exp()
+            q = torch.empty_like(z)
+            met = metrics_of(A, neg_entropy, r, scratch=q) if metrics else {}
+            torch.exp(z, out=q)
             d = torch.sub(z, r, out=r)                                 # ln q - r
             loss = _dot(q, d)
             if need_grad:
