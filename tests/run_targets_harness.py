@@ -484,7 +484,8 @@ def where_it_goes(run):
     fp = rd.fixed_point(run, m)
     if fp.status == "static":
         return "does not move"
-    nearest = sorted(fp.distances.items(), key=lambda x: x[1])[:2]
+    # equal printed distances in name order: their float order is the CPU's rounding
+    nearest = sorted(fp.distances.items(), key=lambda x: (float(f"{x[1]:.2g}"), x[0]))[:2]
     text = ", ".join(f"{d:.2g} from {name}" if d >= 1e-6 else f"reaches {name}" for name, d in nearest)
     return text if fp.status == "fixed point" else f"{fp.status}: {text}"
 
@@ -540,7 +541,9 @@ row it is also this project's model of the run (`llm_bridge.run_dynamics`). Both
 uniform student to where the update vanishes and must agree to <= 1e-6 total variation at every state; a
 closed-form target must be reached to 1e-6 and lie > 1e-3 from every other named target. "where it goes"
 is that fixed point on the K = 2 machine: "reaches it" for a closed form, else its distance (largest
-per-state total variation) to the two nearest of A, l, J_0.5, g and each teacher.
+per-state total variation) to the two nearest of A, l, J_0.5, g and each teacher. "not converged": the
+update never vanished, and the distances are where the run stood when the iteration stopped, which depends
+on the CPU's rounding (the same row reads 0.0065 on one machine and 0.011 on another).
 
 Targets: **A** the arithmetic pool sum_k c_k p_k (forward KL, T1); **l** the local geometric pool
 ∝ prod_k p_k^{c_k} (per-token reverse KL, T2); **J_beta** the generalised-JSD barycentre (between A

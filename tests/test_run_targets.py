@@ -12,6 +12,7 @@ tinker-cookbook 0.6.1); without them they skip, saying so. `.ci/run` unpacks the
 import ast
 import dataclasses
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -437,9 +438,21 @@ def test_ligers_default_hard_loss_moves_the_run_off_the_pool():
     assert rd.tv(log_q, J).max() > 0.2
 
 
+def comparable_table(text):
+    """The table with the distances of runs that did not converge masked: where an iteration that never
+    converges stops depends on the CPU's rounding (one row: 0.0065 from teacher 2 on one machine, 0.011 on
+    another); every other cell, and which targets such a row names, must match."""
+    return re.sub(r"not converged: [^|]*", lambda m: re.sub(r"[\d.e-]+(?= from )", "#", m.group(0)), text)
+
+
 def test_the_committed_table_is_what_the_code_writes():
     from run_targets_harness import TABLE, render_table, table_cases
-    assert TABLE.read_text() == render_table(table_cases()), "run `python tests/run_targets_harness.py`"
+    assert comparable_table(TABLE.read_text()) == comparable_table(render_table(table_cases())), \
+        "run `python tests/run_targets_harness.py`"
+    row = "| x | student | computed | no closed form | not converged: 0.0065 from teacher 2, 0.19 from J_0.5 | y |"
+    assert comparable_table(row) == comparable_table(row.replace("0.0065", "0.011"))
+    assert comparable_table(row) != comparable_table(row.replace("teacher 2", "teacher 1"))
+    assert comparable_table(row) != comparable_table(row.replace("not converged", "fixed point"))
 
 
 def test_the_losses_page_example_prints_what_it_says(capsys):
