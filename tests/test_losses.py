@@ -141,6 +141,24 @@ def test_the_targets_the_losses_name_are_their_minimisers():
     assert float(reverse_kl(log_a, t, W3)[0]) > float(reverse_kl(log_l, t, W3)[0]) + 1e-3
 
 
+@pytest.mark.parametrize("fn", [forward_kl, reverse_kl, generalized_jsd])
+def test_neg_log_z_of_teachers_far_apart_underflows_nowhere(fn):
+    """-ln z = -lse(r) is summed without a max shift (r <= 0): float32 rows whose every e^r underflows (two teachers
+    sure of different tokens, max r about -150), rows near the threshold (max r about -70) and ordinary rows all
+    equal the float64 closed form; the row of the far-apart teachers would read +inf without the shifted redo."""
+    gen = torch.Generator().manual_seed(11)
+    t = torch.randn(2, 1, 3, 50, dtype=torch.float64, generator=gen)
+    for k, gap in ((0, 300.0), (1, 140.0)):                  # row 0: r ~ -150; row 1: r ~ -70
+        t[0, 0, k, 3] += gap
+        t[1, 0, k, 7] += gap
+    s = torch.randn(1, 3, 50, dtype=torch.float64, generator=gen)
+    w = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    exact = -torch.logsumexp((w[:, None, None, None] * torch.log_softmax(t, -1)).sum(0), -1)[0]
+    assert float(exact[0]) > 140 and 60 < float(exact[1]) < 80
+    got = fn(s.float(), t.float(), w, reduction="none")[1]["neg_log_z"][0]
+    np.testing.assert_allclose(got.double().numpy(), exact.numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("tail", ["tail", "renormalize", "uniform", "truncate"])
 @pytest.mark.parametrize("kind", ["forward", "reverse"])
 def test_top_k_treatments_against_their_definitions(tail, kind):

@@ -140,13 +140,17 @@ def _kernel(problem, kind, beta):
                 r = lp.mul_(wk) if r is None else r.addcmul_(lp, wk)
         return A, neg_entropy, r
 
-    def metrics_of(A, neg_entropy, r, scratch=None):
-        """The metrics in place: A and r are overwritten (r only when no scratch buffer is given)."""
+    def metrics_of(A, neg_entropy, r):
+        """The metrics, A overwritten (A ln A, then e^r) and r kept. r <= 0 (a weighted sum of log-probabilities),
+        so e^r <= 1 needs no max shift (two passes fewer); a row whose sum of e^r is below 1e-30 (its largest
+        term then near float32's subnormals, or every r = -inf) is summed again shifted by its maximum."""
         a_log_a = torch.xlogy(A, A, out=A).sum(-1)                     # 0 log 0 = 0
-        top = r.amax(-1, keepdim=True)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))   # a row of -inf: lse = -inf
-        e = torch.sub(r, top, out=r if scratch is None else scratch).exp_()
-        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -(e.sum(-1).log_() + top[:, 0])}
+        lse = torch.exp(r, out=A).sum(-1)
+        low = lse < 1e-30
+        lse.log_()
+        if bool(low.any()):
+            lse[low] = torch.logsumexp(r[low], -1)
+        return {"teacher_disagreement": neg_entropy - a_log_a, "neg_log_z": -lse}
 
     def full(idx, z, factor, need_grad):
         w = problem.weights_at(idx, z.device)
@@ -159,9 +163,8 @@ def _kernel(problem, kind, beta):
             return loss, loss, metrics_of(A, neg_entropy, r) if metrics else {}
         if kind == "reverse":
             A, neg_entropy, r = pools(idx, w, metrics, True)
-            q = torch.empty_like(z)
-            met = metrics_of(A, neg_entropy, r, scratch=q) if metrics else {}
-            torch.exp(z, out=q)
+            met = metrics_of(A, neg_entropy, r) if metrics else {}
+            q = torch.exp(z, out=A) if metrics else z.exp()          # A is free once the metrics have read it
             d = torch.sub(z, r, out=r)                                 # ln q - r
             loss = _dot(q, d)
             if need_grad:
