@@ -19,10 +19,12 @@ QUICK_FIXTURES = {"quick_regret": "regret", "quick_mechanisms": "mechanisms", "q
                   "quick_forgetting": "forgetting", "quick_rlvr": "rlvr"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
     """Every test has a tier: hypothesis tests are ``property``; a test without a tier mark is ``unit``.
     Tests that read one sim's quick run share an xdist group (``-n 2 --dist loadgroup``), so each quick
-    run happens once, on one worker."""
+    run happens once, on one worker. tryfirst: xdist's worker reads the groups into the test ids in its own
+    hook of this name, registered after this file, so called before it unless this one goes first."""
     for item in items:
         groups = {QUICK_FIXTURES[f] for f in getattr(item, "fixturenames", ()) if f in QUICK_FIXTURES}
         experiment = getattr(getattr(item, "callspec", None), "params", {}).get("experiment")
