@@ -40,7 +40,8 @@ def log_kernel(x):
 # near 1) is the difference of two numbers of size |ln Z| (or the log of a sum near 1), so a float32
 # exp or a float32 sum would leave an absolute error ~1e-7 there, thousands of float32 ulps of the
 # result. In float64 the result is the exact value for the given inputs and weights up to the float64
-# rounding of the terms, rounded once to the output dtype:
+# rounding of the terms, rounded to the output dtype once (the mixture) or twice by at most half an ulp of the
+# result each (the geometric pool, which keeps s minus a running maximum in the output row in between):
 #     |out - exact| <= 1 ulp of the output dtype at exact + (8 + N) u (|s| + |ln Z| + 1),   u = 2^-53,
 # with N = n for the geometric pool (a float64 sum of n positive terms is within (n - 1) u of exact) and
 # N = K for the mixture (scale max_k |ln p_k| + 1 in place of |s| + |ln Z| + 1); ln Z itself is within
@@ -69,9 +70,9 @@ _ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one ite
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
-    """e[:t] = srow[a0:a0 + t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64). Returns (sum of max(x, 0) over
-    the inputs, sum of e[:t], max of e[:t]): the first > 0 iff some input is > 0, the second NaN iff one is NaN.
+def _pooled_tile(log_probs, weights, m, a0, t, e):
+    """e[:t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64). Returns (sum of max(x, 0) over the inputs, sum
+    of e[:t], max of e[:t]): the first > 0 iff some input is > 0, the second NaN iff one is NaN.
     Rows are read as 1-D slices: an index into the 3-D array makes LLVM gather instead of load."""
     K = log_probs.shape[0]
     pos = 0.0
@@ -90,36 +91,51 @@ def _pooled_tile(log_probs, weights, m, a0, t, e, srow):
             e[i] += wk * x
     chk = 0.0
     top = -np.inf
-    sr = srow[a0:a0 + t]
     for i in range(t):
         v = e[i]
         chk += v
         top = v if v > top else top
-        sr[i] = v
     return pos, chk, top
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _geometric_part(log_probs, weights, m, a0, a1, srow, e, ba, fast):
-    """s = sum_k w_k log_probs[k, m, a0:a1] into srow[a0:a1] in one pass, and the sum of exp(s) shifted by the
-    running maximum (a tile whose maximum is larger rescales the sum so far): returns (sum exp(s - shift),
-    shift = max s (-inf when every s is -inf), pos, chk)."""
+def _geometric_part(log_probs, weights, m, a0, a1, orow, tshift, e, ba, fast):
+    """s = sum_k w_k log_probs[k, m, a0:a1] in one pass, tile by tile, with the sum of exp(s) shifted by the
+    running maximum (a tile whose maximum is larger rescales the sum so far). Each tile is written to
+    orow[a0:a1] (the output row) as s - shift, with the shift it used in tshift[j] (j: the tile's index from
+    a0; 0 while every s so far is -inf, which then stays -inf): out = that - (ln Z - tshift[j]) later.
+    Returns (sum exp(s - shift), shift = max s (-inf when every s is -inf), pos, chk)."""
     T = e.shape[0]
     tot = 0.0
     shift = -np.inf
     pos = 0.0
     chk = 0.0
-    for b0 in range(a0, a1, T):
+    for j, b0 in enumerate(range(a0, a1, T)):
         t = min(T, a1 - b0)
-        p, c, top = _pooled_tile(log_probs, weights, m, b0, t, e, srow)
+        p, c, top = _pooled_tile(log_probs, weights, m, b0, t, e)
         pos += p
         chk += c
         if top > shift:
             tot *= np.exp(shift - top)                 # 0 while shift is -inf
             shift = top
+        ts = shift if shift > -np.inf else 0.0
+        tshift[j] = ts
+        o = orow[b0:b0 + t]
+        for i in range(t):
+            o[i] = e[i] - ts
         if shift > -np.inf:
             tot += exp_sum_below(e[:t], shift, ba[:t], fast)
     return tot, shift, pos, chk
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _finish_part(orow, tshift, lse, a0, a1, T):
+    """out = (s - tshift[j]) - (ln Z - tshift[j]) over orow[a0:a1], tile j of T entries (in float64)."""
+    for j, b0 in enumerate(range(a0, a1, T)):
+        c = lse - tshift[j]
+        o = orow[b0:min(a1, b0 + T)]
+        for i in range(o.shape[0]):
+            o[i] = np.float64(o[i]) - c
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
@@ -138,59 +154,62 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
 
     log_probs: (K, M, n) float32 or float64, weights: (K,) float64 all positive, out: (M, n) of the same
     dtype as log_probs (or float64), log_z: (M,) float64, status: (M,) int8. n_workers: the worker count
-    (the thread count). block: vocabulary entries per item when rows are split (0: 8192).
-    One read of the input: a pass keeps s in a float64 row of the worker's (a vocabulary row fits in L2 at any
-    size up to 2^17 tokens) and sums exp(s - max s) tile by tile with a running maximum; a second writes out
-    from the row. The status of each row is a by-product of the pass (a separate NumPy validation pass costs
-    as much as the pool): 1 = some entry > 0 or NaN, 2 = empty support (every token -inf under some teacher).
-    The wrapper raises on a non-zero status; out is then not valid for that row.
+    (the thread count). block: vocabulary entries per item when rows are split (0: 8192; rounded up to whole
+    tiles of 64).
+    One read of the input: a pass forms s tile by tile (float64 tiles in L1), sums exp(s - max s) with a running
+    maximum and writes s minus that running maximum into out itself (no scratch row); a second pass over out
+    subtracts ln Z minus the tile's shift. The status of each row is a by-product of the pass (a separate NumPy
+    validation pass costs as much as the pool): 1 = some entry > 0 or NaN, 2 = empty support (every token -inf
+    under some teacher). The wrapper raises on a non-zero status; out is then not valid for that row.
     Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1),
     plus, for a float32 out (whose sum of exps takes ``jit.exp_sum_below``'s fast terms), 1e-8 (ln Z - max s)
-    in out and in ln Z.
+    in out and in ln Z. out is rounded twice, each time by at most half an ulp of out: the first rounding is of
+    s minus a running maximum that lies between s and ln Z, so of a number no larger than |out|.
     """
     K, M, n = log_probs.shape
+    T = _POOL_TILE
     workers = max(1, min(n_workers, M * n))
     if block <= 0:
         block = _BLOCK
+    block = (block + T - 1) // T * T
     fast = out.itemsize == 4
     counter = np.zeros(1, np.int64)
+    nt = (n + T - 1) // T
     if M >= _ROWS_PER_WORKER * workers:
-        # one row per item: two passes over the row while it is in cache
-        srows = np.empty((workers, n))
+        # one row per item: the second pass while the row is in cache
         for wk in prange(workers):
-            srow = srows[wk]
-            e = np.empty(_POOL_TILE)
-            ba = np.empty(_POOL_TILE, np.int64)
+            e = np.empty(T)
+            ba = np.empty(T, np.int64)
+            tshift = np.empty(nt)
             while True:
                 m = fetch_add_one(counter)
                 if m >= M:
                     break
-                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, srow, e, ba, fast)
+                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, out[m], tshift, e, ba, fast)
                 st, lse = _row_status(tot, shift, pos, chk)
                 status[m] = st
                 if st != 0:
                     continue
                 log_z[m] = lse
-                o = out[m]
-                for a in range(n):
-                    o[a] = srow[a] - lse
+                _finish_part(out[m], tshift, lse, 0, n, T)
         return
     # few rows: blocks of the vocabulary, partial sums per block (each shifted by its own maximum), then the
-    # rows' ln Z, then the writes
+    # rows' ln Z, then the second pass
     nb = (n + block - 1) // block
     items = M * nb
-    srows = np.empty((M, n))
+    tshifts = np.empty((M, nt))
     part = np.empty((items, 4))
     for wk in prange(workers):
-        e = np.empty(_POOL_TILE)
-        ba = np.empty(_POOL_TILE, np.int64)
+        e = np.empty(T)
+        ba = np.empty(T, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
                 break
             m = it // nb
             a0 = (it % nb) * block
-            tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), srows[m], e, ba, fast)
+            tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), out[m],
+                                                   tshifts[m, a0 // T:], e, ba, fast)
             part[it, 0] = tot
             part[it, 1] = shift
             part[it, 2] = pos
@@ -221,11 +240,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
             if status[m] != 0:
                 continue
             a0 = (it % nb) * block
-            lse = log_z[m]
-            o = out[m]
-            sr = srows[m]
-            for a in range(a0, min(n, a0 + block)):
-                o[a] = sr[a] - lse
+            _finish_part(out[m], tshifts[m, a0 // T:], log_z[m], a0, min(n, a0 + block), T)
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")

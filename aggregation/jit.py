@@ -91,7 +91,7 @@ def exp_parts(x, bits_a, bits_b):
         kf = np.floor((xi if xi == xi else 0.0) * _LOG2E + 0.5)
         r = (xi - kf * _LN2_HI) - kf * _LN2_LO
         p = horner(EXP_C, r)
-        k = np.int64(kf)
+        k = np.int64(np.int32(kf))                 # via int32 (|k| <= 1076): AVX2 converts to int32 only
         k1 = k >> 1
         bits_a[i] = (k1 + 1023) << 52
         bits_b[i] = (k - k1 + 1023) << 52
@@ -119,7 +119,7 @@ def exp_parts_below(x, shift, bits, coefficients):
         d = d if d > -700.0 else -700.0
         kf = np.floor(d * _LOG2E + 0.5)
         r = (d - kf * _LN2_HI) - kf * _LN2_LO
-        bits[i] = (np.int64(kf) + 1023) << 52
+        bits[i] = (np.int64(np.int32(kf)) + 1023) << 52      # via int32: AVX2 converts 4 lanes to int32, not to int64
         x[i] = horner(coefficients, r)
 
 

@@ -294,6 +294,26 @@ def test_bad_rows_are_flagged_in_every_mode(M, workers, block, dtype):
         ag.log_geometric_pool(np.delete(lp, [1, 2], axis=1), [0.5, 0.5])
 
 
+@pytest.mark.parametrize("M, workers, block", [(8, 2, 0), (1, 2, 64), (1, 2, 100)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_support_that_starts_tiles_late_keeps_its_minus_infinities(M, workers, block, dtype):
+    """The first 200 tokens (three whole tiles of 64 and part of a fourth) are -inf under one teacher, so the
+    running maximum is still -inf there: those tokens stay -inf (not NaN) and the rest is within the stated
+    bound, whether a row is one work item or split into blocks."""
+    rng = np.random.default_rng(3)
+    lp64 = np.log(rng.dirichlet(np.ones(300), size=(2, M)))
+    lp64[0, :, :200] = -np.inf
+    lp = lp64.astype(dtype)
+    out, log_z, status = np.empty((M, 300), dtype), np.empty(M), np.empty(M, np.int8)
+    _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, workers, block)
+    assert not status.any()
+    ref, s, lz = reference_geometric(lp, np.array([0.5, 0.5]))
+    assert np.all(out[:, :200] == -np.inf)
+    err = np.abs(out[:, 200:].astype(LONG) - ref[:, 200:])
+    fast = 1e-8 * (lz - s.max(axis=-1, keepdims=True)) if dtype == np.float32 else 0 * lz
+    assert np.all(err <= error_bound(ref[:, 200:], dtype, np.abs(s[:, 200:]) + np.abs(lz) + 1, 300) + fast)
+
+
 def test_underflowing_row_is_shifted_in_split_mode():
     """Every s below -745 (exp(s) is 0 in float64): the sums are shifted by each block's maximum, and ln Z is
     right to its stated bound (the float32 pool's fast terms: 1e-8 (ln Z - max s), here 3.7e-9)."""
