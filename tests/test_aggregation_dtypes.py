@@ -156,6 +156,20 @@ def error_bound(ref, dtype, scale, terms):
     return np.spacing(np.abs(ref).astype(dtype)).astype(LONG) + (8 + terms) * U64 * scale
 
 
+def assert_within_geometric_bound(out, lp, w):
+    """out of the geometric pool of lp against the extended-precision reference: the same finite places, and the
+    docstring's bound at them. Returns (ln Z, the float32 fast terms' extra error), both (M, 1)."""
+    ref, s, lz = reference_geometric(lp, w)
+    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
+    fin = np.isfinite(ref)
+    err = np.abs(out.astype(LONG)[fin] - ref[fin])
+    scale = (np.abs(s) + np.abs(lz) + 1)[fin]
+    # a float32 out: the sum of exps takes the fast terms (1e-8 relative), 1e-8 (ln Z - max s) more in out and ln Z
+    fast = 1e-8 * (lz - s.max(axis=-1, keepdims=True)) if out.dtype == np.float32 else 0 * lz
+    assert np.all(err <= error_bound(ref[fin], out.dtype, scale, lp.shape[-1]) + np.broadcast_to(fast, ref.shape)[fin])
+    return lz, fast
+
+
 @settings(max_examples=25, deadline=None)
 @given(teachers(), st.sampled_from([np.float32, np.float64]))
 def test_geometric_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
@@ -165,14 +179,7 @@ def test_geometric_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
     out, log_z, status = np.empty((M, n), dtype), np.empty(M), np.empty(M, np.int8)
     _kernels.log_geometric_pool_kernel(lp, w, out, log_z, status, workers, block)
     assert not status.any()
-    ref, s, lz = reference_geometric(lp, w)
-    np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
-    fin = np.isfinite(ref)
-    err = np.abs(out.astype(LONG)[fin] - ref[fin])
-    scale = (np.abs(s) + np.abs(lz) + 1)[fin]
-    # a float32 out: the sum of exps takes the fast terms (1e-8 relative), 1e-8 (ln Z - max s) more in out and ln Z
-    fast = 1e-8 * (lz - s.max(axis=-1, keepdims=True)) if dtype == np.float32 else 0 * lz
-    assert np.all(err <= error_bound(ref[fin], dtype, scale, n) + np.broadcast_to(fast, ref.shape)[fin])
+    lz, fast = assert_within_geometric_bound(out, lp, w)
     assert np.all(np.abs(log_z - lz[:, 0]) <= (8 + n) * U64 * (np.abs(lz[:, 0]) + 1) + fast[:, 0])
 
 
@@ -307,11 +314,8 @@ def test_a_support_that_starts_tiles_late_keeps_its_minus_infinities(M, workers,
     out, log_z, status = np.empty((M, 300), dtype), np.empty(M), np.empty(M, np.int8)
     _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, workers, block)
     assert not status.any()
-    ref, s, lz = reference_geometric(lp, np.array([0.5, 0.5]))
     assert np.all(out[:, :200] == -np.inf)
-    err = np.abs(out[:, 200:].astype(LONG) - ref[:, 200:])
-    fast = 1e-8 * (lz - s.max(axis=-1, keepdims=True)) if dtype == np.float32 else 0 * lz
-    assert np.all(err <= error_bound(ref[:, 200:], dtype, np.abs(s[:, 200:]) + np.abs(lz) + 1, 300) + fast)
+    assert_within_geometric_bound(out, lp, np.array([0.5, 0.5]))
 
 
 def test_underflowing_row_is_shifted_in_split_mode():

@@ -40,19 +40,22 @@ def test_tests_of_one_xdist_group_run_on_one_worker(tmp_path):
     assert {suffix for _, suffix in grouped} == {"@server"}, r.stdout
 
 
+def skip_unless_loadgroup(request):
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
+        pytest.skip("not a `-n N --dist loadgroup` run")
+
+
 @pytest.mark.parametrize("experiment", ["tiers-probe"])
 def test_a_group_given_by_the_conftest_reaches_the_test_id(request, experiment):
     """The groups conftest gives at collection (a sim's name, here a parameter named ``experiment``) are in the
     test ids that xdist schedules by: otherwise each worker would run the same quick sim."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
-        pytest.skip("not a `-n N --dist loadgroup` run")
+    skip_unless_loadgroup(request)
     assert request.node.nodeid.endswith("@tiers-probe"), request.node.nodeid
 
 
 def test_this_run_keeps_its_groups(request):
     """Under ``--dist loadgroup`` (as ``make test`` runs), a test of this module's own group has it in its id."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
-        pytest.skip("not a `-n N --dist loadgroup` run")
+    skip_unless_loadgroup(request)
     assert request.node.nodeid.endswith("@tiers"), request.node.nodeid
 
 
