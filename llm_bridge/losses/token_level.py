@@ -141,11 +141,17 @@ def _kernel(problem, kind, beta):
         return A, neg_entropy, r
 
     def metrics_of(A, neg_entropy, r):
-        """The metrics, A overwritten (A ln A, then e^r) and r kept. r <= 0 (a weighted sum of log-probabilities),
-        so e^r <= 1 needs no max shift (two passes fewer); a row whose sum of e^r is below 1e-30 (its largest
-        term then near float32's subnormals, or every r = -inf) is summed again shifted by its maximum."""
-        a_log_a = torch.xlogy(A, A, out=A).sum(-1)                     # 0 log 0 = 0
-        lse = torch.exp(r, out=A).sum(-1)
+        """The metrics; A and r kept. sum A ln A as a dot product with ln A (torch's xlogy took about 3x the time
+        of log and dot on a CPU chunk, benchmarks/bench_metric_terms.py); a row with a zero in A (every teacher's p = 0
+        there: 0 x -inf = NaN) is summed again with xlogy (0 log 0 = 0). r <= 0 (a weighted sum of
+        log-probabilities), so e^r <= 1 needs no max shift (two passes fewer); a row whose sum of e^r is below
+        1e-30 (its largest term then near float32's subnormals, or every r = -inf) is summed again shifted."""
+        buf = torch.log(A)
+        a_log_a = _dot(A, buf)
+        zero = ~torch.isfinite(a_log_a)
+        if bool(zero.any()):
+            a_log_a[zero] = torch.xlogy(A[zero], A[zero]).sum(-1)
+        lse = torch.exp(r, out=buf).sum(-1)
         low = lse < 1e-30
         lse.log_()
         if bool(low.any()):
@@ -238,7 +244,7 @@ def forward_kl(student_logits, teacher_logits, weights, mask=None, *, student_te
     ``tail`` is the treatment of top-k teachers outside their k tokens (see :data:`TAILS` and docs/losses.md,
     "Top-k teachers").
     ``chunk_size``: positions per chunk (default about 512K logits per buffer on a CPU, 2M elsewhere); ``metrics=False`` skips
-    the per-position metrics (a sixth to two fifths of the time: benchmarks/README.md).
+    the per-position metrics (a tenth to three tenths of the time: benchmarks/README.md).
 
     ``mask`` (B, T): 0 / 1 only (bool, integer or float; anything else is a ValueError; from labels with
     -100 use :func:`mask_from_labels`). ``reduction``: ``"mean"`` over the kept positions (TRL's
