@@ -397,11 +397,15 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, tiny, n_workers):
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
-def linear_recursion_kernel(weight, transitions, tiny, horizon, out, n_workers):
+def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_workers):
     """Backward recursion for ln Z in linear space   (theory section 2).
 
     Z_h(s) = sum_a weight[s, a] Z_{h+1}(t(s, a)), Z_H = 1, Z = 1 after an end. weight = exp(r): (S, n);
     transitions: (S, n) int32 with S standing for "ended"; out: (H + 1, S) <- ln Z.
+    ends (S,) bool: every token of state s ends (a prefix tree's leaves, most of its states). Such a state's
+    value is its row sum times the (scaled) value of an end at every step: the row is summed at the first
+    step only (the end's value is 1 there, so the sum is the same loop) and then multiplied, one rounding
+    apart from the loop (the same bound).
     One parallel region for all steps: the states are cut into items of ~2^14 (state, token) pairs, each
     step's items are taken from an atomic counter, and a worker starts step h - 1 once every item of step h
     is done (it waits on the items, never on another worker, so a worker whose core is busy holds up at
@@ -428,6 +432,7 @@ def linear_recursion_kernel(weight, transitions, tiny, horizon, out, n_workers):
     done = np.zeros(horizon + 1, np.int64)
     done[horizon] = items
     bad = np.zeros(1, np.int64)
+    row_sum = np.empty(S)
     for wk in prange(max(1, min(n_workers, items))):
         ls = 0.0
         for h in range(horizon - 1, -1, -1):
@@ -457,9 +462,13 @@ def linear_recursion_kernel(weight, transitions, tiny, horizon, out, n_workers):
                 mx = 0.0
                 ok = end < 1e280
                 for s in range(it * rows, min(S, (it + 1) * rows)):
-                    acc = 0.0
-                    for a in range(n):
-                        acc += weight[s, a] * zn[transitions[s, a]]
+                    if ends[s] and h < horizon - 1:
+                        acc = row_sum[s] * zn[S]
+                    else:
+                        acc = 0.0
+                        for a in range(n):
+                            acc += weight[s, a] * zn[transitions[s, a]]
+                        row_sum[s] = acc              # read only where ends[s], from the first step on (zn = 1)
                     v = acc * inv
                     z[h, s] = v
                     mx = max(mx, v)
@@ -509,8 +518,8 @@ def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
     """The linear-space recursion from a reward table r (S, n) and next_state with -1 for an end:
     ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
     tiny = (np.isfinite(reward) & (reward < _LN_DBL_MIN)).sum(axis=1).astype(np.int64)
-    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), tiny, horizon, out,
-                                   get_num_threads())
+    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), (next_state < 0).all(axis=1), tiny,
+                                   horizon, out, get_num_threads())
 
 
 @njit(parallel=True, cache=True)

@@ -348,9 +348,28 @@ def test_one_region_recursion_matches_the_twin_with_many_items(workers, shape, h
     np.testing.assert_array_equal(tiny, (np.isfinite(reward) & (reward < np.log(np.finfo(float).tiny))).sum(1))
     np.testing.assert_allclose(weight, np.exp(reward), rtol=1e-14, atol=0)    # exp within 1 ulp, r to a few
     out = np.empty((horizon + 1, S))
-    assert _kernels.linear_recursion_kernel(weight, t._transitions, tiny, horizon, out, workers)
+    assert _kernels.linear_recursion_kernel(weight, t._transitions, t._ends, tiny, horizon, out, workers)
     np.testing.assert_allclose(out, _reference.sequence_log_partition(t.next_state, reward, horizon),
                                rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 9), st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.2]),
+       st.integers(0, 2**31))
+def test_states_whose_every_token_ends_match_the_twin(workers, horizon, zeros, end, seed):
+    """A prefix tree (most states are leaves, whose every token ends: their row is summed once and then
+    scaled) over several items, horizons below and above its depth, zero weights (states with Z = 0) and
+    ends inside the tree."""
+    from aggregation import examples
+    t = examples.prefix_tree(2, 6, 6, seed, zero_fraction=zeros, end_prob=end)
+    assert t._ends.sum() >= 6 ** 5 and t.S * t.n > 2 * 2 ** 14
+    w = np.array([0.4, 0.6])
+    reward = _reference.pooled_weights(t.log_probs, w)
+    weight, tiny = np.exp(reward), np.zeros(t.S, np.int64)
+    out = np.empty((horizon + 1, t.S))
+    assert _kernels.linear_recursion_kernel(weight, t._transitions, t._ends, tiny, horizon, out, workers)
+    np.testing.assert_allclose(out, _reference.sequence_log_partition(t.next_state, reward, horizon),
+                               rtol=1e-12, atol=1e-12)
 
 
 def test_transitions_are_int32_with_S_for_an_end():
