@@ -396,6 +396,41 @@ def pooled_exp_kernel(log_probs, teachers, weights, weight, tiny, n_workers):
                     out[b0 + i] = e[i]
 
 
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _recursion_item(weight, transitions, ends, tiny, z, row_sum, part_max, item_done, done, bad, h, horizon, it,
+                    items, rows, inv, slack, end):
+    """One item of :func:`linear_recursion_kernel`'s step h: z[h, s] for its states, their maximum, the
+    underflow checks; counted in done[h] by the first worker to finish it."""
+    S, n = weight.shape
+    zn = z[h + 1]
+    mx = 0.0
+    ok = end < 1e280
+    for s in range(it * rows, min(S, (it + 1) * rows)):
+        if ends[s] and h < horizon - 1:
+            acc = row_sum[s] * zn[S]
+        else:
+            acc = 0.0
+            for a in range(n):
+                acc += weight[s, a] * zn[transitions[s, a]]
+            row_sum[s] = acc              # read only where ends[s], from the first step on (zn = 1)
+        v = acc * inv
+        z[h, s] = v
+        mx = max(mx, v)
+        if tiny[s] > 0 and acc < tiny[s] * slack:
+            ok = False
+        elif v == 0.0:
+            for a in range(n):
+                if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
+                    ok = False
+        elif v < 1e-280:
+            ok = False
+    part_max[h, it] = mx
+    if not ok:
+        atomic_add(bad, 0, 1)
+    if atomic_add(item_done, h * items + it, 1) == 0:
+        atomic_add(done, h, 1)
+
+
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
 def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_workers):
     """Backward recursion for ln Z in linear space   (theory section 2).
@@ -408,9 +443,11 @@ def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_wor
     apart from the loop (the same bound).
     One parallel region for all steps: the states are cut into items of ~2^14 (state, token) pairs, each
     step's items are taken from an atomic counter, and a worker starts step h - 1 once every item of step h
-    is done (it waits on the items, never on another worker, so a worker whose core is busy holds up at
-    most the item it has taken). The values of step h are divided by the largest value of step h + 1 (each
-    worker reduces the items' maxima itself) and the logs of the scales are summed.
+    is done (it waits on the items, never on another worker; a worker that finds no item left to take does
+    the items taken but not yet done itself, so that a worker whose core is busy holds up nothing: an item
+    writes the same values whoever does it, and the first to finish it counts it). The values of step h are
+    divided by the largest value of step h + 1 (each worker reduces the items' maxima itself) and the logs of
+    the scales are summed.
     tiny (S,): per state, how many of its weights are below DBL_MIN though their pooled log-weight is finite
     (:func:`pooled_exp_kernel`): each is off by at most DBL_MIN, times a continuation value at most
     max(z_{h+1}), so a state whose value is at least 2^52 times that bound keeps its float64 accuracy
@@ -433,6 +470,7 @@ def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_wor
     done[horizon] = items
     bad = np.zeros(1, np.int64)
     row_sum = np.empty(S)
+    item_done = np.zeros((horizon + 1) * items, np.int64)
     for wk in prange(max(1, min(n_workers, items))):
         ls = 0.0
         for h in range(horizon - 1, -1, -1):
@@ -454,51 +492,40 @@ def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_wor
             end = np.exp(-ls)
             z[h, S] = end
             inv = 1.0 / c
-            zn = z[h + 1]
             while True:
                 it = atomic_add(taken, h, 1)
                 if it >= items:
                     break
-                mx = 0.0
-                ok = end < 1e280
-                for s in range(it * rows, min(S, (it + 1) * rows)):
-                    if ends[s] and h < horizon - 1:
-                        acc = row_sum[s] * zn[S]
-                    else:
-                        acc = 0.0
-                        for a in range(n):
-                            acc += weight[s, a] * zn[transitions[s, a]]
-                        row_sum[s] = acc              # read only where ends[s], from the first step on (zn = 1)
-                    v = acc * inv
-                    z[h, s] = v
-                    mx = max(mx, v)
-                    if tiny[s] > 0 and acc < tiny[s] * slack:
-                        ok = False
-                    elif v == 0.0:
-                        for a in range(n):
-                            if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
-                                ok = False
-                    elif v < 1e-280:
-                        ok = False
-                part_max[h, it] = mx
-                if not ok:
-                    atomic_add(bad, 0, 1)
-                atomic_add(done, h, 1)
+                _recursion_item(weight, transitions, ends, tiny, z, row_sum, part_max, item_done, done, bad, h,
+                                horizon, it, items, rows, inv, slack, end)
+            # items taken by a worker that has not finished them (its core may be busy): done here too, the
+            # same values written twice, so that no step waits for a thread the OS has set aside
+            if atomic_add(done, h, 0) < items:
+                for it in range(items):
+                    if atomic_add(item_done, h * items + it, 0) == 0:
+                        _recursion_item(weight, transitions, ends, tiny, z, row_sum, part_max, item_done, done, bad,
+                                        h, horizon, it, items, rows, inv, slack, end)
     # read through the atomic: numba does not see the intrinsic write to ``bad`` and would fold a plain
     # read of the freshly zeroed array to 0
     if atomic_add(bad, 0, 0) != 0:
         return False
-    for h in prange(horizon + 1):
+    nt = (S + _TILE - 1) // _TILE
+    counter = np.zeros(1, np.int64)
+    for wk in prange(max(1, min(n_workers, (horizon + 1) * nt))):      # tiles from a queue, as the steps
         e = np.empty(_TILE)
         bits = np.empty(_TILE, np.int64)
-        ls = log_scale[h]
-        for a0 in range(0, S, _TILE):
+        while True:
+            it = fetch_add_one(counter)
+            if it >= (horizon + 1) * nt:
+                break
+            h = it // nt
+            a0 = (it % nt) * _TILE
             t = min(_TILE, S - a0)
             for i in range(t):
                 e[i] = z[h, a0 + i]
             log_inplace(e[:t], bits[:t])          # ln 0 = -inf
             for i in range(t):
-                out[h, a0 + i] = e[i] + ls
+                out[h, a0 + i] = e[i] + log_scale[h]
     return True
 
 
