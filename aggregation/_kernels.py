@@ -411,7 +411,7 @@ def _recursion_item(weight, transitions, ends, tiny, z, row_sum, part_max, item_
         else:
             acc = 0.0
             for a in range(n):
-                acc += weight[s, a] * zn[transitions[s, a]]
+                acc += weight[s, a] * zn[np.uint32(transitions[s, a])]    # unsigned: no wraparound code
             row_sum[s] = acc              # read only where ends[s], from the first step on (zn = 1)
         v = acc * inv
         z[h, s] = v
