@@ -283,15 +283,49 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba):
     return pos, chk
 
 
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, d, ba):
+    """sm[:t] <- ln sum_k w_k exp(x_k) over log_probs[:, m, a0:a0 + t] in linear space: K exps of
+    log-probabilities (arguments <= 0: no overflow, no maximum to track) and one log an entry. Returns
+    (sum of max(x, 0), sum of x, the least sum): a tile whose least sum is below 1e-280 (every x_k there
+    below about -645, or -inf) is for :func:`_mixture_tile` (``exp_parts_below`` takes an argument below
+    -700 as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
+    K = log_probs.shape[0]
+    pos = 0.0
+    chk = 0.0
+    fb = ba[:t].view(np.float64)
+    for i in range(t):
+        sm[i] = 0.0
+    for k in range(K):
+        wk = weights[k]
+        xs = log_probs[k, m, a0:a0 + t]
+        for i in range(t):
+            x = np.float64(xs[i])
+            pos += max(x, 0.0)
+            chk += x
+            d[i] = x
+        exp_parts_below(d[:t], 0.0, ba[:t], EXP_C)
+        for i in range(t):
+            sm[i] += wk * (d[i] * fb[i])
+    low = np.inf
+    for i in range(t):
+        low = min(low, sm[i])
+    log_inplace(sm[:t], ba[:t])
+    return pos, chk, low
+
+
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
 def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, block=0):
     """out[m, a] = logsumexp_k (ln w_k + log_probs[k, m, a])   (theory section 1).
 
     log_probs: (K, M, n) float32 or float64, log_weights: (K,) float64 finite, out: (M, n) of the input's
     dtype (or float64), status: (M,) int8 (1 = entry > 0 or NaN). Elementwise over (m, a), so the items are
-    blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; K - 1 exps and one
-    log per entry, in float64 tiles.
-    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1).
+    blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; in float64 tiles,
+    from K = 3 on in linear space (K exps and one log an entry, :func:`_mixture_tile_linear`), at K <= 2 and
+    for a tile with a sum below 1e-280 with a streaming maximum (K - 1 exps, :func:`_mixture_tile`).
+    Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1)
+    (linear space: each term within 2 float64 roundings and an exp's ulp, the sum within K - 1 more, the log
+    within one: (K + 5) 2^-53 absolute).
     """
     K, M, n = log_probs.shape
     workers = max(1, min(n_workers, M * n))
@@ -301,6 +335,7 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     items = M * nb
     flags = np.zeros(items, np.int8)
     counter = np.zeros(1, np.int64)
+    weights = np.exp(log_weights)
     for wk in prange(workers):
         mx = np.empty(_POOL_TILE)
         sm = np.empty(_POOL_TILE)
@@ -316,11 +351,17 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
             o = out[m]
             for b0 in range(a0, a1, _POOL_TILE):
                 t = min(_POOL_TILE, a1 - b0)
-                pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba)
+                pos, chk, low = 0.0, 0.0, 0.0
+                if K >= 3:     # K exps an entry; at K = 2 one exp and the maximum's bookkeeping cost less
+                    pos, chk, low = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, d, ba)
+                if low < 1e-280:
+                    pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba)
+                    for i in range(t):
+                        sm[i] += mx[i]
                 if not (pos == 0.0) or chk != chk:
                     flags[it] = 1
                 for i in range(t):
-                    o[b0 + i] = mx[i] + sm[i]
+                    o[b0 + i] = sm[i]
     for m in range(M):
         st = 0
         for it in range(m * nb, (m + 1) * nb):

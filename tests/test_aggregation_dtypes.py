@@ -200,6 +200,25 @@ def test_arithmetic_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
     assert np.all(err <= error_bound(ref[fin], dtype, scale, K))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_arithmetic_pool_below_the_linear_range_keeps_its_bound(dtype):
+    """The mixture sums exps in linear space and redoes, with a running maximum, a tile whose least sum is
+    below 1e-280; entries whose largest log-probability is near and below that (-600 to -1e4, others up
+    to 100 lower: in linear space e^-700 would stand in for each smaller term) stay within the bound."""
+    top = np.array([-600.0, -640.0, -650.0, -660.0, -675.0, -690.0, -699.0, -720.0, -800.0, -1e4])
+    lower = np.array([0.0, 0.5, 3.0, 20.0, 60.0, 100.0])
+    grid = (top[:, None] - lower[None, :]).ravel()
+    lp64 = np.full((3, 1, 64 * grid.size), -1.0)            # each case alone in a tile of 64 entries
+    lp64[:, 0, ::64] = np.stack([grid, np.roll(grid, 1), np.roll(grid, 7)])
+    lp = lp64.astype(dtype)
+    w = np.array([0.5, 0.3, 0.2])
+    out, status = np.empty(lp.shape[1:], dtype), np.empty(1, np.int8)
+    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, 2, 0)
+    ref = reference_arithmetic(lp, w)
+    err = np.abs(out.astype(LONG) - ref)
+    assert np.all(err <= error_bound(ref, dtype, np.abs(lp).max(axis=0).astype(LONG) + 1, 3))
+
+
 def test_float32_pools_are_more_accurate_than_float32_arithmetic():
     """The bound is not vacuous: a token of probability 1 - 1e-6 (ln G ~ -1e-6, ulp 1e-13) under
     teachers whose s is ~ -9 elsewhere is only right to 1 ulp if s - ln Z is taken in float64."""
