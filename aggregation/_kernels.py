@@ -10,8 +10,8 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import (EXP_C, atomic_add, exp_inplace, exp_parts_below, exp_sum_below, fetch_add_one, log_inplace,
-                  soft_value, yield_cpu)
+from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_inplace, fetch_add_one, ln, log_inplace, soft_value,
+                  yield_cpu)
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -27,8 +27,7 @@ def exp_kernel(x):
 def log_kernel(x):
     """Vectorised ln of a 1-D array (the building block, exposed for its accuracy test)."""
     out = x.copy()
-    b = np.empty(x.shape[0], np.int64)
-    log_inplace(out, b)
+    log_inplace(out)
     return out
 
 
@@ -52,10 +51,11 @@ def log_kernel(x):
 # The geometric pool's sum of exps is shifted by the row's maximum (a running maximum, tile by tile), so its
 # largest term is exactly 1 and every other term's error counts relative to Z e^-max - 1 = e^(ln Z - max s) - 1.
 # That is what lets a float32 result take cheaper terms: a degree-7 exp, each term within 1e-8 of itself
-# (``jit.exp_sum_below``), moves ln Z and out by at most 1e-8 (ln Z - max s), a sixth of a float32 ulp of the
-# most probable token's log-probability -(ln Z - max s) and less of every other; without the shift it would
-# be 1e-8 absolute, thousands of ulps near 0. float64 results keep the exact terms. The mixture keeps them
-# for both dtypes: its log-probability near 0 is a cancellation mx + ln sm of two numbers of size ln w.
+# (``jit.exp_below`` with ``EXP7_C``), moves ln Z and out by at most 1e-8 (ln Z - max s), a sixth of a float32
+# ulp of the most probable token's log-probability -(ln Z - max s) and less of every other; without the shift
+# it would be 1e-8 absolute, thousands of ulps near 0. float64 results keep the exact terms. The float32
+# mixture in linear space takes the degree-7 terms too, where that 1e-8 absolute is a sixth of an ulp: an
+# output below -ln 2; a tile with an output above it is redone with the exact terms (at most one token a row).
 # Bandwidth: 4 bytes a value read and written for float32, as the data.
 #
 # Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
@@ -99,7 +99,7 @@ def _pooled_tile(log_probs, weights, m, a0, t, e):
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _geometric_part(log_probs, weights, m, a0, a1, orow, tshift, e, ba, fast):
+def _geometric_part(log_probs, weights, m, a0, a1, orow, tshift, e, fast):
     """s = sum_k w_k log_probs[k, m, a0:a1] in one pass, tile by tile, with the sum of exp(s) shifted by the
     running maximum (a tile whose maximum is larger rescales the sum so far). Each tile is written to
     orow[a0:a1] (the output row) as s - shift, with the shift it used in tshift[j] (j: the tile's index from
@@ -118,14 +118,26 @@ def _geometric_part(log_probs, weights, m, a0, a1, orow, tshift, e, ba, fast):
         if top > shift:
             tot *= np.exp(shift - top)                 # 0 while shift is -inf
             shift = top
-        ts = shift if shift > -np.inf else 0.0
-        tshift[j] = ts
         o = orow[b0:b0 + t]
-        for i in range(t):
-            o[i] = e[i] - ts
-        if shift > -np.inf:
-            tot += exp_sum_below(e[:t], shift, ba[:t], fast)
+        if shift == -np.inf:
+            tshift[j] = 0.0
+            for i in range(t):
+                o[i] = e[i]
+        else:
+            tshift[j] = shift
+            tot += _shifted_out(e[:t], shift, o, EXP7_C) if fast else _shifted_out(e[:t], shift, o, EXP_C)
     return tot, shift, pos, chk
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _shifted_out(e, shift, o, coefficients):
+    """o[i] = e[i] - shift (e[i] <= shift), returning sum_i exp(e[i] - shift) (``jit.exp_below``'s terms)."""
+    tot = 0.0
+    for i in range(e.shape[0]):
+        d = e[i] - shift
+        o[i] = d
+        tot += exp_below(d, coefficients)
+    return tot
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
@@ -179,13 +191,12 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
         # one row per item: the second pass while the row is in cache
         for wk in prange(workers):
             e = np.empty(T)
-            ba = np.empty(T, np.int64)
             tshift = np.empty(nt)
             while True:
                 m = fetch_add_one(counter)
                 if m >= M:
                     break
-                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, out[m], tshift, e, ba, fast)
+                tot, shift, pos, chk = _geometric_part(log_probs, weights, m, 0, n, out[m], tshift, e, fast)
                 st, lse = _row_status(tot, shift, pos, chk)
                 status[m] = st
                 if st != 0:
@@ -201,7 +212,6 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
     part = np.empty((items, 4))
     for wk in prange(workers):
         e = np.empty(T)
-        ba = np.empty(T, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
@@ -209,7 +219,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
             m = it // nb
             a0 = (it % nb) * block
             tot, shift, pos, chk = _geometric_part(log_probs, weights, m, a0, min(n, a0 + block), out[m],
-                                                   tshifts[m, a0 // T:], e, ba, fast)
+                                                   tshifts[m, a0 // T:], e, fast)
             part[it, 0] = tot
             part[it, 1] = shift
             part[it, 2] = pos
@@ -244,20 +254,18 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba):
-    """mx[:t], sm[:t] with logsumexp_k (ln w_k + x_k) = mx + ln sm over log_probs[:, m, a0:a0 + t]:
-    a streaming logsumexp over k keeps (max, sum), so the first teacher costs no exp and each later
-    one a single exp(-|d|). Returns (sum of max(x, 0), sum of x) (the bad-input flags). Rows are read as
-    1-D slices (an index into the 3-D array makes LLVM gather)."""
+def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, o):
+    """o[:t] <- logsumexp_k (ln w_k + x_k) = mx + ln sm over log_probs[:, m, a0:a0 + t]: a streaming logsumexp
+    over k keeps (max, sum), so the first teacher costs no exp and each later one a single exp(-|d|).
+    Returns the number of inputs that are > 0 or NaN. Rows are read as 1-D slices (an index into the 3-D
+    array makes LLVM gather)."""
     K = log_probs.shape[0]
-    pos = 0.0
-    chk = 0.0     # NaN iff some entry is NaN (entries are <= 0 once pos == 0)
+    bad = 0.0
     lw = log_weights[0]
     xs = log_probs[0, m, a0:a0 + t]
     for i in range(t):
         x = np.float64(xs[i])
-        pos += max(x, 0.0)
-        chk += x
+        bad += 0.0 if x <= 0.0 else 1.0
         mx[i] = lw + x
         sm[i] = 1.0
     for k in range(1, K):
@@ -265,53 +273,51 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, d, ba):
         xs = log_probs[k, m, a0:a0 + t]
         for i in range(t):
             x = np.float64(xs[i])
-            pos += max(x, 0.0)
-            chk += x
-            diff = (lw + x) - mx[i]
-            # both -inf: diff is NaN and the term is 0
-            d[i] = -abs(diff) if diff == diff else -np.inf
-        exp_parts_below(d[:t], 0.0, ba[:t], EXP_C)
-        fb = ba[:t].view(np.float64)
-        for i in range(t):
-            tk = lw + np.float64(xs[i])
+            bad += 0.0 if x <= 0.0 else 1.0
+            tk = lw + x
+            diff = tk - mx[i]
+            # both -inf: diff is NaN and the term is 0 (e^-700)
+            di = exp_below(-abs(diff) if diff == diff else -np.inf, EXP_C)
             up = tk > mx[i]
-            di = d[i] * fb[i]
             sm[i] = sm[i] * di + 1.0 if up else sm[i] + di
             mx[i] = tk if up else mx[i]
-    # sm >= 1
-    log_inplace(sm[:t], ba[:t])
-    return pos, chk
+    for i in range(t):
+        o[i] = mx[i] + ln(sm[i])      # sm >= 1
+    return bad
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, d, ba):
-    """sm[:t] <- ln sum_k w_k exp(x_k) over log_probs[:, m, a0:a0 + t] in linear space: K exps of
-    log-probabilities (arguments <= 0: no overflow, no maximum to track) and one log an entry. Returns
-    (sum of max(x, 0), sum of x, the least sum): a tile whose least sum is below 1e-280 (every x_k there
-    below about -645, or -inf) is for :func:`_mixture_tile` (``exp_parts_below`` takes an argument below
-    -700 as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
+def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
+    """o[:t] <- ln sum_k w_k exp(x_k) over log_probs[:, m, a0:a0 + t] in linear space: K exps of
+    log-probabilities (arguments <= 0: no overflow, no maximum to track) and one log an entry, with
+    ``jit.exp_below``'s terms of the given coefficients. Returns (the number of inputs that are > 0 or NaN,
+    the least sum, the largest sum); o is written only when the least sum is at least 1e-280: below (every x_k there below
+    about -645, or -inf) the tile is for :func:`_mixture_tile` (``exp_below`` takes an argument below -700
+    as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
     K = log_probs.shape[0]
-    pos = 0.0
-    chk = 0.0
-    fb = ba[:t].view(np.float64)
+    bad = 0.0
+    wk = weights[0]
+    xs = log_probs[0, m, a0:a0 + t]
     for i in range(t):
-        sm[i] = 0.0
-    for k in range(K):
+        x = np.float64(xs[i])
+        bad += 0.0 if x <= 0.0 else 1.0
+        sm[i] = wk * exp_below(x, coefficients)
+    for k in range(1, K):
         wk = weights[k]
         xs = log_probs[k, m, a0:a0 + t]
         for i in range(t):
             x = np.float64(xs[i])
-            pos += max(x, 0.0)
-            chk += x
-            d[i] = x
-        exp_parts_below(d[:t], 0.0, ba[:t], EXP_C)
-        for i in range(t):
-            sm[i] += wk * (d[i] * fb[i])
+            bad += 0.0 if x <= 0.0 else 1.0
+            sm[i] += wk * exp_below(x, coefficients)
     low = np.inf
+    high = 0.0
     for i in range(t):
         low = min(low, sm[i])
-    log_inplace(sm[:t], ba[:t])
-    return pos, chk, low
+        high = max(high, sm[i])
+    if low >= 1e-280:
+        for i in range(t):
+            o[i] = ln(sm[i])
+    return bad, low, high
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
@@ -320,9 +326,14 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
 
     log_probs: (K, M, n) float32 or float64, log_weights: (K,) float64 finite, out: (M, n) of the input's
     dtype (or float64), status: (M,) int8 (1 = entry > 0 or NaN). Elementwise over (m, a), so the items are
-    blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; in float64 tiles,
-    from K = 3 on in linear space (K exps and one log an entry, :func:`_mixture_tile_linear`), at K <= 2 and
-    for a tile with a sum below 1e-280 with a streaming maximum (K - 1 exps, :func:`_mixture_tile`).
+    blocks of ``block`` entries (0: 4096) of every row, taken by ``n_workers`` workers; in float64 tiles in
+    linear space (K exps and one log an entry, :func:`_mixture_tile_linear`: at K = 2 too, where it costs less
+    than one exp and a running maximum's bookkeeping), a tile with a sum below 1e-280 redone with a streaming
+    maximum (K - 1 exps, :func:`_mixture_tile`).
+    A float32 out takes the linear tile's degree-7 terms (``jit.EXP7_C``: each within 1e-8 of itself, so
+    ln of their sum within 1e-8 absolute: a sixth of a float32 ulp where out <= -ln 2), and a tile with an entry
+    above -ln 2 (a sum above 1/2: at most one token a row has mixture probability above 1/2) is redone
+    with the exact terms.
     Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1)
     (linear space: each term within 2 float64 roundings and an exp's ulp, the sum within K - 1 more, the log
     within one: (K + 5) 2^-53 absolute).
@@ -336,11 +347,10 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     flags = np.zeros(items, np.int8)
     counter = np.zeros(1, np.int64)
     weights = np.exp(log_weights)
+    fast = out.itemsize == 4
     for wk in prange(workers):
         mx = np.empty(_POOL_TILE)
         sm = np.empty(_POOL_TILE)
-        d = np.empty(_POOL_TILE)
-        ba = np.empty(_POOL_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
@@ -348,20 +358,18 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
             m = it // nb
             a0 = (it % nb) * block
             a1 = min(n, a0 + block)
-            o = out[m]
             for b0 in range(a0, a1, _POOL_TILE):
                 t = min(_POOL_TILE, a1 - b0)
-                pos, chk, low = 0.0, 0.0, 0.0
-                if K >= 3:     # K exps an entry; at K = 2 one exp and the maximum's bookkeeping cost less
-                    pos, chk, low = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, d, ba)
+                o = out[m, b0:b0 + t]
+                bad, low, high = 0.0, 0.0, 0.0
+                if fast:
+                    bad, low, high = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, o, EXP7_C)
+                if not fast or (high > 0.5 and low >= 1e-280):
+                    bad, low, high = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, o, EXP_C)
                 if low < 1e-280:
-                    pos, chk = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, d, ba)
-                    for i in range(t):
-                        sm[i] += mx[i]
-                if not (pos == 0.0) or chk != chk:
+                    bad = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, o)
+                if bad > 0.0:
                     flags[it] = 1
-                for i in range(t):
-                    o[b0 + i] = sm[i]
     for m in range(M):
         st = 0
         for it in range(m * nb, (m + 1) * nb):
@@ -553,20 +561,17 @@ def linear_recursion_kernel(weight, transitions, ends, tiny, horizon, out, n_wor
     nt = (S + _TILE - 1) // _TILE
     counter = np.zeros(1, np.int64)
     for wk in prange(max(1, min(n_workers, (horizon + 1) * nt))):      # tiles from a queue, as the steps
-        e = np.empty(_TILE)
-        bits = np.empty(_TILE, np.int64)
         while True:
             it = fetch_add_one(counter)
             if it >= (horizon + 1) * nt:
                 break
             h = it // nt
             a0 = (it % nt) * _TILE
-            t = min(_TILE, S - a0)
-            for i in range(t):
-                e[i] = z[h, a0 + i]
-            log_inplace(e[:t], bits[:t])          # ln 0 = -inf
-            for i in range(t):
-                out[h, a0 + i] = e[i] + log_scale[h]
+            ls = log_scale[h]
+            zh = z[h, a0:min(S, a0 + _TILE)]
+            oh = out[h, a0:min(S, a0 + _TILE)]
+            for i in range(zh.shape[0]):
+                oh[i] = ln(zh[i]) + ls          # ln 0 = -inf
     return True
 
 

@@ -6,8 +6,10 @@ call them only from ``@njit`` code. No validation: plain contiguous arrays in, a
 Vectorised exp and log
 ----------------------
 numba's ``math.exp`` / ``math.log`` are scalar calls here (no SVML), and every pool is bound by them.
-``exp_inplace`` and ``log_inplace`` are branch-free loops that LLVM vectorises: a range reduction plus a
-polynomial, with the power of two assembled (exp) or taken apart (log) in an int64 buffer viewed as float64.
+``exp_below`` (an argument <= 0) and ``ln`` are branch-free scalars that LLVM vectorises in the loop that
+calls them, fused with that loop's other work: a range reduction plus a polynomial, with the power of two
+assembled (exp) or taken apart (log) by a bit cast (``float_of_bits`` / ``bits_of_float``). ``exp_inplace``
+(the whole range, subnormal results included) is a loop with the power of two in two int64 buffers.
 They are compiled with ``error_model="numpy"``: numba's default ("python") wraps every float division
 in a ZeroDivisionError branch, which keeps LLVM from vectorising the loop (a scalar log at ~5 ns a
 value instead of ~1 ns). Kernels that inline them should use ``error_model="numpy"`` too. Both work in
@@ -51,6 +53,47 @@ EXP_C = (
     0.008333333333333333, 0.041666666666666664, 0.16666666666666666, 0.5,
     1.0, 1.0,
 )
+
+
+def float_of_bits(bits):
+    """The float64 whose bit pattern is the int64 ``bits``: in compiled code a bit cast (a register move that
+    LLVM vectorises with the loop around it, no buffer to view); NumPy under NUMBA_DISABLE_JIT=1."""
+    return np.int64(bits).view(np.float64)
+
+
+def bits_of_float(x):
+    """The int64 bit pattern of the float64 ``x`` (``float_of_bits`` the other way)."""
+    return np.float64(x).view(np.int64)
+
+
+def _bit_cast(typingctx, value, source, target, llvm_type):
+    if value != source:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], llvm_type)
+
+    return target(value), codegen
+
+
+@intrinsic
+def _float_of_bits(typingctx, bits):
+    return _bit_cast(typingctx, bits, types.int64, types.float64, llvm_ir.DoubleType())
+
+
+@intrinsic
+def _bits_of_float(typingctx, x):
+    return _bit_cast(typingctx, x, types.float64, types.int64, llvm_ir.IntType(64))
+
+
+@overload(float_of_bits)
+def _float_of_bits_jit(bits):
+    return lambda bits: _float_of_bits(np.int64(bits))
+
+
+@overload(bits_of_float)
+def _bits_of_float_jit(x):
+    return lambda x: _bits_of_float(np.float64(x))
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
@@ -104,42 +147,38 @@ EXP7_C = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
-def exp_parts_below(x, shift, bits, coefficients):
-    """The terms of a max-shifted sum, in two parts: for d = x[i] - shift <= 0, x[i] <- P(r) and bits[i] <- the
-    bits of 2^k (d = k ln2 + r), so that exp(d) = x[i] * fb[i] with fb = bits.view(np.float64); one loop that
-    LLVM vectorises, one power of two (``exp_parts`` splits it in two for subnormal results).
-
-    d below -700 (-inf and NaN too) is taken as -700: e^-700 = 1e-304 instead of a smaller term, which a sum
-    of at least 1 (a max-shifted sum has a term 1) cannot tell apart; callers flag NaN themselves.
+def exp_below(d, coefficients):
+    """exp(d) for d <= 0, a scalar that LLVM vectorises in the loop that calls it: d = k ln2 + r, 2^k P(r),
+    the power of two from its bits (``float_of_bits``: no int64 buffer, so the caller's loop stays one loop).
+    One power of two: d below -700 (-inf and NaN too) is taken as -700, e^-700 = 1e-304 instead of a smaller
+    term, which a sum of at least 1 (a max-shifted sum has a term 1) cannot tell apart; callers flag NaN
+    themselves. ``exp_inplace`` is the whole-range exp.
     coefficients: ``EXP_C`` (the exact terms: within 1 ulp of NumPy's exp on [-700, 0]) or ``EXP7_C`` (a
-    degree-7 polynomial, each term within 1e-8 of itself, about half the work).
+    degree-7 polynomial, each term within 1e-8 of itself, about two thirds of the work).
     """
-    for i in range(x.shape[0]):
-        d = x[i] - shift
-        d = d if d > -700.0 else -700.0
-        kf = np.floor(d * _LOG2E + 0.5)
-        r = (d - kf * _LN2_HI) - kf * _LN2_LO
-        bits[i] = (np.int64(np.int32(kf)) + 1023) << 52      # via int32: AVX2 converts 4 lanes to int32, not to int64
-        x[i] = horner(coefficients, r)
+    d = d if d > -700.0 else -700.0
+    kf = np.floor(d * _LOG2E + 0.5)
+    r = (d - kf * _LN2_HI) - kf * _LN2_LO
+    # via int32: AVX2 converts 4 lanes to int32, not to int64
+    return horner(coefficients, r) * float_of_bits((np.int64(np.int32(kf)) + 1023) << 52)
 
 
 @njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
-def exp_sum_below(x, shift, bits, fast):
+def exp_sum_below(x, shift, fast):
     """sum_i exp(x[i] - shift) for x[i] <= shift (a max-shifted sum, so every term is at most 1), with
-    ``exp_parts_below``'s terms; x is used as scratch, bits: int64 scratch of len(x).
+    ``exp_below``'s terms.
 
     fast=False: the exact terms (within 1 ulp of NumPy's exp). fast=True: the degree-7 terms, for results that
     are rounded to float32, where the sum's relative error 1e-8 moves ln of it by at most 1e-8 (ln sum - ln 1)
     - a sixth of a float32 ulp of that log (tests/test_aggregation_dtypes.py).
     """
-    if fast:
-        exp_parts_below(x, shift, bits, EXP7_C)
-    else:
-        exp_parts_below(x, shift, bits, EXP_C)
-    fb = bits.view(np.float64)
     tot = 0.0
-    for i in range(x.shape[0]):
-        tot += x[i] * fb[i]
+    if fast:
+        for i in range(x.shape[0]):
+            tot += exp_below(x[i] - shift, EXP7_C)
+    else:
+        for i in range(x.shape[0]):
+            tot += exp_below(x[i] - shift, EXP_C)
     return tot
 
 
@@ -149,11 +188,11 @@ _LOG_C = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.8183572161618050
           2.857142874366239149e-01, 3.999999999940941908e-01, 6.666666666666735130e-01)
 
 
-@njit(cache=True, fastmath={"contract"}, error_model="numpy")
-def log_inplace(x, bits):
-    """x[i] <- ln x[i] for a 1-D float64 buffer; bits: int64 scratch of len(x) (viewed as float64).
+@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+def ln(xi):
+    """ln xi of a float64, a scalar that LLVM vectorises in the loop that calls it.
 
-    x = 2^e m with m in [sqrt(1/2), sqrt 2); f = m - 1 is exact there, and ln m = f - (h - r (h + R)) with
+    xi = 2^e m with m in [sqrt(1/2), sqrt 2); f = m - 1 is exact there, and ln m = f - (h - r (h + R)) with
     h = f^2 / 2, r = f / (2 + f), |r| < 0.172, and R a degree-7 minimax polynomial in r^2 (the compensated form
     keeps the leading f exact, so the result is accurate near 1 too). The whole range, branch-free: subnormals
     are scaled by 2^54 first, 0 gives -inf, +inf gives inf, a negative number or NaN gives NaN (as np.log).
@@ -162,28 +201,29 @@ def log_inplace(x, bits):
     Accuracy: within 1 ulp of NumPy's log over the whole float64 range and of the exact value (against long
     double; tests/test_aggregation_dtypes.py).
     """
-    m = x.shape[0]
-    fb = bits.view(np.float64)
-    for i in range(m):
-        xi = x[i]
-        sub = xi < _TINY
-        fb[i] = xi * _TWO54 if sub else xi
-        b = bits[i]
-        e = (b >> 52) - (1023 + 54 if sub else 1023)
-        bits[i] = (b & _MANT_MASK) | _EXP_ONE
-        mant = fb[i]
-        big = mant > _SQRT2
-        mant = mant * 0.5 if big else mant
-        ef = np.float64(e + 1) if big else np.float64(e)
-        f = mant - 1.0                                   # exact (Sterbenz)
-        r = f / (2.0 + f)
-        z = r * r
-        hfsq = 0.5 * f * f
-        t = z * horner(_LOG_C, z)
-        v = ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
-        v = -np.inf if xi == 0.0 else v
-        v = np.inf if xi == np.inf else v
-        x[i] = v if xi >= 0.0 else np.nan
+    sub = xi < _TINY
+    b = bits_of_float(xi * _TWO54 if sub else xi)
+    e = (b >> 52) - (1023 + 54 if sub else 1023)
+    mant = float_of_bits((b & _MANT_MASK) | _EXP_ONE)
+    big = mant > _SQRT2
+    mant = mant * 0.5 if big else mant
+    ef = np.float64(e + 1) if big else np.float64(e)
+    f = mant - 1.0                                   # exact (Sterbenz)
+    r = f / (2.0 + f)
+    z = r * r
+    hfsq = 0.5 * f * f
+    t = z * horner(_LOG_C, z)
+    v = ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
+    v = -np.inf if xi == 0.0 else v
+    v = np.inf if xi == np.inf else v
+    return v if xi >= 0.0 else np.nan
+
+
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
+def log_inplace(x):
+    """x[i] <- ln x[i] (``ln``) for a 1-D float64 buffer."""
+    for i in range(x.shape[0]):
+        x[i] = ln(x[i])
 
 
 @njit(cache=True, inline="always")

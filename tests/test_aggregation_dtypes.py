@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 import aggregation as ag
 from aggregation import _kernels, _reference, jit
@@ -50,31 +51,37 @@ def exp7_twin(d):
     return p * 2.0 ** k
 
 
+@njit(error_model="numpy")
+def exp_below_kernel(d, coefficients):
+    out = np.empty_like(d)
+    for i in range(d.shape[0]):
+        out[i] = jit.exp_below(d[i], coefficients)
+    return out
+
+
 def test_fast_shifted_exp_sum_is_within_1e8_of_each_term_and_is_its_twin():
     """``exp_sum_below(fast=True)`` term by term: within 1e-8 of NumPy's exp (relative) on [-700, 0], the
     polynomial's truncation at |r| = ln2 / 2 (7e-9) and nothing else; -inf gives 1e-304; the sum equals the
     NumPy twin's; the exact terms (fast=False) are NumPy's exp to 1 ulp."""
     d = np.concatenate([np.linspace(-700.0, 0.0, 200_001), [-np.inf, -750.0, -0.34657, 0.0]])
-    bits = np.empty(d.size, np.int64)
     for i in range(0, d.size, 997):                           # one term at a time: each term's own error
         chunk = d[i:i + 997]
-        terms = [jit.exp_sum_below(np.array([v]), 0.0, bits[:1], True) for v in chunk[:3]]
+        terms = [jit.exp_sum_below(np.array([v]), 0.0, True) for v in chunk[:3]]
         np.testing.assert_allclose(terms, exp7_twin(chunk[:3]), rtol=1e-15)
-    got = np.array([jit.exp_sum_below(np.array([v]), 0.0, bits[:1], True) for v in d[::50]])
+    got = np.array([jit.exp_sum_below(np.array([v]), 0.0, True) for v in d[::50]])
     with np.errstate(under="ignore"):
         ref = np.exp(np.maximum(d[::50], -700.0))
     rel = np.abs(got - ref) / ref
     assert rel.max() <= 1e-8 and rel.max() > 1e-9                 # the fast terms are not the exact ones
     x = d[:100_000].copy()
-    total = jit.exp_sum_below(x, 0.0, bits[:100_000], True)
+    total = jit.exp_sum_below(x, 0.0, True)
     np.testing.assert_allclose(total, exp7_twin(d[:100_000]).sum(), rtol=1e-13)
     x = d[:100_000] - 3.0
-    exact = jit.exp_sum_below(x, -3.0, bits[:100_000], False)
+    exact = jit.exp_sum_below(x, -3.0, False)
     np.testing.assert_allclose(exact, np.exp(d[:100_000]).sum(), rtol=1e-14)
-    x = d.copy()                                                  # the exact terms one by one
-    jit.exp_parts_below(x, 0.0, bits, jit.EXP_C)
+    terms = exp_below_kernel(d, jit.EXP_C)                        # the exact terms one by one
     with np.errstate(under="ignore"):
-        assert ulps(x * bits.view(np.float64), np.exp(np.maximum(d, -700.0))).max() <= 1.0
+        assert ulps(terms, np.exp(np.maximum(d, -700.0))).max() <= 1.0
 
 
 def test_float32_pools_sum_the_fast_terms_and_float64_pools_the_exact_ones():
@@ -98,6 +105,35 @@ def test_float32_pools_sum_the_fast_terms_and_float64_pools_the_exact_ones():
         assert abs(log_z[0] - want) < 1e-13, dtype
 
 
+def test_float32_mixture_takes_the_fast_terms_where_every_sum_is_at_most_a_half():
+    """A float32 mixture tile of sums <= 1/2 (out <= -ln 2) rounds ln of the fast terms' sum; a tile with a sum
+    above 1/2, where those terms' error is a larger share of |out|, rounds ln of the exact terms' sum. On entries
+    (found with the twins) where the two round to different float32 values, far from a rounding midpoint."""
+    rng = np.random.default_rng(5)
+    w = np.array([0.5, 0.3, 0.2])
+    x = -rng.uniform(0.0, 1.3, (3, 400_000)).astype(np.float32).astype(np.float64)
+    fast = np.log((w[:, None] * exp7_twin(x)).sum(axis=0))
+    exact = np.log((w[:, None].astype(LONG) * np.exp(x.astype(LONG))).sum(axis=0))
+
+    def rounds_clearly(v):                     # more than 1e-3 ulp from the float32 midpoints around v
+        f = v.astype(np.float32)
+        mid = np.abs(v - f.astype(LONG)) / np.spacing(np.abs(f)).astype(LONG)
+        return f, np.abs(mid - 0.5) > 1e-3
+    f_fast, ok_fast = rounds_clearly(fast.astype(LONG))
+    f_exact, ok_exact = rounds_clearly(exact)
+    differ = (f_fast != f_exact) & ok_fast & ok_exact
+    low = np.flatnonzero(differ & (np.exp(exact) <= 0.45))[:64]
+    high = np.flatnonzero(differ & (np.exp(exact) > 0.55))[:64]
+    assert low.size == 64 and high.size == 64
+    tile = _kernels._POOL_TILE
+    lp = np.concatenate([x[:, low], x[:, high]], axis=1)[:, None, :].astype(np.float32)    # tile 1: low, tile 2: high
+    assert lp.shape[-1] == 2 * tile
+    out, status = np.empty((1, 2 * tile), np.float32), np.empty(1, np.int8)
+    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, 1, 0)
+    np.testing.assert_array_equal(out[0, :tile], f_fast[low])
+    np.testing.assert_array_equal(out[0, tile:], f_exact[high])
+
+
 def test_log_within_one_ulp_of_numpy_and_of_the_exact_value_over_the_whole_range():
     """Random bit patterns cover every binade, the subnormals among them; then the specials."""
     bits = np.random.default_rng(0).integers(0, 0x7FF0000000000000, 20_000, dtype=np.int64)
@@ -115,8 +151,8 @@ def test_log_within_one_ulp_of_numpy_and_of_the_exact_value_over_the_whole_range
 
 def test_exp_and_log_are_compiled_with_numpys_error_model():
     """The error model is what lets LLVM vectorise the division of log (documented in jit.py)."""
-    for f in (jit.exp_inplace, jit.exp_parts, jit.log_inplace, _kernels.log_geometric_pool_kernel,
-              _kernels.log_arithmetic_pool_kernel):
+    for f in (jit.exp_inplace, jit.exp_parts, jit.exp_below, jit.ln, jit.log_inplace,
+              _kernels.log_geometric_pool_kernel, _kernels.log_arithmetic_pool_kernel):
         assert getattr(f, "targetoptions", {"error_model": "numpy"}).get("error_model") == "numpy"
 
 
