@@ -14,6 +14,9 @@ Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv
   writes and no exp or log (out = sum_k w_k x_k in the input's dtype), read and written in tiles as the pools
   do (a plain loop with the teachers innermost was up to 2x slower). Inputs are (K, N, V) log-probs
   in float32 or float64 (negative normals, not normalised: the pools do not need it).
+  "compute": ours on one thread over a slice of the input that L3 holds (at most 4 MiB, or one row), called
+  until it has done N V / threads entries: the time ours would take if memory were free and the threads
+  scaled perfectly, so compute / floor is the least ours / floor that the same arithmetic can reach.
 - recursion: ``sequence_log_partition`` on three machines (a random machine, a prefix tree with S ~ 3e5,
   an LLM-like machine with S = 10^4 and n = 256) against NumPy (log space and linear space) and torch;
   ours at 2 threads and at 1 thread in the same rounds, and again while a spinning process keeps one
@@ -187,7 +190,29 @@ def pool_contenders(pool, x, w, threads):
     return fns
 
 
+def compute_only(fn, x, w, threads):
+    """The "compute" contender: ``fn`` (a pool taking ``out=``) on one thread over the first rows of x that fit
+    in 4 MiB (at least one row; L3 is 32 MiB), repeated until N V / threads entries are done."""
+    import numba
+    K, N, V = x.shape
+    rows = min(N, max(1, (4 << 20) // (K * V * x.itemsize)))
+    xs = np.ascontiguousarray(x[:, :rows])
+    out = np.empty(xs.shape[1:], x.dtype)
+    reps = max(1, round(N / threads / rows))
+
+    def run():
+        numba.set_num_threads(1)
+        try:
+            for _ in range(reps):
+                fn(xs, w, out=out)
+        finally:
+            numba.set_num_threads(threads)
+        return out
+    return run
+
+
 def pool_rows(args, floor, bandwidth, notes, sink):
+    import aggregation as ag
     rows = []
     rng = np.random.default_rng(0)
     for dtype in args.dtypes:
@@ -213,6 +238,8 @@ def pool_rows(args, floor, bandwidth, notes, sink):
                             np.testing.assert_allclose(np.asarray(f(), np.float64), ref, rtol=tol, atol=tol,
                                                        err_msg=f"{pool} {name}")
                         fns["floor"] = lambda: floor(x, w, fl_out)
+                        ours = ag.log_geometric_pool if pool == "geometric" else ag.log_arithmetic_pool
+                        fns["compute"] = compute_only(ours, x, w, args.threads)
                         res = interleaved(fns, args.rounds)
                         ours_wall = res["ours"][0]
                         for name, (wall, cpu) in res.items():
@@ -353,10 +380,10 @@ def table(paths):
                 keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
     rows = list(keyed.values())
     pools = [r for r in rows if r["section"] == "pool"]
-    peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor"})
-    print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | bw of STREAM | "
+    peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor", "compute"})
+    print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | compute / floor | bw of STREAM | "
           + " | ".join(f"{p} / ours" for p in peers) + " | ours-fresh / ours |")
-    print("|" + "---|" * (8 + len(peers)))
+    print("|" + "---|" * (9 + len(peers)))
     key = lambda r: (r["case"], r["dtype"], int(r["V"]), int(r["N"]), int(r["K"]))
     for k in sorted({key(r) for r in pools}):
         g = {r["contender"]: r for r in pools if key(r) == k}
@@ -365,7 +392,9 @@ def table(paths):
         inv = lambda r: (f"{1 / float(r['ratio_med']):.2f} [{1 / float(r['ratio_max']):.2f}, "
                          f"{1 / float(r['ratio_min']):.2f}]")
         print(f"| {k[0]} | {k[4]} | {k[2]} | {k[3]} | {k[1]} | {float(o['wall_med']) * 1e3:.1f} "
-              f"({float(o['cpu_med']) * 1e3:.1f}) | {inv(fl)} | {float(o['bw_fraction']):.0%} | "
+              f"({float(o['cpu_med']) * 1e3:.1f}) | {inv(fl)} | "
+              + (f"{float(g['compute']['wall_med']) / float(fl['wall_med']):.2f}" if "compute" in g else "-")
+              + f" | {float(o['bw_fraction']):.0%} | "
               + " | ".join(f(g[p]) if p in g else "-" for p in peers) + f" | {f(g['ours-fresh'])} |")
     rec = [r for r in rows if r["section"].startswith("recursion")]
     if rec:
