@@ -14,7 +14,7 @@ Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv
   writes and no exp or log (out = sum_k w_k x_k in the input's dtype), read and written in tiles as the pools
   do (a plain loop with the teachers innermost was up to 2x slower). Inputs are (K, N, V) log-probs
   in float32 or float64 (negative normals, not normalised: the pools do not need it).
-  "compute": ours on one thread over a slice of the input that L3 holds (at most 4 MiB, or one row), called
+  "compute": ours on one thread over a slice of the input that L3 holds (4 MiB, or 4 rows), called
   until it has done N V / threads entries: the time ours would take if memory were free and the threads
   scaled perfectly, so compute / floor is the least ours / floor that the same arithmetic can reach.
 - recursion: ``sequence_log_partition`` on three machines (a random machine, a prefix tree with S ~ 3e5,
@@ -192,10 +192,11 @@ def pool_contenders(pool, x, w, threads):
 
 def compute_only(fn, x, w, threads):
     """The "compute" contender: ``fn`` (a pool taking ``out=``) on one thread over the first rows of x that fit
-    in 4 MiB (at least one row; L3 is 32 MiB), repeated until N V / threads entries are done."""
+    in 4 MiB, at least 4 (a row per work item, as at the full size; at most 20 MB of the 32 MiB L3 at the sizes
+    the grid runs), repeated until N V / threads entries are done."""
     import numba
     K, N, V = x.shape
-    rows = min(N, max(1, (4 << 20) // (K * V * x.itemsize)))
+    rows = min(N, max(4, (4 << 20) // (K * V * x.itemsize)))
     xs = np.ascontiguousarray(x[:, :rows])
     out = np.empty(xs.shape[1:], x.dtype)
     reps = max(1, round(N / threads / rows))
