@@ -291,9 +291,9 @@ def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
     """o[:t] <- ln sum_k w_k exp(x_k) over log_probs[:, m, a0:a0 + t] in linear space: K exps of
     log-probabilities (arguments <= 0: no overflow, no maximum to track) and one log an entry, with
     ``jit.exp_below``'s terms of the given coefficients. Returns (the number of inputs that are > 0 or NaN,
-    the least sum, the largest sum); o is written only when the least sum is at least 1e-280: below (every x_k there below
-    about -645, or -inf) the tile is for :func:`_mixture_tile` (``exp_below`` takes an argument below -700
-    as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
+    the least sum, the largest sum); o is written only when the least sum is at least 1e-280: below (every x_k
+    there below about -645, or -inf) the tile is for :func:`_mixture_tile` (``exp_below`` takes an argument
+    below -700 as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
     K = log_probs.shape[0]
     bad = 0.0
     wk = weights[0]
@@ -469,7 +469,7 @@ def _recursion_item(weight, transitions, ends, tiny, z, row_sum, part_max, item_
             ok = False
         elif v == 0.0:
             for a in range(n):
-                if weight[s, a] > 0.0 and zn[transitions[s, a]] > 0.0:
+                if weight[s, a] > 0.0 and zn[np.uint32(transitions[s, a])] > 0.0:
                     ok = False
         elif v < 1e-280:
             ok = False
@@ -587,11 +587,17 @@ def end_transitions(next_state):
     return t
 
 
+def every_token_ends(next_state):
+    """(S,) bool: the states whose every token ends (next_state -1 throughout the row; a prefix tree's leaves):
+    the recursion sums such a row once (:func:`linear_recursion_kernel`'s ``ends``)."""
+    return (next_state < 0).all(axis=1)
+
+
 def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
     """The linear-space recursion from a reward table r (S, n) and next_state with -1 for an end:
     ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
     tiny = (np.isfinite(reward) & (reward < _LN_DBL_MIN)).sum(axis=1).astype(np.int64)
-    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), (next_state < 0).all(axis=1), tiny,
+    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), every_token_ends(next_state), tiny,
                                    horizon, out, get_num_threads())
 
 

@@ -196,8 +196,9 @@ def ln(xi):
     h = f^2 / 2, r = f / (2 + f), |r| < 0.172, and R a degree-7 minimax polynomial in r^2 (the compensated form
     keeps the leading f exact, so the result is accurate near 1 too). The whole range, branch-free: subnormals
     are scaled by 2^54 first, 0 gives -inf, +inf gives inf, a negative number or NaN gives NaN (as np.log).
-    ``error_model="numpy"`` keeps numba's ZeroDivisionError branch out of the loop, so LLVM vectorises it;
-    fused multiply-adds are allowed but no reassociation, which would undo the compensation.
+    ``error_model="numpy"`` keeps numba's ZeroDivisionError branch out of the loop, so LLVM vectorises it.
+    Inlined, it takes the flags of the kernel around it (``FASTMATH`` allows reassociation, which could undo
+    the compensation): tests/test_aggregation_dtypes.py checks the bound inside such a kernel too.
     Accuracy: within 1 ulp of NumPy's log over the whole float64 range and of the exact value (against long
     double; tests/test_aggregation_dtypes.py).
     """

@@ -73,7 +73,7 @@ class FiniteStateTeachers:
         # int32 transitions with S for an end, made once: every step of the recursion reads them
         self._transitions = _kernels.end_transitions(self.next_state)
         self._transitions.flags.writeable = False
-        self._ends = (self.next_state < 0).all(axis=1)          # states whose every token ends
+        self._ends = _kernels.every_token_ends(self.next_state)
         self._ends.flags.writeable = False
 
     @classmethod

@@ -147,6 +147,19 @@ def test_log_within_one_ulp_of_numpy_and_of_the_exact_value_over_the_whole_range
     assert ulps(got, exact).max() <= 1.0                          # near 1 (ln x ~ 1e-3) too
     special = ~np.isfinite(ref) | (x == 1.0)
     np.testing.assert_array_equal(got[special], ref[special])     # 0 -> -inf, inf -> inf, x < 0 or NaN -> NaN
+    # inlined into a kernel compiled with the kernels' fastmath flags (reassociation allowed), as the pools do
+    with np.errstate(all="ignore"):
+        inlined = ln_fastmath_kernel(x)
+    assert ulps(inlined, exact).max() <= 1.0
+    np.testing.assert_array_equal(inlined[special], ref[special])
+
+
+@njit(fastmath=jit.FASTMATH, error_model="numpy")
+def ln_fastmath_kernel(x):
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = jit.ln(x[i])
+    return out
 
 
 def test_exp_and_log_are_compiled_with_numpys_error_model():
