@@ -10,8 +10,8 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_inplace, fetch_add_one, ln, log_inplace, soft_value,
-                  yield_cpu)
+from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_inplace, fetch_add_one, ln, ln_normal, log_inplace,
+                  soft_value, yield_cpu)
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -282,7 +282,7 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, o):
             sm[i] = sm[i] * di + 1.0 if up else sm[i] + di
             mx[i] = tk if up else mx[i]
     for i in range(t):
-        o[i] = mx[i] + ln(sm[i])      # sm >= 1
+        o[i] = mx[i] + ln_normal(sm[i])      # sm >= 1 (or meaningless with a bad input, which is flagged)
     return bad
 
 
@@ -316,7 +316,7 @@ def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
         high = max(high, sm[i])
     if low >= 1e-280:
         for i in range(t):
-            o[i] = ln(sm[i])
+            o[i] = ln_normal(sm[i])        # >= 1e-280 (or a bad input's, which is flagged)
     return bad, low, high
 
 

@@ -189,6 +189,22 @@ _LOG_C = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.8183572161618050
 
 
 @njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+def _ln_bits(b, bias):
+    """ln of 2^((b >> 52) - bias) times the mantissa of the float64 bits b: the body of ``ln`` and ``ln_normal``."""
+    e = (b >> 52) - bias
+    mant = float_of_bits((b & _MANT_MASK) | _EXP_ONE)
+    big = mant > _SQRT2
+    mant = mant * 0.5 if big else mant
+    ef = np.float64(e + 1) if big else np.float64(e)
+    f = mant - 1.0                                   # exact (Sterbenz)
+    r = f / (2.0 + f)
+    z = r * r
+    hfsq = 0.5 * f * f
+    t = z * horner(_LOG_C, z)
+    return ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
+
+
+@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
 def ln(xi):
     """ln xi of a float64, a scalar that LLVM vectorises in the loop that calls it.
 
@@ -203,21 +219,17 @@ def ln(xi):
     double; tests/test_aggregation_dtypes.py).
     """
     sub = xi < _TINY
-    b = bits_of_float(xi * _TWO54 if sub else xi)
-    e = (b >> 52) - (1023 + 54 if sub else 1023)
-    mant = float_of_bits((b & _MANT_MASK) | _EXP_ONE)
-    big = mant > _SQRT2
-    mant = mant * 0.5 if big else mant
-    ef = np.float64(e + 1) if big else np.float64(e)
-    f = mant - 1.0                                   # exact (Sterbenz)
-    r = f / (2.0 + f)
-    z = r * r
-    hfsq = 0.5 * f * f
-    t = z * horner(_LOG_C, z)
-    v = ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
+    v = _ln_bits(bits_of_float(xi * _TWO54 if sub else xi), 1023 + 54 if sub else 1023)
     v = -np.inf if xi == 0.0 else v
     v = np.inf if xi == np.inf else v
     return v if xi >= 0.0 else np.nan
+
+
+@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+def ln_normal(xi):
+    """``ln`` without its special cases, for a positive, normal, finite xi (other inputs give meaningless
+    values): the mixture's sums, which are at least 1e-280. Equal to ``ln`` there, with about a fifth less work."""
+    return _ln_bits(bits_of_float(xi), 1023)
 
 
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")

@@ -155,16 +155,25 @@ def test_log_within_one_ulp_of_numpy_and_of_the_exact_value_over_the_whole_range
 
 
 @njit(fastmath=jit.FASTMATH, error_model="numpy")
-def ln_fastmath_kernel(x):
+def ln_fastmath_kernel(x, normal=False):
     out = np.empty_like(x)
     for i in range(x.shape[0]):
-        out[i] = jit.ln(x[i])
+        out[i] = jit.ln_normal(x[i]) if normal else jit.ln(x[i])
     return out
+
+
+def test_ln_normal_is_ln_on_positive_normal_numbers():
+    """The mixture's ln without special cases: the same bits as ``ln`` from the least normal number to the
+    largest (every binade, the ends included)."""
+    bits = np.random.default_rng(2).integers(0x0010000000000000, 0x7FF0000000000000, 50_000, dtype=np.int64)
+    x = np.concatenate([bits.view(np.float64), [2.2250738585072014e-308, 1e-280, 0.5, 1.0, 1.0 + 2**-52, 2.0,
+                                                1.7976931348623157e308], 1.0 + np.linspace(-1e-3, 1e-3, 2001)])
+    np.testing.assert_array_equal(ln_fastmath_kernel(x, True), ln_fastmath_kernel(x))
 
 
 def test_exp_and_log_are_compiled_with_numpys_error_model():
     """The error model is what lets LLVM vectorise the division of log (documented in jit.py)."""
-    for f in (jit.exp_inplace, jit.exp_parts, jit.exp_below, jit.ln, jit.log_inplace,
+    for f in (jit.exp_inplace, jit.exp_parts, jit.exp_below, jit.ln, jit.ln_normal, jit.log_inplace,
               _kernels.log_geometric_pool_kernel, _kernels.log_arithmetic_pool_kernel):
         assert getattr(f, "targetoptions", {"error_model": "numpy"}).get("error_model") == "numpy"
 
