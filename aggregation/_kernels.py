@@ -174,7 +174,7 @@ def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers,
     validation pass costs as much as the pool): 1 = some entry > 0 or NaN, 2 = empty support (every token -inf
     under some teacher). The wrapper raises on a non-zero status; out is then not valid for that row.
     Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + n) 2^-53 (|s| + |ln Z| + 1),
-    plus, for a float32 out (whose sum of exps takes ``jit.exp_sum_below``'s fast terms), 1e-8 (ln Z - max s)
+    plus, for a float32 out (whose sum of exps takes ``jit.exp_below``'s fast terms, ``EXP7_C``), 1e-8 (ln Z - max s)
     in out and in ln Z. out is rounded twice, each time by at most half an ulp of out: the first rounding is of
     s minus a running maximum that lies between s and ln Z, so of a number no larger than |out|.
     """

@@ -163,25 +163,6 @@ def exp_below(d, coefficients):
     return horner(coefficients, r) * float_of_bits((np.int64(np.int32(kf)) + 1023) << 52)
 
 
-@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
-def exp_sum_below(x, shift, fast):
-    """sum_i exp(x[i] - shift) for x[i] <= shift (a max-shifted sum, so every term is at most 1), with
-    ``exp_below``'s terms.
-
-    fast=False: the exact terms (within 1 ulp of NumPy's exp). fast=True: the degree-7 terms, for results that
-    are rounded to float32, where the sum's relative error 1e-8 moves ln of it by at most 1e-8 (ln sum - ln 1)
-    - a sixth of a float32 ulp of that log (tests/test_aggregation_dtypes.py).
-    """
-    tot = 0.0
-    if fast:
-        for i in range(x.shape[0]):
-            tot += exp_below(x[i] - shift, EXP7_C)
-    else:
-        for i in range(x.shape[0]):
-            tot += exp_below(x[i] - shift, EXP_C)
-    return tot
-
-
 # minimax coefficients of (ln((1 + r) / (1 - r)) - 2 r) / r^3 = 2/3 + 2/5 r^2 + ... in z = r^2, highest power first
 # (|r| <= 0.1716; error below 2^-58)
 _LOG_C = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.818357216161805012e-01, 2.222219843214978396e-01,

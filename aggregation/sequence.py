@@ -117,7 +117,8 @@ def _log_partition(teachers, weights, horizon):
         weight = np.empty((S, n))
         tiny = np.empty(S, np.int64)
         _kernels.pooled_exp_kernel(teachers.log_probs, keep.astype(np.int64), w[keep], weight, tiny, threads)
-        if not _kernels.linear_recursion_kernel(weight, teachers._transitions, teachers._ends, tiny, horizon, out, threads):
+        if not _kernels.linear_recursion_kernel(weight, teachers._transitions, teachers._ends, tiny, horizon, out,
+                                                threads):
             warnings.warn("sequence_log_partition: the linear-space recursion would underflow (partitions "
                           "differing by more than ~1e280, or pooled probabilities below 1e-308 that carry a "
                           "state's partition); using the "
