@@ -161,7 +161,7 @@ def _row_status(tot, shift, pos, chk):
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
-def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers, block=0):
+def log_geometric_pool_kernel(log_probs, weights, out, log_z, status, n_workers, block):
     """out[m] = s - ln Z, ln Z = log_z[m] = logsumexp(s), s = sum_k w_k log_probs[k, m]   (theory section 1).
 
     log_probs: (K, M, n) float32 or float64, weights: (K,) float64 all positive, out: (M, n) of the same
@@ -321,7 +321,7 @@ def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
-def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, block=0):
+def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, block):
     """out[m, a] = logsumexp_k (ln w_k + log_probs[k, m, a])   (theory section 1).
 
     log_probs: (K, M, n) float32 or float64, log_weights: (K,) float64 finite, out: (M, n) of the input's

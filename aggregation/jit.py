@@ -12,8 +12,12 @@ assembled (exp) or taken apart (log) by a bit cast (``float_of_bits`` / ``bits_o
 (the whole range, subnormal results included) is a loop with the power of two in two int64 buffers.
 They are compiled with ``error_model="numpy"``: numba's default ("python") wraps every float division
 in a ZeroDivisionError branch, which keeps LLVM from vectorising the loop (a scalar log at ~5 ns a
-value instead of ~1 ns). Kernels that inline them should use ``error_model="numpy"`` too. Both work in
+value instead of ~1 ns). Kernels that call them should use ``error_model="numpy"`` too. Both work in
 float64; the float32 pools widen each value in registers first (see ``_kernels.py`` for why).
+They are plain ``@njit`` functions, not numba-inlined (``inline="always"``): LLVM inlines them into the
+calling loop and vectorises it all the same (the pools run as fast, interleaved in one process), while
+numba's own inlining re-typed their bodies at every call site and took half of each pool kernel's compile
+time. Inlined by LLVM, each keeps its own fastmath flags (``ln``: contraction only) inside any caller.
 
 Soft backward recursion
 -----------------------
@@ -96,7 +100,7 @@ def _bits_of_float_jit(x):
     return lambda x: _bits_of_float(np.float64(x))
 
 
-@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def horner(coefficients, r):
     """c[0] r^(m-1) + ... + c[m-1] for a tuple of m floats, highest power first (a fixed-length loop that
     LLVM unrolls, so the loops that call it stay vectorised)."""
@@ -121,7 +125,7 @@ def exp_inplace(x, bits_a, bits_b):
         x[i] = x[i] * fa[i] * fb[i]
 
 
-@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def exp_parts(x, bits_a, bits_b):
     """The first pass of ``exp_inplace``, for callers in a hot loop: x[i] <- P(r_i), and the bits
     of 2^k1, 2^k2 into bits_a, bits_b; exp(x[i]) is then x[i] * fa[i] * fb[i], with fa, fb the
@@ -146,7 +150,7 @@ def exp_parts(x, bits_a, bits_b):
 EXP7_C = (1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0)
 
 
-@njit(cache=True, fastmath=FASTMATH, inline="always", error_model="numpy")
+@njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def exp_below(d, coefficients):
     """exp(d) for d <= 0, a scalar that LLVM vectorises in the loop that calls it: d = k ln2 + r, 2^k P(r),
     the power of two from its bits (``float_of_bits``: no int64 buffer, so the caller's loop stays one loop).
@@ -169,7 +173,7 @@ _LOG_C = (1.479819860511658591e-01, 1.531383769920937332e-01, 1.8183572161618050
           2.857142874366239149e-01, 3.999999999940941908e-01, 6.666666666666735130e-01)
 
 
-@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _ln_bits(b, bias):
     """ln of 2^((b >> 52) - bias) times the mantissa of the float64 bits b: the body of ``ln`` and ``ln_normal``."""
     e = (b >> 52) - bias
@@ -185,7 +189,7 @@ def _ln_bits(b, bias):
     return ef * _LN2_HI - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO)) - f)
 
 
-@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def ln(xi):
     """ln xi of a float64, a scalar that LLVM vectorises in the loop that calls it.
 
@@ -206,7 +210,7 @@ def ln(xi):
     return v if xi >= 0.0 else np.nan
 
 
-@njit(cache=True, fastmath={"contract"}, inline="always", error_model="numpy")
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def ln_normal(xi):
     """``ln`` without its special cases, for a positive, normal, finite xi (other inputs give meaningless
     values): the mixture's sums, which are at least 1e-280. Equal to ``ln`` there, with about a fifth less work."""
@@ -220,7 +224,7 @@ def log_inplace(x):
         x[i] = ln(x[i])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def logsumexp_row(x):
     """ln sum_i exp(x[i]) of a 1-D array, shifted by its maximum; -inf when every entry is -inf."""
     m = -np.inf
@@ -235,7 +239,7 @@ def logsumexp_row(x):
     return m + math.log(acc)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def soft_value(next_state, reward, next_value, s):
     """logsumexp_a (reward[s, a] + next_value[next_state[s, a]]), with 0 in place of next_value after an
     end token (next_state = -1): one state of the soft backward recursion (theory section 2); -inf when no

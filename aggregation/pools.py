@@ -70,7 +70,7 @@ def _geometric(log_probs, weights, name="log_probs", out=None):
     log_z = np.empty(flat.shape[1])
     status = np.empty(flat.shape[1], np.int8)
     with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
-        _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, threads)
+        _kernels.log_geometric_pool_kernel(flat, w, out, log_z, status, threads, 0)
     if status.any():
         row = int(np.flatnonzero(status)[0])
         if status[row] == 1:
@@ -137,7 +137,7 @@ def log_arithmetic_pool(log_probs, weights, out=None):
     result = _result(lp, out)
     status = np.empty(flat.shape[1], np.int8)
     with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
-        _kernels.log_arithmetic_pool_kernel(flat, np.log(w), result.reshape(flat.shape[1:]), status, threads)
+        _kernels.log_arithmetic_pool_kernel(flat, np.log(w), result.reshape(flat.shape[1:]), status, threads, 0)
     if status.any():
         check_log_probs(log_probs)
     return result

@@ -116,7 +116,7 @@ def test_float32_mixture_takes_the_fast_terms_where_every_sum_is_at_most_a_half(
     high = np.flatnonzero(differ & (np.exp(exact) > 0.55))[:64]
     assert low.size == 64 and high.size == 64
     tile = _kernels._POOL_TILE
-    lp = np.concatenate([x[:, low], x[:, high]], axis=1)[:, None, :].astype(np.float32)    # tile 1: low, tile 2: high
+    lp = np.ascontiguousarray(np.concatenate([x[:, low], x[:, high]], axis=1)[:, None, :], np.float32)  # tiles: low, high
     assert lp.shape[-1] == 2 * tile
     out, status = np.empty((1, 2 * tile), np.float32), np.empty(1, np.int8)
     _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, 1, 0)
