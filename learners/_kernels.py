@@ -47,7 +47,7 @@ def _pick(cdf, u):
 # ----------------------------------------------------------------------------------------------
 @njit(cache=True, parallel=True, error_model="numpy")
 def add_beta_kernel(next_state, start, horizon, alias_prob, alias_index, teacher_cdf, joint, neg_entropy, log_num, log_den,
-                    forced, seeds, grid, regret_out, pseudo_out, track=None, track_out=None):
+                    forced, seeds, grid, regret_out, pseudo_out, track, track_out):
     """Add-beta per state on teacher-sampled responses (log loss, FKL).
 
     q_t(a | s) = (N_t(s, a) + beta) / (N_t(s) + n beta); loss -ln q_t(y_t) = sum_h -ln q_t(y_h | s_h).
@@ -60,7 +60,7 @@ def add_beta_kernel(next_state, start, horizon, alias_prob, alias_index, teacher
     teacher_cdf (K,);
     log_num[j] = ln(j + beta), log_den[j] = ln(j + n beta); forced (T,) tokens replacing the samples
     when non-empty (one state, horizon 1); seeds (R,) uint64; grid (G,); outputs (R, G).
-    track (P,) tokens, optional: track_out[i, g, j] = q_t(track[j] | start) at t = grid[g], the prediction
+    track (P,) tokens (P = 0: none): track_out[i, g, j] = q_t(track[j] | start) at t = grid[g], the prediction
     committed at that round (before its feedback); track_out (R, G, P).
     """
     S, n = next_state.shape
@@ -78,7 +78,7 @@ def add_beta_kernel(next_state, start, horizon, alias_prob, alias_index, teacher
         pseudo = 0.0
         g = 0
         for t in range(1, n_rounds + 1):
-            if track is not None and t == grid[g]:
+            if t == grid[g]:
                 for j in range(track.shape[0]):
                     track_out[i, g, j] = math.exp(log_num[counts[start, track[j]]] - log_den[totals[start]])
             pseudo += neg_entropy - expected
@@ -121,7 +121,7 @@ def add_beta_kernel(next_state, start, horizon, alias_prob, alias_index, teacher
 # ----------------------------------------------------------------------------------------------
 @njit(cache=True, parallel=True, error_model="numpy", fastmath={"reassoc", "contract"})
 def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, schedule, eta0, seeds, grid,
-                       regret_out, pseudo_out, track=None, track_out=None):
+                       regret_out, pseudo_out, track, track_out):
     """Exponentiated gradient on f_t(q) = KL(q || p_{k_t}) in logits, q_t = softmax(theta_t).
 
     theta_{t+1} = (1 - eta_t) theta_t + eta_t ln p_{k_t}, theta_1 = 0; schedule 0: eta_t = 1/t (this
@@ -132,8 +132,8 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
     pseudo_T = sum_t KL(q_t || G), G = exp(log_target) the w-geometric pool.
 
     log_probs (K, n); pooled (n,); log_target (n,); seeds (R,) uint64; outputs (R, G).
-    track (P,) tokens, optional: track_out[i, g, j] = q_t(track[j]) at t = grid[g] (before the update); (R, G, P).
-    (The tracking specialisation may round regret and pseudo differently in the last bit: fastmath.)
+    track (P,) tokens (P = 0: none): track_out[i, g, j] = q_t(track[j]) at t = grid[g] (before the update);
+    (R, G, P).
     """
     K, n = log_probs.shape
     n_rounds = grid[-1]
@@ -215,9 +215,8 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
                     mean[a] = total[a] / t
                 regret_out[i, g] = loss + t * logsumexp_row(mean)
                 pseudo_out[i, g] = pseudo
-                if track is not None:                    # q, inv still hold this round's q_t
-                    for j in range(track.shape[0]):
-                        track_out[i, g, j] = q[track[j]] * inv
+                for j in range(track.shape[0]):          # q, inv still hold this round's q_t
+                    track_out[i, g, j] = q[track[j]] * inv
                 g += 1
 
 
@@ -226,7 +225,7 @@ def rkl_tabular_kernel(log_probs, teacher_cdf, pooled, log_target, feedback, sch
 # ----------------------------------------------------------------------------------------------
 @njit(cache=True, parallel=True, error_model="numpy")
 def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_g, log_l, mode, seeds, grid,
-                        regret_out, pseudo_out, token_out, track=None, track_out=None):
+                        regret_out, pseudo_out, token_out, track, track_out):
     """Plug-in on-policy learner with sample feedback on finite-state teachers (theory section 2, 3).
 
     Round t: k_t ~ w; the student rolls out y ~ q_t; teacher k_t reveals ln p_{k_t}(y_h | s_h) of the
@@ -237,7 +236,7 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
     regret_T = sum_t KL_seq(q_t || p_{k_t}) + T ln Z_emp (weights = empirical teacher frequencies);
     pseudo_T = sum_t KL_seq(q_t || G_seq) with log_g (H, S, n); token_T = sum_t sum_{h,s} occ_{q_t}(h, s)
     KL(q_t(.|h,s) || l(.|s)) with log_l (S, n). Outputs (R, G).
-    track (P,) tokens, optional: track_out[i, g, j] = q_t(track[j] | h = 0, start) at t = grid[g], the
+    track (P,) tokens (P = 0: none): track_out[i, g, j] = q_t(track[j] | h = 0, start) at t = grid[g], the
     first-token probability of the policy rolled out in that round; (R, G, P).
     """
     S, n = next_state.shape
@@ -275,7 +274,7 @@ def rkl_sequence_kernel(next_state, start, horizon, log_probs, teacher_cdf, log_
                         log_q[0, s, a] = rhat[s, a] - v
                 for h in range(1, horizon):
                     log_q[h] = log_q[0]
-            if track is not None and t == grid[g]:
+            if t == grid[g]:
                 for j in range(track.shape[0]):
                     track_out[i, g, j] = math.exp(log_q[0, start, track[j]])
             x, u = _draw(x)

@@ -101,14 +101,12 @@ def _probs(probs, name, caller):
 
 
 def _tracked_call(kernel, args, track, n_seeds, n_grid):
-    """Run ``kernel(*args)``, adding the optional (track, track_out) pair only when tracking; returns
-    track_out (R, G, P) or None. Without tracking the kernel is called exactly as before."""
-    if track is None:
-        kernel(*args)
-        return None
-    track_out = np.zeros((n_seeds, n_grid, track.size))
-    kernel(*args, track, track_out)
-    return track_out
+    """Run ``kernel(*args, track, track_out)``; returns track_out (R, G, P), or None without tracking (then
+    with P = 0 tokens: one compiled kernel serves both, instead of a second specialisation to compile)."""
+    tokens = np.zeros(0, np.int64) if track is None else track
+    track_out = np.zeros((n_seeds, n_grid, tokens.size))
+    kernel(*args, tokens, track_out)
+    return None if track is None else track_out
 
 
 def _teacher_cdf(weights):
