@@ -51,6 +51,14 @@ def _active(log_probs, weights, name):
     return lp, w
 
 
+def _flat(lp):
+    """lp (K, ..., n) as a read-only (K, M, n) view: read-only or not, the kernels then see one array type and
+    compile once per dtype (a teachers' table is read-only, a caller's array is not)."""
+    flat = lp.reshape(lp.shape[0], -1, lp.shape[-1])
+    flat.flags.writeable = False
+    return flat
+
+
 def _result(lp, out):
     """The (M, n) result array of a pool of lp (K, ..., n): ``out`` (checked) or a fresh one."""
     if out is None:
@@ -62,9 +70,8 @@ def _geometric(log_probs, weights, name="log_probs", out=None):
     """Run the geometric kernel; returns (log G, ln Z) with the middle axes restored, both of the input's
     dtype (float32 stays float32)."""
     lp, w = _active(log_probs, weights, name)
-    K, n = lp.shape[0], lp.shape[-1]
     middle = lp.shape[1:-1]
-    flat = lp.reshape(K, -1, n)
+    flat = _flat(lp)
     result = _result(lp, out)
     out = result.reshape(flat.shape[1:])
     log_z = np.empty(flat.shape[1])
@@ -132,8 +139,7 @@ def log_arithmetic_pool(log_probs, weights, out=None):
     the result's dtype of the exact value plus (8 + K) 2^-53 (max_k |ln p_k(a)| + 1).
     """
     lp, w = _active(log_probs, weights, "log_probs")
-    K, n = lp.shape[0], lp.shape[-1]
-    flat = lp.reshape(K, -1, n)
+    flat = _flat(lp)
     result = _result(lp, out)
     status = np.empty(flat.shape[1], np.int8)
     with _threads_for(flat.size, _PARALLEL_MIN_ENTRIES) as threads:
