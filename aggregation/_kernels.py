@@ -12,6 +12,8 @@ from numba import get_num_threads, njit, prange
 from .jit import FASTMATH as _FM
 from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_inplace, fetch_add_one, ln, ln_normal, log_inplace,
                   soft_value, yield_cpu)
+from .validate import read_only
+
 
 @njit(cache=True, error_model="numpy")
 def exp_kernel(x):
@@ -595,10 +597,11 @@ def every_token_ends(next_state):
 
 def sequence_log_partition_linear_kernel(next_state, reward, horizon, out):
     """The linear-space recursion from a reward table r (S, n) and next_state with -1 for an end:
-    ``linear_recursion_kernel`` on exp(r). Returns False on underflow."""
+    ``linear_recursion_kernel`` on exp(r), with the transitions read-only as FiniteStateTeachers holds them (one
+    compiled kernel). Returns False on underflow."""
     tiny = (np.isfinite(reward) & (reward < _LN_DBL_MIN)).sum(axis=1).astype(np.int64)
-    return linear_recursion_kernel(np.exp(reward), end_transitions(next_state), every_token_ends(next_state), tiny,
-                                   horizon, out, get_num_threads())
+    return linear_recursion_kernel(np.exp(reward), read_only(end_transitions(next_state)),
+                                   read_only(every_token_ends(next_state)), tiny, horizon, out, get_num_threads())
 
 
 @njit(parallel=True, cache=True)

@@ -16,7 +16,8 @@ import numba
 import numpy as np
 
 from . import _kernels
-from .validate import as_array, check_log_probs, check_out, check_probs, check_weights, float_dtype, positive_teachers
+from .validate import (as_array, check_log_probs, check_out, check_probs, check_weights, float_dtype, positive_teachers,
+                       read_only)
 
 
 # Below this many input entries a pool runs on one thread: a parallel region's start-up and join cost
@@ -52,11 +53,8 @@ def _active(log_probs, weights, name):
 
 
 def _flat(lp):
-    """lp (K, ..., n) as a read-only (K, M, n) view: read-only or not, the kernels then see one array type and
-    compile once per dtype (a teachers' table is read-only, a caller's array is not)."""
-    flat = lp.reshape(lp.shape[0], -1, lp.shape[-1])
-    flat.flags.writeable = False
-    return flat
+    """lp (K, ..., n) as a read-only (K, M, n) view (:func:`validate.read_only`)."""
+    return read_only(lp.reshape(lp.shape[0], -1, lp.shape[-1]))
 
 
 def _result(lp, out):

@@ -90,6 +90,13 @@ class FiniteStateTeachers:
     def __repr__(self):
         return f"FiniteStateTeachers(K={self.K}, S={self.S}, n={self.n}, start={self.start})"
 
+    def __setstate__(self, state):
+        """Unpickled (a process pool, dask) the tables are read-only again, as built: NumPy's pickles do not keep
+        the flag, and a writeable table would also compile a second copy of each kernel that reads it."""
+        self.__dict__.update(state)
+        for table in (self.next_state, self.log_probs, self._transitions, self._ends):
+            table.flags.writeable = False
+
 
 def _check_teachers(teachers):
     if not isinstance(teachers, FiniteStateTeachers):

@@ -35,6 +35,15 @@ def float_dtype(x):
     return np.float32 if getattr(x, "dtype", None) == np.float32 else np.float64
 
 
+def read_only(x):
+    """``x`` as a read-only C-contiguous view (a copy only where ``x`` is not C-contiguous), for a kernel's input:
+    numba compiles a kernel once per argument type, and a read-only array is another type than a writeable
+    one. Handing every input read-only (the teachers' tables are) keeps it to one compile per dtype."""
+    view = np.ascontiguousarray(x).view()
+    view.flags.writeable = False
+    return view
+
+
 def check_out(out, shape, dtype, name="out"):
     """An ``out=`` array: a writeable C-contiguous ndarray of exactly ``shape`` and ``dtype``."""
     if not isinstance(out, np.ndarray):

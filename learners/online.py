@@ -18,7 +18,7 @@ from scipy import optimize
 from scipy.special import logsumexp
 
 import aggregation as ag
-from aggregation.validate import check_int, check_log_probs, check_probs, check_token_ids, check_weights
+from aggregation.validate import check_int, check_log_probs, check_probs, check_token_ids, check_weights, read_only
 
 from . import _kernels
 from analysis import log_grid
@@ -192,8 +192,9 @@ def add_beta_tabular(probs, weights, beta, n_rounds, seeds, sequence=None, grid=
     prob, index = alias_tables(mix[None, None, :])
     regret = np.zeros((seeds.size, grid.size))
     pseudo = np.zeros_like(regret)
-    tracked = _tracked_call(_kernels.add_beta_kernel, (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), joint,
-                                                 neg_entropy, log_num, log_den, forced, seeds, grid, regret, pseudo),
+    no_next = read_only(np.full((1, n), -1, np.int64))            # one context, every token ends
+    tracked = _tracked_call(_kernels.add_beta_kernel, (no_next, 0, 1, prob, index, np.ones(1), joint, neg_entropy,
+                                                 log_num, log_den, forced, seeds, grid, regret, pseudo),
                             track, seeds.size, grid.size)
     out = {"regret": regret, "pseudo": pseudo, "grid": grid}
     if tracked is not None:
@@ -329,7 +330,7 @@ def rkl_sequence(teachers, weights, horizon, mode, n_rounds, seeds, grid=None, t
     seeds = _seeds(seeds)
     grid = _grid(grid, n_rounds)
     keep = np.flatnonzero(w > 0)
-    lp = np.ascontiguousarray(teachers.log_probs[keep])
+    lp = read_only(teachers.log_probs[keep])
     if np.isneginf(lp).any():
         raise ValueError("teachers.log_probs must be finite for the on-policy learner (RKL against a "
                          "teacher that gives a token probability 0 is infinite)")

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import numba
 from numba import njit
 
 import aggregation as ag
 from aggregation import _kernels, _reference, jit
+from aggregation.validate import read_only
 
 pytestmark = pytest.mark.nojit
 
@@ -88,7 +90,7 @@ def test_float32_pools_sum_the_fast_terms_and_float64_pools_the_exact_ones():
     assert abs(lz_fast - lz_exact) > 1e-12
     for dtype, want in ((np.float32, lz_fast), (np.float64, lz_exact)):
         out, log_z, status = np.empty((1, n), dtype), np.empty(1), np.empty(1, np.int8)
-        _kernels.log_geometric_pool_kernel(lp.astype(dtype), w, out, log_z, status, 1, 0)
+        _kernels.log_geometric_pool_kernel(read_only(lp.astype(dtype)), w, out, log_z, status, 1, 0)
         s_d = np.tensordot(w, lp.astype(dtype).astype(np.float64), axes=1)[0]
         t_d = s_d.max()
         want = t_d + np.log((exp7_twin(s_d - t_d) if dtype == np.float32 else np.exp(s_d - t_d)).sum())
@@ -119,7 +121,7 @@ def test_float32_mixture_takes_the_fast_terms_where_every_sum_is_at_most_a_half(
     lp = np.ascontiguousarray(np.concatenate([x[:, low], x[:, high]], axis=1)[:, None, :], np.float32)  # tiles: low, high
     assert lp.shape[-1] == 2 * tile
     out, status = np.empty((1, 2 * tile), np.float32), np.empty(1, np.int8)
-    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, 1, 0)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), out, status, 1, 0)
     np.testing.assert_array_equal(out[0, :tile], f_fast[low])
     np.testing.assert_array_equal(out[0, tile:], f_exact[high])
 
@@ -225,7 +227,7 @@ def test_geometric_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
     lp = lp64.astype(dtype)
     K, M, n = lp.shape
     out, log_z, status = np.empty((M, n), dtype), np.empty(M), np.empty(M, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, w, out, log_z, status, workers, block)
+    _kernels.log_geometric_pool_kernel(read_only(lp), w, out, log_z, status, workers, block)
     assert not status.any()
     lz, fast = assert_within_geometric_bound(out, lp, w)
     assert np.all(np.abs(log_z - lz[:, 0]) <= (8 + n) * U64 * (np.abs(lz[:, 0]) + 1) + fast[:, 0])
@@ -238,7 +240,7 @@ def test_arithmetic_pool_kernel_within_its_stated_ulp_bound(inputs, dtype):
     lp = lp64.astype(dtype)
     K, M, n = lp.shape
     out, status = np.empty((M, n), dtype), np.empty(M, np.int8)
-    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, workers, block)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), out, status, workers, block)
     assert not status.any()
     ref = reference_arithmetic(lp, w)
     np.testing.assert_array_equal(np.isfinite(out), np.isfinite(ref))
@@ -261,7 +263,7 @@ def test_arithmetic_pool_below_the_linear_range_keeps_its_bound(dtype):
     lp = lp64.astype(dtype)
     w = np.array([0.5, 0.3, 0.2])
     out, status = np.empty(lp.shape[1:], dtype), np.empty(1, np.int8)
-    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, 2, 0)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), out, status, 2, 0)
     ref = reference_arithmetic(lp, w)
     err = np.abs(out.astype(LONG) - ref)
     assert np.all(err <= error_bound(ref, dtype, np.abs(lp).max(axis=0).astype(LONG) + 1, 3))
@@ -335,9 +337,9 @@ def test_any_worker_count_and_block_size_gives_the_same_pool(workers, block, n, 
         lp = np.log(rng.dirichlet(np.ones(n), size=(3, M))).astype(np.float32)
         w = rng.dirichlet(np.ones(3))
         base = np.empty((M, n), np.float32), np.empty(M), np.empty(M, np.int8)
-        _kernels.log_geometric_pool_kernel(lp, w, *base, 1, 0)
+        _kernels.log_geometric_pool_kernel(read_only(lp), w, *base, 1, 0)
         got = np.empty((M, n), np.float32), np.empty(M), np.empty(M, np.int8)
-        _kernels.log_geometric_pool_kernel(lp, w, *got, workers, block)
+        _kernels.log_geometric_pool_kernel(read_only(lp), w, *got, workers, block)
         # the partial sums are added in another order and each block is shifted by its own maximum: ln Z equal
         # within a float64 rounding plus twice the fast terms' 1e-8 (ln Z - max s) of the float32 pool
         fast = 2e-8 * (base[1] - np.tensordot(w, lp.astype(np.float64), axes=1).max(axis=-1))
@@ -345,8 +347,8 @@ def test_any_worker_count_and_block_size_gives_the_same_pool(workers, block, n, 
         assert np.all(np.abs(got[1] - base[1]) <= 1e-13 * (1 + np.abs(base[1])) + fast)
         a_base, a_got = np.empty((M, n), np.float32), np.empty((M, n), np.float32)
         st_ = np.empty(M, np.int8)
-        _kernels.log_arithmetic_pool_kernel(lp, np.log(w), a_base, st_, 1, 0)
-        _kernels.log_arithmetic_pool_kernel(lp, np.log(w), a_got, st_, workers, block)
+        _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), a_base, st_, 1, 0)
+        _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), a_got, st_, workers, block)
         np.testing.assert_array_equal(a_got, a_base)       # elementwise: bit-identical
 
 
@@ -360,9 +362,9 @@ def test_bad_rows_are_flagged_in_every_mode(M, workers, block, dtype):
     lp[0, M - 1, :2] = -np.inf
     lp[1, M - 1, 2:] = -np.inf                                  # empty support in the last row
     out, log_z, status = np.empty((M, 4), dtype), np.empty(M), np.empty(M, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, workers, block)
+    _kernels.log_geometric_pool_kernel(read_only(lp), np.array([0.5, 0.5]), out, log_z, status, workers, block)
     assert list(status[:3]) == [0, 1, 1] and status[M - 1] == 2 and not status[3:M - 1].any()
-    _kernels.log_arithmetic_pool_kernel(lp, np.log([0.5, 0.5]), out, status, workers, block)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log([0.5, 0.5]), out, status, workers, block)
     assert list(status[:3]) == [0, 1, 1] and not status[3:].any()
     with pytest.raises(ValueError, match="empty support"):
         ag.log_geometric_pool(np.delete(lp, [1, 2], axis=1), [0.5, 0.5])
@@ -379,7 +381,7 @@ def test_a_support_that_starts_tiles_late_keeps_its_minus_infinities(M, workers,
     lp64[0, :, :200] = -np.inf
     lp = lp64.astype(dtype)
     out, log_z, status = np.empty((M, 300), dtype), np.empty(M), np.empty(M, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, workers, block)
+    _kernels.log_geometric_pool_kernel(read_only(lp), np.array([0.5, 0.5]), out, log_z, status, workers, block)
     assert not status.any()
     assert np.all(out[:, :200] == -np.inf)
     assert_within_geometric_bound(out, lp, np.array([0.5, 0.5]))
@@ -391,7 +393,7 @@ def test_underflowing_row_is_shifted_in_split_mode():
     lp = np.full((1, 1, 10_000), -800.0, np.float32)
     lp[0, 0, 123] = -790.0
     out, log_z, status = np.empty((1, 10_000), np.float32), np.empty(1), np.empty(1, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, np.array([1.0]), out, log_z, status, 2, 1000)
+    _kernels.log_geometric_pool_kernel(read_only(lp), np.array([1.0]), out, log_z, status, 2, 1000)
     assert status[0] == 0
     ref, _, lz = reference_geometric(lp, np.array([1.0]))
     assert abs(log_z[0] - float(lz[0, 0])) < 1e-12 + 1e-8 * float(lz[0, 0] + 790.0)
@@ -444,6 +446,43 @@ def test_transitions_are_int32_with_S_for_an_end():
     t = examples.random_teachers(2, 50, 7, 0, end_prob=0.3)
     assert t._transitions.dtype == np.int32 and not t._transitions.flags.writeable
     np.testing.assert_array_equal(t._transitions, np.where(t.next_state < 0, t.S, t.next_state))
+
+
+def test_unpickled_teachers_are_read_only():
+    """A process pool or dask hands the teachers over pickled, and NumPy's pickles come back writeable: the tables
+    are read-only again, as built."""
+    import pickle
+    from aggregation import examples
+    t = examples.random_teachers(2, 30, 4, 2, end_prob=0.2)
+    u = pickle.loads(pickle.dumps(t))
+    for name in ("next_state", "log_probs", "_transitions", "_ends"):
+        assert not getattr(u, name).flags.writeable, name
+        np.testing.assert_array_equal(getattr(u, name), getattr(t, name))
+    w = np.array([0.4, 0.6])
+    np.testing.assert_array_equal(ag.sequence_log_partition(u, w, 5), ag.sequence_log_partition(t, w, 5))
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="counts compiled kernels")
+def test_writeable_and_read_only_input_reach_the_same_compiled_kernels():
+    """One compile per dtype: the pools given a caller's writeable array or a read-only one, the recursion given
+    teachers as built or unpickled (a second compile of a pool kernel takes 10-20 s)."""
+    import pickle
+    from aggregation import examples
+    lp = np.log(np.random.default_rng(4).dirichlet(np.ones(6), size=(2, 3)))
+    frozen = lp.copy()
+    frozen.flags.writeable = False
+    t = examples.random_teachers(2, 30, 4, 2, end_prob=0.2)
+    w = np.array([0.3, 0.7])
+    kernels = (_kernels.log_geometric_pool_kernel, _kernels.log_arithmetic_pool_kernel, _kernels.pooled_exp_kernel,
+               _kernels.linear_recursion_kernel)
+    for pool in (ag.log_geometric_pool, ag.log_arithmetic_pool):
+        pool(lp, w)
+    ag.sequence_log_partition(t, w, 5)
+    compiled = [len(k.signatures) for k in kernels]
+    for pool in (ag.log_geometric_pool, ag.log_arithmetic_pool):
+        pool(frozen, w)
+    ag.sequence_log_partition(pickle.loads(pickle.dumps(t)), w, 5)
+    assert [len(k.signatures) for k in kernels] == compiled
 
 
 def test_weight_zero_teacher_is_skipped_without_a_copy():

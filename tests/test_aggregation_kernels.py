@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import aggregation as ag
 from aggregation import _kernels, _reference, examples
 from aggregation.sequence import _reward
+from aggregation.validate import read_only
 
 pytestmark = pytest.mark.nojit
 
@@ -51,7 +52,7 @@ def test_geometric_pool_kernel_vs_twin(inputs, chunks):
     lp, w = inputs
     K, m, n = lp.shape
     out, log_z, status = np.empty((m, n)), np.empty(m), np.empty(m, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, w, out, log_z, status, chunks, 0)
+    _kernels.log_geometric_pool_kernel(read_only(lp), w, out, log_z, status, chunks, 0)
     assert not status.any()
     np.testing.assert_allclose(out, _reference.log_geometric_pool(lp, w), rtol=1e-12, atol=1e-12)
 
@@ -61,7 +62,7 @@ def test_arithmetic_pool_kernel_vs_twin(inputs, chunks):
     lp, w = inputs
     K, m, n = lp.shape
     out, status = np.empty((m, n)), np.empty(m, np.int8)
-    _kernels.log_arithmetic_pool_kernel(lp, np.log(w), out, status, chunks, 0)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), out, status, chunks, 0)
     assert not status.any()
     np.testing.assert_allclose(out, _reference.log_arithmetic_pool(lp, w), rtol=1e-12, atol=1e-12)
 
@@ -71,9 +72,9 @@ def test_pool_kernels_flag_bad_rows():
     lp[1, 1, 2] = 0.5
     lp[1, 2, 3] = np.nan
     out, log_z, status = np.empty((3, 4)), np.empty(3), np.empty(3, np.int8)
-    _kernels.log_geometric_pool_kernel(lp, np.array([0.5, 0.5]), out, log_z, status, 2, 0)
+    _kernels.log_geometric_pool_kernel(read_only(lp), np.array([0.5, 0.5]), out, log_z, status, 2, 0)
     assert list(status) == [0, 1, 1]
-    _kernels.log_arithmetic_pool_kernel(lp, np.log([0.5, 0.5]), out, status, 2, 0)
+    _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log([0.5, 0.5]), out, status, 2, 0)
     assert list(status) == [0, 1, 1]
 
 

@@ -10,6 +10,7 @@ from scipy.special import gammaln, logsumexp
 import aggregation as ag
 import analysis
 from aggregation import examples
+from aggregation.validate import read_only
 from learners import _kernels, _reference, closed_forms, online
 
 
@@ -292,7 +293,7 @@ def test_add_beta_kernel_matches_reference_tabular(forced):
     mix = w @ probs
     prob, index = online.alias_tables(mix[None, None])
     tokens = np.random.default_rng(3).integers(0, n, T) if forced else np.zeros(0, np.int64)
-    args = (np.full((1, n), -1, np.int64), 0, 1, prob, index, np.ones(1), mix[None].copy(),
+    args = (read_only(np.full((1, n), -1, np.int64)), 0, 1, prob, index, np.ones(1), mix[None].copy(),
             float(mix @ np.log(mix)))
     seeds, grid = online._seeds([1, 2]), analysis.log_grid(T)
     out = np.zeros((2, 2, grid.size))
