@@ -12,6 +12,41 @@ settings.register_profile("ci", deadline=None, max_examples=60, derandomize=True
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _compile_each_cached_kernel_once():
+    """The two xdist workers share numba's on-disk cache, but a kernel that both need at about the same time
+    compiled in both (5-25 s each, on two busy cores). Here a cached function compiles under a lock file of its
+    own: the second worker waits, then loads the first one's cache entry (numba's ``compile`` looks in the cache
+    before compiling). Callees lock inside their callers' locks; the call graph has no cycles, so no deadlock."""
+    try:
+        import fcntl
+        from numba.core.caching import NullCache
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:
+        return
+    import hashlib
+    import tempfile
+    checkout = hashlib.sha1(str(ROOT).encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / f"multiteacher-numba-locks-{checkout}"
+    folder.mkdir(exist_ok=True)
+    compile_unlocked, held = Dispatcher.compile, set()
+
+    def compile(self, sig):
+        if isinstance(self._cache, NullCache) or id(self) in held:
+            return compile_unlocked(self, sig)
+        with open(folder / f"{self.py_func.__module__}.{self.py_func.__qualname__}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            held.add(id(self))
+            try:
+                return compile_unlocked(self, sig)
+            finally:
+                held.discard(id(self))
+
+    Dispatcher.compile = compile
+
+
+_compile_each_cached_kernel_once()
 TIERS = ("unit", "property", "integration", "slow")
 
 
