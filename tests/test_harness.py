@@ -149,7 +149,9 @@ def test_ctrl_c_prints_one_line_with_the_cells_kept_and_exits_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_RUN, str(tmp_path), "block"], cwd=repo,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while len(list((tmp_path / "cells").glob("*.pkl"))) < 2 and time.time() < deadline:
+    # saved cells only: a cell being written is a .tmp- file with the same suffix, until it is renamed
+    while len([p for p in (tmp_path / "cells").glob("*.pkl") if not p.name.startswith(TEMP_PREFIX)]) < 2 \
+            and time.time() < deadline:
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=600)    # a loaded machine: no wall-clock limit

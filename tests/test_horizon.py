@@ -61,7 +61,6 @@ def test_spec_prefix_bias_rows_recover_h_star(p, cont, w, h_star):
 def test_exact_flip_horizon_reads_up_to_h_max_and_returns_the_exact_gap():
     """Theory section 2's machine (H* = 4.301, D(H) = H x drift exactly): the first flip is 5 when h_max >= 5 and
     -1 (none) below; h_max defaults to 4 max(horizons); bad input is refused naming it."""
-    import copy
     p, cont, w, h_star = SPEC_ROWS[0]
     t = examples.prefix_bias_teachers(p, cont)
     exact = exact_flip_horizon(t, w, [0, 1, 2])
@@ -73,14 +72,16 @@ def test_exact_flip_horizon_reads_up_to_h_max_and_returns_the_exact_gap():
     assert exact_flip_horizon(t, w, [0, 1, 8], h_max=4)["first_flip"] == -1      # gaps past h_max are not read
     with pytest.raises(ValueError, match=r"^h_max = -1 must be an integer >= 0$"):
         exact_flip_horizon(t, w, [0, 1], h_max=-1)
+
+    def rewired(option, to):
+        next_state = t.next_state.copy()
+        next_state[t.start, option] = to
+        return ag.FiniteStateTeachers(next_state, t.log_probs, t.start)
     for option in (0, 1):                                     # either option ending the response is refused
-        ends = copy.deepcopy(t)
-        ends.next_state[ends.start, option] = -1
         with pytest.raises(ValueError, match=r"^the options must not end the response$"):
-            exact_flip_horizon(ends, w, [0, 1])
-        to_zero = copy.deepcopy(t)                            # an option leading to state 0 is a state like any
-        to_zero.next_state[to_zero.start, option] = 0
-        assert np.isfinite(exact_flip_horizon(to_zero, w, [0, 1])["margin"])
+            exact_flip_horizon(rewired(option, -1), w, [0, 1])
+        # an option leading to state 0 is a state like any
+        assert np.isfinite(exact_flip_horizon(rewired(option, 0), w, [0, 1])["margin"])
 
 
 def test_random_family_intervals_cover_the_exact_drift():
