@@ -15,6 +15,7 @@ solved by ``estimator_fixed_point``) and make k1 diverge.
 import numpy as np
 
 import aggregation as ag
+from aggregation.pools import log_softmax
 
 from .moments import estimator_derivatives
 
@@ -111,7 +112,7 @@ def estimator_fixed_point(task, objective, alpha, importance=False, tol=1e-11):
         scale = np.where(total > 0, 1.0 / np.where(total > 0, total, 1.0), 0.0)[:, None]
 
         def expected_gradient(z):
-            lq = _log_softmax(z)
+            lq = log_softmax(z)
             q = np.exp(lq)
             r_t = lp - lq if routed else np.broadcast_to(pooled - lq, lp.shape)       # (K, S, n)
             c_t = np.exp(lq - lp) if importance else 1.0
@@ -121,18 +122,11 @@ def estimator_fixed_point(task, objective, alpha, importance=False, tol=1e-11):
             return (coef - q * coef.sum(1, keepdims=True)) * scale
         z = _stable_zero(expected_gradient, np.zeros((t.S, t.n)), tol,
                          f"estimator_fixed_point({objective}, alpha={alpha}), step {h}")
-        lq = _log_softmax(z)
+        lq = log_softmax(z)
         q = np.exp(lq)
         out[h] = lq
         d_q = _step_occupancy(t, d_q, q)
     return out
-
-
-def _log_softmax(z):
-    """Each row of finite logits z as log-probabilities. The gradient flow below calls it some 10^4 times per
-    fixed point on small tables, where scipy's logsumexp, with its checks, took most of the flow's time."""
-    shifted = z - z.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def _stable_zero(F, z, tol, what, flow_tol=1e-3, max_flow=200_000, max_newton=50, eps=1e-7):

@@ -18,6 +18,7 @@ from scipy import optimize
 from scipy.special import logsumexp
 
 import aggregation as ag
+from aggregation.pools import log_softmax
 from aggregation.validate import check_int, check_log_probs, check_probs, check_token_ids, check_weights, read_only
 
 from . import _kernels
@@ -357,7 +358,7 @@ METHODS = {"OGD": (0, 0), "ONS": (0, 1), "Newton-style": (0, 2), "frozen": (0, 3
 
 def _loglinear_objective(theta, features, stats_xy, lam, t, pooled, on_policy):
     logits = features @ theta                                   # (X, n)
-    log_q = logits - logsumexp(logits, axis=1, keepdims=True)
+    log_q = log_softmax(logits)
     q = np.exp(log_q)
     phi_bar = np.einsum("xa,xad->xd", q, features)
     if on_policy:

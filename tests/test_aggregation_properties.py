@@ -388,3 +388,15 @@ def test_one_minus_partition_for_nearly_equal_teachers():
         chi2 = np.sum((p2 - p1) ** 2 / p1)
         one_minus_z = -np.expm1(ag.log_partition(np.log(np.stack([p1, p2])), w))
         assert one_minus_z == pytest.approx(w[0] * w[1] * chi2 / 2, rel=20 * delta)
+
+
+@given(st.integers(0, 2**31), st.sampled_from([0, 1, -1]), st.sampled_from([0.0, 700.0, -1e4]))
+def test_log_softmax_is_the_log_of_the_normalised_exponentials(seed, axis, offset):
+    """Rows (or columns) sum to one in probability and keep the logits' differences; logits far from 0 (where
+    exp alone overflows or underflows to 0) give the same as near it."""
+    from scipy.special import log_softmax as scipy_log_softmax
+    from aggregation.pools import log_softmax
+    z = np.random.default_rng(seed).normal(scale=5, size=(4, 6, 3))
+    got = log_softmax(z + offset, axis=axis)
+    np.testing.assert_allclose(got, scipy_log_softmax(z, axis=axis), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.exp(got).sum(axis=axis), 1.0, rtol=1e-13)
