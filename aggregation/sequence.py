@@ -66,15 +66,12 @@ class FiniteStateTeachers:
         self.next_state = np.ascontiguousarray(ns, dtype=np.int64)
         self.log_probs = lp
         self.start = int(start)
-        self.next_state.flags.writeable = False
-        self.log_probs.flags.writeable = False
         if S >= 2**31 - 1:
             raise ValueError(f"S = {S} states: at most 2^31 - 2 (transitions are stored as int32)")
         # int32 transitions with S for an end, made once: every step of the recursion reads them
         self._transitions = _kernels.end_transitions(self.next_state)
-        self._transitions.flags.writeable = False
         self._ends = _kernels.every_token_ends(self.next_state)
-        self._ends.flags.writeable = False
+        self._freeze()
 
     @classmethod
     def from_probs(cls, next_state, probs, start=0):
@@ -94,6 +91,9 @@ class FiniteStateTeachers:
         """Unpickled (a process pool, dask) the tables are read-only again, as built: NumPy's pickles do not keep
         the flag, and a writeable table would also compile a second copy of each kernel that reads it."""
         self.__dict__.update(state)
+        self._freeze()
+
+    def _freeze(self):
         for table in (self.next_state, self.log_probs, self._transitions, self._ends):
             table.flags.writeable = False
 

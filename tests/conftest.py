@@ -47,6 +47,7 @@ def _compile_each_cached_kernel_once():
 
 
 _compile_each_cached_kernel_once()
+
 TIERS = ("unit", "property", "integration", "slow")
 
 
