@@ -3,6 +3,7 @@
     python benchmarks/bench_aggregation.py [--threads 2] [--rounds 5] [--K 2,4,8] [--V 32000,151936]
         [--N 256,2048] [--dtypes float32,float64] [--max-gb 1.3] [--shapes random,tree,llm] [--csv PATH]
     python benchmarks/bench_aggregation.py --table benchmarks/bench_aggregation*.csv     # the README's tables
+    python benchmarks/bench_aggregation.py --decide RUN.csv [RUN.csv ...] [--csv OUT]  # issue 45's targets
 
 Sections (every figure is written to the CSV, ``benchmarks/bench_aggregation.csv`` by default):
 
@@ -27,6 +28,13 @@ each, wall and CPU time (``time.process_time``: all threads of this process) as 
 the ratio peer / ours taken round by round (min / median / max over the rounds). Memory bandwidth
 fraction: the bytes a pool must move (read K N V, write N V, in the dtype) over its median time, divided
 by the STREAM median. Correctness: every contender is checked against ours before it is timed.
+
+Verdicts (``--decide``): a run's figures move with the machine's state (the memory's speed, what the other
+core does), more than the rounds of one run show, so a target is decided over several runs, each a fresh
+process: each run gives one statistic per target and size (the median of its round-by-round ratios; for
+"the fastest peer", the least of the peers' medians), and the target is met when the 95% Student-t interval
+of the statistic's geometric mean over the runs (df = runs - 1) lies on its side of the threshold, missed
+when it lies on the other side, inconclusive when it holds the threshold (``TARGETS``).
 """
 
 import argparse
@@ -38,6 +46,21 @@ import sys
 import time
 
 import numpy as np
+
+# issue 45's targets: (name, section, case, what the statistic is, threshold, at_least); "peers": the least
+# peer / ours median of the run; "floor": ours / floor; "1thread": ours on one thread / ours on two, with the
+# other core busy, where "no worse" is read with a 5% non-inferiority margin (one thread at most 5% faster)
+TARGETS = (
+    ("geometric >= 1.2x the fastest peer (float32)", "pool", "geometric", "peers", 1.2, True, "float32"),
+    ("geometric >= 2x the fastest peer (float64)", "pool", "geometric", "peers", 2.0, True, "float64"),
+    ("geometric within 1.3x of the floor", "pool", "geometric", "floor", 1.3, False, None),
+    ("mixture >= 3x the fastest peer", "pool", "mixture", "peers", 3.0, True, None),
+    ("mixture within 2.5x of the floor", "pool", "mixture", "floor", 2.5, False, None),
+    ("recursion >= 5x the best of NumPy and torch", "recursion", None, "peers", 5.0, True, None),
+    ("recursion, other core busy: no worse than one thread (5% margin)", "recursion+busy", None, "1thread", 0.95,
+     True, None),
+)
+NOT_PEERS = {"ours", "ours-fresh", "floor", "compute", "ours-1thread"}
 
 
 def parse_list(text, kind=int):
@@ -371,14 +394,18 @@ def print_rows(rows):
               f"{r['ratio_med']:.2f} / {r['ratio_max']:.2f}, bw {r['bw_fraction']:.0%}", flush=True)
 
 
+def read_rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
 def table(paths):
     """Markdown tables of one or more CSVs this script wrote: per pool case, ours / floor and each peer / ours
     (median of the round-by-round ratios, [min, max]), the bandwidth fraction, wall and CPU medians."""
     keyed = {}                        # a row of a later CSV replaces the same row of an earlier one
     for path in paths:
-        with open(path) as f:
-            for r in csv.DictReader(line for line in f if not line.startswith("#")):
-                keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
+        for r in read_rows(path):
+            keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
     rows = list(keyed.values())
     pools = [r for r in rows if r["section"] == "pool"]
     peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor", "compute"})
@@ -414,6 +441,52 @@ def table(paths):
                   + " |")
 
 
+def run_statistics(rows):
+    """One run's statistic per (target, case, K, V, N, dtype) of ``TARGETS`` from its CSV rows (see the module
+    docstring): the least peer / ours median, ours / floor, or one thread / two threads."""
+    out = {}
+    sizes = {(r["section"], r["case"], r["K"], r["V"], r["N"], r["dtype"]) for r in rows}
+    for name, section, case, kind, _, _, dtype in TARGETS:
+        for size in sorted(sizes):
+            if size[0] != section or (case is not None and size[1] != case) or (dtype is not None and size[5] != dtype):
+                continue
+            med = {r["contender"]: float(r["ratio_med"]) for r in rows
+                   if (r["section"], r["case"], r["K"], r["V"], r["N"], r["dtype"]) == size}
+            if kind == "peers":
+                peers = [v for c, v in med.items() if c not in NOT_PEERS]
+                value = min(peers) if peers else None
+            elif kind == "floor":
+                value = 1.0 / med["floor"] if "floor" in med else None
+            else:
+                value = med.get("ours-1thread")
+            if value is not None:
+                out[(name,) + size[1:]] = value
+    return out
+
+
+def decide(paths, level=0.95):
+    """Verdict rows on ``TARGETS`` over the runs ``paths`` (one CSV each): per target and size, the runs'
+    statistics, their geometric mean and its ``level`` Student-t interval (log scale, df = runs - 1), and
+    met / missed / inconclusive (``analysis.verdicts.bound_verdict``); sizes measured in fewer than 2 runs
+    are left out."""
+    from analysis.statistics import mean_interval
+    from analysis.verdicts import bound_verdict
+    words = {"reproduces": "met", "does not reproduce": "missed", "inconclusive": "inconclusive"}
+    stats = [run_statistics(read_rows(p)) for p in paths]
+    rules = {t[0]: t for t in TARGETS}
+    out = []
+    for key in sorted(set().union(*stats), key=lambda k: (list(rules).index(k[0]),) + k[1:]):
+        values = np.array([s[key] for s in stats if key in s])
+        if values.size < 2:
+            continue
+        name, threshold, at_least = key[0], rules[key[0]][4], rules[key[0]][5]
+        mean, lo, hi = (float(np.exp(v[0])) for v in mean_interval(np.log(values)[:, None], level))
+        out.append(dict(target=name, case=key[1], K=key[2], V=key[3], N=key[4], dtype=key[5], runs=values.size,
+                        threshold=threshold, geo_mean=mean, lo=lo, hi=hi, run_min=values.min(), run_max=values.max(),
+                        verdict=words[bound_verdict(lo, hi, threshold, at_most=not at_least)]))
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -429,11 +502,30 @@ def main(argv=None):
     parser.add_argument("--skip-recursion", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help="recursion contenders to leave out (e.g. torch, when it takes minutes a call)")
     parser.add_argument("--table", nargs="+", metavar="CSV", help="print the Markdown tables of these CSVs and exit")
-    parser.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                      "bench_aggregation.csv"))
+    parser.add_argument("--decide", nargs="+", metavar="CSV",
+                        help="verdicts on issue 45's targets over these runs (one CSV each), written to --csv")
+    parser.add_argument("--csv", help="output (default benchmarks/bench_aggregation.csv; with --decide, "
+                                      "benchmarks/bench_aggregation_decisions.csv)")
     args = parser.parse_args(argv)
+    if args.csv is None:
+        args.csv = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "bench_aggregation_decisions.csv" if args.decide else "bench_aggregation.csv")
     if args.table:
         return table(args.table)
+    if args.decide:
+        if len(args.decide) < 2:
+            parser.exit(2, "bench_aggregation: error: --decide needs the CSVs of at least two runs\n")
+        import pandas as pd
+        from harness import write_csv
+        rows = decide(args.decide)
+        write_csv(args.csv, pd.DataFrame(rows))
+        print("| target | case | K | V | N | dtype | runs | geometric mean [95% interval] | runs' range | verdict |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['target']} | {r['case']} | {r['K']} | {r['V']} | {r['N']} | {r['dtype']} | {r['runs']} | "
+                  f"{r['geo_mean']:.2f} [{r['lo']:.2f}, {r['hi']:.2f}] | {r['run_min']:.2f}-{r['run_max']:.2f} | "
+                  f"{r['verdict']} |")
+        return 0
     if args.threads < 1 or args.rounds < 1:
         parser.exit(2, "bench_aggregation: --threads and --rounds must be >= 1\n")
     if not set(args.dtypes) <= {"float32", "float64"}:
