@@ -11,14 +11,16 @@ nodes); this backend asks it what :class:`llm_bridge.backend.InProcess` computes
                                       temperature with a seed drawn from the row's generator; it stops
                                       after an end token (``stop_token_ids``; the model's own EOS ignored)
     distributions(rows)               the full next-token log-probabilities (a server started with
-                                      ``--max-logprobs -1``; ~40x slower than in process: short texts only)
+                                      ``--max-logprobs -1``; one request per position and teacher, ~40x
+                                      slower than in process on a CPU server: short texts only)
 
 Requests run concurrently, at most ``max_in_flight`` at a time, each with a timeout and ``retries``
 retries with exponential backoff for a refused connection, a timeout, a 5xx or a 429; anything else, or
 the last failure, is a :class:`ServerError` whose message is one line naming the server.
 
 What a server cannot give cheaply: the full next-token distribution (all n log-probabilities per position
-come back only with ``--max-logprobs -1``, ~40x slower than in process), so the analyses that follow many
+come back only with ``--max-logprobs -1``, one generation step per position, ~40x slower than in process on a
+CPU server: benchmarks/README.md), so the analyses that follow many
 responses work from the top k with bounds (:mod:`llm_bridge.topk_bounds`); and prompt log-probabilities at a
 temperature other than 1 (vLLM's prompt log-probabilities are always at temperature 1). A tempered teacher
 (temperature T != 1) is therefore scored one generation step per position: the request carries T and
@@ -263,31 +265,37 @@ class Served:
     def distributions(self, rows, models=None, block=128):
         """Every model's full next-token log-probabilities along given token ids, as
         :meth:`llm_bridge.backend.InProcess.distributions` yields them (``(row, position, log_probs (J, b, n)
-        float32 tensor)``, blocks of at most ``block`` positions of one row), at each teacher's temperature:
-        the server returns all n log-probabilities at temperature 1 and the temperature is applied here,
-        exactly (``log_softmax(ln p / T)``). Needs a server started with ``--max-logprobs -1`` and is ~40x slower
-        than in process (a response of n entries per position): for studies of the full vocabulary on short
-        texts. One row's requests (one per model) at a time, so memory is O(J x T_i x n)."""
+        float32 tensor)``, blocks of at most ``block`` positions of one row), at each teacher's temperature.
+        One generation step per position and model at temperature 1 with all n log-probabilities
+        (``logprobs = n``: a server started with ``--max-logprobs -1``), the temperature applied here, exactly
+        (``log_softmax(ln p / T)``). Not prompt log-probabilities: those come for every position of the prompt
+        as well (the template and prompt, not only the continuation), each entry with its decoded text, and a
+        request that asks for them cannot reuse the server's prefix cache; the steps can. Answers are read
+        ``max_in_flight`` requests at a time, so memory is O(J x T_i x n) floats for a row."""
         import torch
         models = self._models(models)
         block = check_int(block, "block", 1)
         n = self.vocab_size
-        for i, row in enumerate(rows):
-            answers = self._prompt_log_probs([row], models, -1)
-            lp = np.full((len(models), len(row[1]), n), -np.inf, dtype=np.float32)
-            for m, entries in enumerate(answers):
-                for t, entry in enumerate(entries):
-                    if len(entry) < n:
-                        raise ServerError(f"server {self.models[models[m]].url} returned {len(entry)} of the {n} "
+        for i, (p, c) in enumerate(self._rows(rows)):
+            lp = np.full((len(models), len(c), n), -np.inf, dtype=np.float32)
+            asks = [(m, t) for m in range(len(models)) for t in range(len(c))]
+            for lo in range(0, len(asks), self.max_in_flight):
+                chunk = asks[lo:lo + self.max_in_flight]
+                calls = [(models[m], "/v1/completions", dict(self._step(models[m], p + c[:t], 1.0), logprobs=n))
+                         for m, t in chunk]
+                for (m, t), answer in zip(chunk, self._map(calls)):
+                    got = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+                    if len(got) < n:
+                        raise ServerError(f"server {self.models[models[m]].url} returned {len(got)} of the {n} "
                                           "log-probabilities of a position (start it with --max-logprobs -1)")
-                    ids = np.fromiter(entry.keys(), dtype=np.int64, count=len(entry))
-                    lp[m, t, ids] = np.fromiter((v["logprob"] for v in entry.values()), dtype=np.float64,
-                                                count=len(entry))
-                temperature = self.models[models[m]].temperature
+                    ids = np.fromiter((int(k.rpartition(":")[2]) for k in got), dtype=np.int64, count=len(got))
+                    lp[m, t, ids] = np.fromiter(got.values(), dtype=np.float64, count=len(got))
+            for m, j in enumerate(models):
+                temperature = self.models[j].temperature
                 if temperature != 1.0:
                     lp[m] = torch.log_softmax(torch.from_numpy(lp[m]).double() / temperature, dim=-1).float().numpy()
-            for lo in range(0, lp.shape[1], block):
-                t = np.arange(lo, min(lo + block, lp.shape[1]))
+            for lo in range(0, len(c), block):
+                t = np.arange(lo, min(lo + block, len(c)))
                 yield np.full(len(t), i), t, torch.from_numpy(lp[:, t])
 
     # -- generation ------------------------------------------------------------------------------

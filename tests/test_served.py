@@ -193,6 +193,79 @@ def test_served_errors_are_one_line_naming_the_server(server, personas):
         served.score([([1, 2], [teachers.vocab_size])])
 
 
+class FakeSteps:
+    """A stand-in for a server's generation step on 127.0.0.1 (no vLLM): every request's top log-probabilities are
+    log_softmax of logits that depend on the whole context (sum of (i + 1) * id over the prompt, in a sine),
+    over n tokens, ``drop`` of them left out; it records every request body."""
+
+    def __init__(self, n, drop=0):
+        import http.server
+        import json
+        import threading
+        self.n, self.bodies = n, []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.bodies.append(body)
+                lp = fake.log_probs(body["prompt"])
+                top = {f"token_id:{a}": float(lp[a]) for a in range(n - drop)}
+                data = json.dumps({"choices": [{"logprobs": {"top_logprobs": [top]}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def log_probs(self, context):
+        h = sum((i + 1) * a for i, a in enumerate(context))
+        logits = 3 * np.sin(h * 0.37 + np.arange(self.n) * 1.3)
+        return logits - np.log(np.exp(logits).sum())
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_served_distributions_ask_each_position_once_and_apply_the_temperature():
+    """Served.distributions against a stand-in server: one generation step per position and teacher, with the
+    teacher's template, the prompt and the continuation before that position, at temperature 1 with all n
+    log-probabilities; the answers land at their positions (blocks of 2), the tempered teacher's as
+    log_softmax(ln p / T); a server that returns fewer than n is one line naming it and the flag to add."""
+    n = 7
+    fake = FakeSteps(n)
+    try:
+        teachers = [ServedTeacher(fake.url, MODEL, [9, 8], 1.0, "cold"), ServedTeacher(fake.url, MODEL, [5], 0.5, "hot")]
+        rows = [([1, 2], [3, 4, 5]), ([6], [2])]
+        got = {(int(i), int(t)): x.numpy() for r, ts, lp in Served(teachers, n, max_in_flight=3).distributions(
+            rows, block=2) for i, t, x in zip(r, ts, lp.unbind(1))}
+        assert sorted(got) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+        for (r, t), lp in got.items():
+            p, c = rows[r]
+            for m, teacher in enumerate(teachers):
+                want = fake.log_probs(teacher.template_ids + p + c[:t]) / teacher.temperature
+                want -= np.log(np.exp(want).sum())
+                np.testing.assert_allclose(lp[m], want, atol=1e-6)
+        assert len(fake.bodies) == 2 * 4
+        assert all(b["logprobs"] == n and b["temperature"] == 1.0 and b["max_tokens"] == 1 for b in fake.bodies)
+    finally:
+        fake.stop()
+    short = FakeSteps(n, drop=1)
+    try:
+        with pytest.raises(ServerError, match=rf"server {short.url} returned 6 of the 7 .* --max-logprobs -1") as err:
+            next(Served([ServedTeacher(short.url, MODEL)], n).distributions([([1], [2])]))
+        assert "\n" not in str(err.value)
+    finally:
+        short.stop()
+
+
 def test_a_server_that_is_down_is_one_line_after_its_retries():
     """Nothing listens on the port: ServerError after 1 + retries tries with backoff, one line, naming it."""
     port = free_port()
