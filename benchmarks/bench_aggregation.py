@@ -408,7 +408,7 @@ def table(paths):
             keyed[tuple(r[c] for c in ("section", "case", "K", "V", "N", "dtype", "contender"))] = r
     rows = list(keyed.values())
     pools = [r for r in rows if r["section"] == "pool"]
-    peers = sorted({r["contender"] for r in pools} - {"ours", "ours-fresh", "floor", "compute"})
+    peers = sorted({r["contender"] for r in pools} - NOT_PEERS)
     print("| pool | K | V | N | dtype | ours ms (cpu ms) | ours / floor | compute / floor | bw of STREAM | "
           + " | ".join(f"{p} / ours" for p in peers) + " | ours-fresh / ours |")
     print("|" + "---|" * (9 + len(peers)))

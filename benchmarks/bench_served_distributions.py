@@ -3,7 +3,8 @@ with all n log-probabilities) against the request it replaced (vLLM's prompt log
 ``prompt_logprobs = -1``) and against the in-process backend, on the shipped teachers (two personas of
 SmolLM2-135M, n = 49,152), one row: the prompt of ``sims/topk_bias.py`` and a continuation of T tokens.
 
-    python benchmarks/bench_served_distributions.py [--T 4,16] [--rounds 3] [--out benchmarks/bench_served_distributions.csv]
+    python benchmarks/bench_served_distributions.py [--T 4,16] [--rounds 3]
+        [--out benchmarks/bench_served_distributions.csv]
 
 Starts its own server (``llm_bridge.served.LocalServer``, .venv-vllm: ``make vllm``) on 127.0.0.1, float32, and
 stops it. Each contender runs once per round, interleaved, after a warm-up; wall seconds per call (min, median,

@@ -2,8 +2,9 @@
 
 A server returns, at each position, every teacher's k most likely tokens with their log-probabilities and
 the log-probability of the token the response holds, not the full distribution (all n of them come back
-one request per position, ~40x slower than in process on a CPU server). What that leaves unknown is each teacher's *tail*: the tokens outside its top k, whose total
-mass tau_k = 1 - (the known mass) is exact and each of which has p_k(a) <= u_k = min(p_k(k-th), tau_k).
+one request per position, ~40x slower than in process on a CPU server). What that leaves unknown is each
+teacher's *tail*: the tokens outside its top k, whose total mass tau_k = 1 - (the known mass) is exact and
+each of which has p_k(a) <= u_k = min(p_k(k-th), tau_k).
 
 Let S be the tokens whose log-probability is known under every positive-weight teacher (listed by all, the
 response's token, or scored exactly on request) and R the rest. On S, A(a) = sum_k w_k p_k(a) and

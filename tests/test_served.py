@@ -242,7 +242,8 @@ def test_served_distributions_ask_each_position_once_and_apply_the_temperature()
     n = 7
     fake = FakeSteps(n)
     try:
-        teachers = [ServedTeacher(fake.url, MODEL, [9, 8], 1.0, "cold"), ServedTeacher(fake.url, MODEL, [5], 0.5, "hot")]
+        teachers = [ServedTeacher(fake.url, MODEL, [9, 8], 1.0, "cold"),
+                    ServedTeacher(fake.url, MODEL, [5], 0.5, "hot")]
         rows = [([1, 2], [3, 4, 5]), ([6], [2])]
         got = {(int(i), int(t)): x.numpy() for r, ts, lp in Served(teachers, n, max_in_flight=3).distributions(
             rows, block=2) for i, t, x in zip(r, ts, lp.unbind(1))}
