@@ -445,13 +445,14 @@ def run_statistics(rows):
     """One run's statistic per (target, case, K, V, N, dtype) of ``TARGETS`` from its CSV rows (see the module
     docstring): the least peer / ours median, ours / floor, or one thread / two threads."""
     out = {}
-    sizes = {(r["section"], r["case"], r["K"], r["V"], r["N"], r["dtype"]) for r in rows}
+    by_size = {}                                      # (section, case, K, V, N, dtype) -> {contender: ratio_med}
+    for r in rows:
+        size = (r["section"], r["case"], r["K"], r["V"], r["N"], r["dtype"])
+        by_size.setdefault(size, {})[r["contender"]] = float(r["ratio_med"])
     for name, section, case, kind, _, _, dtype in TARGETS:
-        for size in sorted(sizes):
+        for size, med in sorted(by_size.items()):
             if size[0] != section or (case is not None and size[1] != case) or (dtype is not None and size[5] != dtype):
                 continue
-            med = {r["contender"]: float(r["ratio_med"]) for r in rows
-                   if (r["section"], r["case"], r["K"], r["V"], r["N"], r["dtype"]) == size}
             if kind == "peers":
                 peers = [v for c, v in med.items() if c not in NOT_PEERS]
                 value = min(peers) if peers else None

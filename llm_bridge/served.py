@@ -18,16 +18,16 @@ Requests run concurrently, at most ``max_in_flight`` at a time, each with a time
 retries with exponential backoff for a refused connection, a timeout, a 5xx or a 429; anything else, or
 the last failure, is a :class:`ServerError` whose message is one line naming the server.
 
-What a server cannot give cheaply: the full next-token distribution (all n log-probabilities per position
-come back only with ``--max-logprobs -1``, one generation step per position, ~40x slower than in process on a
-CPU server: benchmarks/README.md), so the analyses that follow many
-responses work from the top k with bounds (:mod:`llm_bridge.topk_bounds`); and prompt log-probabilities at a
-temperature other than 1 (vLLM's prompt log-probabilities are always at temperature 1). A tempered teacher
-(temperature T != 1) is therefore scored one generation step per position: the request carries T and
-``logprob_token_ids`` (the tokens asked), and a server started with ``--logprobs-mode processed_logprobs``
-answers ``log_softmax(logits / T)`` of those tokens, exactly; a server in vLLM's default mode
-(``raw_logprobs``) would answer at temperature 1, so :meth:`Served.check_temperatures` asks once and refuses
-it. Ranks do not change with T, so a tempered teacher's top k are its temperature-1 top k, re-scored at T.
+What a server cannot give cheaply: the full next-token distribution (all n log-probabilities per position come
+back only with ``--max-logprobs -1``, one generation step per position, ~40x slower than in process on a CPU
+server: benchmarks/README.md), so the analyses that follow many responses work from the top k with bounds
+(:mod:`llm_bridge.topk_bounds`); and prompt log-probabilities at a temperature other than 1 (vLLM's prompt
+log-probabilities are always at temperature 1). A tempered teacher (temperature T != 1) is therefore scored one
+generation step per position: the request carries T and ``logprob_token_ids`` (the tokens asked), and a server
+started with ``--logprobs-mode processed_logprobs`` answers ``log_softmax(logits / T)`` of those tokens,
+exactly; a server in vLLM's default mode (``raw_logprobs``) would answer at temperature 1, so
+:meth:`Served.check_temperatures` asks once and refuses it. Ranks do not change with T, so a tempered teacher's
+top k are its temperature-1 top k, re-scored at T.
 """
 
 import json
@@ -268,10 +268,10 @@ class Served:
         float32 tensor)``, blocks of at most ``block`` positions of one row), at each teacher's temperature.
         One generation step per position and model at temperature 1 with all n log-probabilities
         (``logprobs = n``: a server started with ``--max-logprobs -1``), the temperature applied here, exactly
-        (``log_softmax(ln p / T)``). Not prompt log-probabilities: those come for every position of the prompt
-        as well (the template and prompt, not only the continuation), each entry with its decoded text, and a
-        request that asks for them cannot reuse the server's prefix cache; the steps can. Answers are read
-        ``max_in_flight`` requests at a time, so memory is O(J x T_i x n) floats for a row."""
+        (``log_softmax(ln p / T)``). Not prompt log-probabilities: those come for every position of the template
+        and prompt as well, each entry with its decoded text (15x slower for a 4-token continuation of the
+        shipped teachers: benchmarks/README.md). Answers are read ``max_in_flight`` requests at a time, so memory
+        is O(J x T_i x n) floats for a row."""
         import torch
         models = self._models(models)
         block = check_int(block, "block", 1)
