@@ -10,8 +10,8 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from .jit import FASTMATH as _FM
-from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_inplace, fetch_add_one, ln, ln_normal, log_inplace,
-                  soft_value, yield_cpu)
+from .jit import (EXP7_C, EXP_C, atomic_add, exp_below, exp_below32, exp_inplace, fetch_add_one, ln, ln32_normal,
+                  ln_normal, log_inplace, soft_value, yield_cpu)
 from .validate import read_only
 
 
@@ -55,9 +55,15 @@ def log_kernel(x):
 # That is what lets a float32 result take cheaper terms: a degree-7 exp, each term within 1e-8 of itself
 # (``jit.exp_below`` with ``EXP7_C``), moves ln Z and out by at most 1e-8 (ln Z - max s), a sixth of a float32
 # ulp of the most probable token's log-probability -(ln Z - max s) and less of every other; without the shift
-# it would be 1e-8 absolute, thousands of ulps near 0. float64 results keep the exact terms. The float32
-# mixture in linear space takes the degree-7 terms too, where that 1e-8 absolute is a sixth of an ulp: an
-# output below -ln 2; a tile with an output above it is redone with the exact terms (at most one token a row).
+# it would be 1e-8 absolute, thousands of ulps near 0. float64 results keep the exact terms.
+# The float32 mixture goes further: out = ln S, S = sum_k w_k e^x_k, is a log, so a relative error of S is an
+# absolute error of out, and away from 0 a float32 ulp of out is large. A tile whose sums all lie in [2^-80, 2^-6]
+# (out in [-55.5, -4.16]: the bulk of a vocabulary) runs in float32 arithmetic, twice the lanes: terms within 1.5
+# float32 ulps, 3 2^-24 relative (``jit.exp_below32``), the weights and each product rounded once, K - 1 roundings
+# in the sum, so S is within (K + 4) 2^-24 relative, and ``jit.ln32_normal`` within 1 ulp of ln of it:
+#     |out - exact| <= 1 ulp of out + (K + 4) 2^-24,   at most 1 + (K + 4) / 8 ulps of out (|out| >= 4.16).
+# Other tiles (a token of mixture probability above 1/64, or sums below 2^-80, where the terms' clamp at e^-87
+# would count) are redone in float64 (at most 64 tiles a row, and a tile with a bad input, which that path flags).
 # Bandwidth: 4 bytes a value read and written for float32, as the data.
 #
 # Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
@@ -289,13 +295,13 @@ def _mixture_tile(log_probs, log_weights, m, a0, t, mx, sm, o):
 
 
 @njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
-def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
+def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o):
     """o[:t] <- ln sum_k w_k exp(x_k) over log_probs[:, m, a0:a0 + t] in linear space: K exps of
     log-probabilities (arguments <= 0: no overflow, no maximum to track) and one log an entry, with
-    ``jit.exp_below``'s terms of the given coefficients. Returns (the number of inputs that are > 0 or NaN,
-    the least sum, the largest sum); o is written only when the least sum is at least 1e-280: below (every x_k
-    there below about -645, or -inf) the tile is for :func:`_mixture_tile` (``exp_below`` takes an argument
-    below -700 as -700, so a term of at most 1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
+    ``jit.exp_below``'s exact terms. Returns (the number of inputs that are > 0 or NaN, the least sum); o is
+    written only when the least sum is at least 1e-280: below (every x_k there below about -645, or -inf) the
+    tile is for :func:`_mixture_tile` (``exp_below`` takes an argument below -700 as -700, so a term of at most
+    1e-304 is off by at most that: 1e-24 of a sum >= 1e-280)."""
     K = log_probs.shape[0]
     bad = 0.0
     wk = weights[0]
@@ -303,23 +309,60 @@ def _mixture_tile_linear(log_probs, weights, m, a0, t, sm, o, coefficients):
     for i in range(t):
         x = np.float64(xs[i])
         bad += 0.0 if x <= 0.0 else 1.0
-        sm[i] = wk * exp_below(x, coefficients)
+        sm[i] = wk * exp_below(x, EXP_C)
     for k in range(1, K):
         wk = weights[k]
         xs = log_probs[k, m, a0:a0 + t]
         for i in range(t):
             x = np.float64(xs[i])
             bad += 0.0 if x <= 0.0 else 1.0
-            sm[i] += wk * exp_below(x, coefficients)
+            sm[i] += wk * exp_below(x, EXP_C)
     low = np.inf
-    high = 0.0
     for i in range(t):
         low = min(low, sm[i])
-        high = max(high, sm[i])
     if low >= 1e-280:
         for i in range(t):
             o[i] = ln_normal(sm[i])        # >= 1e-280 (or a bad input's, which is flagged)
-    return bad, low, high
+    return bad, low
+
+
+_MIX32_LOW = np.float32(2.0**-80)     # a float32 tile's sums lie in [2^-80, 2^-6]: below, terms clamped at e^-87
+_MIX32_HIGH = np.float32(2.0**-6)     # would count; above, (K + 4) 2^-24 would be more than (K + 4) / 8 ulps of out
+
+
+@njit(cache=True, inline="always", fastmath=_FM, error_model="numpy")
+def _mixture_tile32(log_probs, weights32, m, a0, t, sm, o):
+    """o[:t] <- ln sum_k w_k exp(x_k) over float32 log_probs[:, m, a0:a0 + t] in float32 arithmetic (sm: a float32
+    tile): ``jit.exp_below32`` terms and ``jit.ln32_normal``, twice the lanes of :func:`_mixture_tile_linear`.
+    Returns whether o was written: only when no input is > 0 or NaN and every sum lies in [``_MIX32_LOW``,
+    ``_MIX32_HIGH``], where the error analysis allows float32 arithmetic; otherwise the tile is for the float64
+    path (which flags bad inputs)."""
+    K = log_probs.shape[0]
+    zero, one = np.float32(0.0), np.float32(1.0)
+    bad = zero
+    wk = weights32[0]
+    xs = log_probs[0, m, a0:a0 + t]
+    for i in range(t):
+        x = np.float32(xs[i])
+        bad += zero if x <= zero else one
+        sm[i] = wk * exp_below32(x)
+    for k in range(1, K):
+        wk = weights32[k]
+        xs = log_probs[k, m, a0:a0 + t]
+        for i in range(t):
+            x = np.float32(xs[i])
+            bad += zero if x <= zero else one
+            sm[i] += wk * exp_below32(x)
+    low = sm[0]
+    high = sm[0]
+    for i in range(t):
+        low = min(low, sm[i])
+        high = max(high, sm[i])
+    ok = bad == zero and low >= _MIX32_LOW and high <= _MIX32_HIGH
+    if ok:
+        for i in range(t):
+            o[i] = ln32_normal(sm[i])
+    return ok
 
 
 @njit(parallel=True, cache=True, fastmath=_FM, error_model="numpy")
@@ -332,13 +375,12 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     linear space (K exps and one log an entry, :func:`_mixture_tile_linear`: at K = 2 too, where it costs less
     than one exp and a running maximum's bookkeeping), a tile with a sum below 1e-280 redone with a streaming
     maximum (K - 1 exps, :func:`_mixture_tile`).
-    A float32 out takes the linear tile's degree-7 terms (``jit.EXP7_C``: each within 1e-8 of itself, so
-    ln of their sum within 1e-8 absolute: a sixth of a float32 ulp where out <= -ln 2), and a tile with an entry
-    above -ln 2 (a sum above 1/2: at most one token a row has mixture probability above 1/2) is redone
-    with the exact terms.
+    float32 in and out: a tile whose sums all lie in [2^-80, 2^-6] runs in float32 arithmetic
+    (:func:`_mixture_tile32`), the others as float64 ones.
     Accuracy (float64 arithmetic, see above): |out - exact| <= 1 ulp of out's dtype + (8 + K) 2^-53 (max_k |x_k| + 1)
     (linear space: each term within 2 float64 roundings and an exp's ulp, the sum within K - 1 more, the log
-    within one: (K + 5) 2^-53 absolute).
+    within one: (K + 5) 2^-53 absolute); a float32 tile: 1 ulp of out + (K + 4) 2^-24, at most 1 + (K + 4) / 8
+    float32 ulps of out there (see above).
     """
     K, M, n = log_probs.shape
     workers = max(1, min(n_workers, M * n))
@@ -349,10 +391,12 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
     flags = np.zeros(items, np.int8)
     counter = np.zeros(1, np.int64)
     weights = np.exp(log_weights)
-    fast = out.itemsize == 4
+    weights32 = weights.astype(np.float32)
+    fast = log_probs.itemsize == 4 and out.itemsize == 4
     for wk in prange(workers):
         mx = np.empty(_POOL_TILE)
         sm = np.empty(_POOL_TILE)
+        sm32 = np.empty(_POOL_TILE, np.float32)
         while True:
             it = fetch_add_one(counter)
             if it >= items:
@@ -363,13 +407,11 @@ def log_arithmetic_pool_kernel(log_probs, log_weights, out, status, n_workers, b
             for b0 in range(a0, a1, _POOL_TILE):
                 t = min(_POOL_TILE, a1 - b0)
                 o = out[m, b0:b0 + t]
-                bad, low, high = 0.0, 0.0, 0.0
-                if fast:
-                    bad, low, high = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, o, EXP7_C)
-                if not fast or (high > 0.5 and low >= 1e-280):
-                    bad, low, high = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, o, EXP_C)
-                if low < 1e-280:
-                    bad = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, o)
+                bad = 0.0
+                if not (fast and _mixture_tile32(log_probs, weights32, m, b0, t, sm32, o)):
+                    bad, low = _mixture_tile_linear(log_probs, weights, m, b0, t, sm, o)
+                    if low < 1e-280:
+                        bad = _mixture_tile(log_probs, log_weights, m, b0, t, mx, sm, o)
                 if bad > 0.0:
                     flags[it] = 1
     for m in range(M):

@@ -100,6 +100,36 @@ def _bits_of_float_jit(x):
     return lambda x: _bits_of_float(np.float64(x))
 
 
+def float32_of_bits(bits):
+    """The float32 whose bit pattern is the int32 ``bits`` (``float_of_bits`` for float32 lanes)."""
+    return np.int32(bits).view(np.float32)
+
+
+def bits_of_float32(x):
+    """The int32 bit pattern of the float32 ``x``."""
+    return np.float32(x).view(np.int32)
+
+
+@intrinsic
+def _float32_of_bits(typingctx, bits):
+    return _bit_cast(typingctx, bits, types.int32, types.float32, llvm_ir.FloatType())
+
+
+@intrinsic
+def _bits_of_float32(typingctx, x):
+    return _bit_cast(typingctx, x, types.float32, types.int32, llvm_ir.IntType(32))
+
+
+@overload(float32_of_bits)
+def _float32_of_bits_jit(bits):
+    return lambda bits: _float32_of_bits(np.int32(bits))
+
+
+@overload(bits_of_float32)
+def _bits_of_float32_jit(x):
+    return lambda x: _bits_of_float32(np.float32(x))
+
+
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
 def horner(coefficients, r):
     """c[0] r^(m-1) + ... + c[m-1] for a tuple of m floats, highest power first (a fixed-length loop that
@@ -215,6 +245,59 @@ def ln_normal(xi):
     """``ln`` without its special cases, for a positive, normal, finite xi (other inputs give meaningless
     values): the mixture's sums, which are at least 1e-280. Equal to ``ln`` there, with about a fifth less work."""
     return _ln_bits(bits_of_float(xi), 1023)
+
+
+# ------------------------------------------------------------------------------------ float32 lanes
+#
+# ``exp_below32`` and ``ln32_normal`` are ``exp_below`` and ``ln_normal`` in float32 arithmetic: twice the lanes
+# of a float64 vector (8 on AVX2, 16 on AVX-512), for the float32 mixture's terms and logs where its error
+# analysis allows them (``_kernels.py``). Both compile with contraction only (no reassociation, which could
+# undo the split of ln 2 or the compensated log), and LLVM keeps those flags when it inlines them.
+_F32 = np.float32
+_ZERO32, _HALF32, _ONE32, _TWO32 = _F32(0.0), _F32(0.5), _F32(1.0), _F32(2.0)
+EXP_FLOOR32 = _F32(-87.0)                         # e^-87 = 1.6e-38, above the least normal float32 (1.2e-38)
+_LOG2E_32 = _F32(_LOG2E)
+_LN2_HI_32 = _F32(round(math.log(2.0) * 2.0**16) / 2.0**16)   # 16 bits: k ln2_hi is exact for |k| <= 255
+_LN2_LO_32 = _F32(math.log(2.0) - float(_LN2_HI_32))
+_SQRT2_32 = _F32(_SQRT2)
+EXP7_C32 = tuple(_F32(c) for c in EXP7_C)
+# (ln((1 + r) / (1 - r)) - 2 r) / r^3 = 2/3 + 2/5 z + 2/7 z^2 + 2/9 z^3 + ..., z = r^2 <= 0.0295: the next term
+# moves ln m by at most 2/11 |r|^11, 1e-9 of it
+_LOG_C32 = (_F32(2.0 / 9.0), _F32(2.0 / 7.0), _F32(2.0 / 5.0), _F32(2.0 / 3.0))
+
+
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
+def exp_below32(d):
+    """exp(d) of a float32 d <= 0 in float32 arithmetic, a scalar that LLVM vectorises in the loop that calls it:
+    d = k ln2 + r (ln 2 in two parts, k ln2_hi exact), 2^k P7(r) (``EXP7_C32``: truncation 7e-9 relative), the
+    power of two from its bits. d is clamped to [-87, 0]: -inf and NaN give e^-87 = 1.6e-38 (a caller flags NaN
+    and takes sums that small elsewhere), d > 0 gives 1. Accuracy: within 1.5 float32 ulps of exp(d) on [-87, 0],
+    with or without fused multiply-adds in the Horner steps (tests/test_aggregation_dtypes.py, also under
+    NUMBA_DISABLE_JIT, where there are none)."""
+    d = d if d > EXP_FLOOR32 else EXP_FLOOR32
+    d = d if d < _ZERO32 else _ZERO32
+    kf = np.floor(d * _LOG2E_32 + _HALF32)
+    r = (d - kf * _LN2_HI_32) - kf * _LN2_LO_32
+    return horner(EXP7_C32, r) * float32_of_bits(np.int32((np.int32(kf) + np.int32(127)) << np.int32(23)))
+
+
+@njit(cache=True, fastmath={"contract"}, error_model="numpy")
+def ln32_normal(x):
+    """ln x of a positive, normal, finite float32 in float32 arithmetic (other inputs give meaningless values):
+    ``ln``'s compensated form, x = 2^e m, m in [sqrt(1/2), sqrt 2), f = m - 1 exact, r = f / (2 + f), with the
+    series of ``_LOG_C32``. Accuracy: within 1 float32 ulp of the exact value (tests/test_aggregation_dtypes.py)."""
+    b = bits_of_float32(x)
+    e = np.int32(np.int32(b >> np.int32(23)) - np.int32(127))
+    mant = float32_of_bits(np.int32((b & np.int32(0x7FFFFF)) | np.int32(0x3F800000)))
+    big = mant > _SQRT2_32
+    mant = mant * _HALF32 if big else mant
+    ef = _F32(e + np.int32(1)) if big else _F32(e)
+    f = mant - _ONE32                                # exact (Sterbenz)
+    r = f / (_TWO32 + f)
+    z = r * r
+    hfsq = _HALF32 * f * f
+    t = z * horner(_LOG_C32, z)
+    return ef * _LN2_HI_32 - ((hfsq - (r * (hfsq + t) + ef * _LN2_LO_32)) - f)
 
 
 @njit(cache=True, fastmath={"contract"}, error_model="numpy")
