@@ -543,13 +543,16 @@ def main(argv=None):
             notes.append(f"{mod} not installed: its column is skipped")
     bandwidth = float(np.median(stream(triad, args.rounds)))
     load = os.getloadavg()
-    print(f"# bench_aggregation {time.strftime('%Y-%m-%d %H:%M')} UTC, {platform.machine()}, {os.cpu_count()} cpus, "
+    from llvmlite import binding
+    cpu = binding.get_host_cpu_name()          # the CPU numba compiles for (LLVM's name: the vector width follows)
+    print(f"# bench_aggregation {time.strftime('%Y-%m-%d %H:%M')} UTC, {platform.machine()} ({cpu}), "
+          f"{os.cpu_count()} cpus, "
           f"numba {numba.__version__}, numpy {np.__version__}, threads {args.threads}, "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print(f"STREAM triad (median): {bandwidth / 1e9:.1f} GB/s")
     with open(args.csv, "w", newline="") as f:
         f.write(f"# {time.strftime('%Y-%m-%d %H:%M')} UTC; load average at start {load[0]:.1f}; {os.cpu_count()} cpus; "
-                f"stream row: bw_fraction = GB/s\n")
+                f"cpu {cpu}; stream row: bw_fraction = GB/s\n")
         for n in notes:
             f.write(f"# {n}\n")
         wr = csv.DictWriter(f, fieldnames=FIELDS)
