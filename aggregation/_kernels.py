@@ -81,22 +81,35 @@ _ROWS_PER_WORKER = 4  # with at least this many rows per worker a row is one ite
 def _pooled_tile(log_probs, weights, m, a0, t, e):
     """e[:t] = sum_k w_k log_probs[k, m, a0:a0 + t] (float64). Returns (sum of max(x, 0) over the inputs, sum
     of e[:t], max of e[:t]): the first > 0 iff some input is > 0, the second NaN iff one is NaN.
-    Rows are read as 1-D slices: an index into the 3-D array makes LLVM gather instead of load."""
+    Rows are read as 1-D slices: an index into the 3-D array makes LLVM gather instead of load. Two teachers a
+    pass over e (half its loads and stores), the first one alone when K is odd."""
     K = log_probs.shape[0]
     pos = 0.0
+    odd = K % 2 == 1                     # the first teacher alone, then two a pass
     w0 = weights[0]
     xs = log_probs[0, m, a0:a0 + t]
-    for i in range(t):
-        x = np.float64(xs[i])
-        pos += max(x, 0.0)
-        e[i] = w0 * x
-    for k in range(1, K):
-        wk = weights[k]
-        xs = log_probs[k, m, a0:a0 + t]
+    if odd:
         for i in range(t):
             x = np.float64(xs[i])
             pos += max(x, 0.0)
-            e[i] += wk * x
+            e[i] = w0 * x
+    else:
+        w1 = weights[1]
+        xb = log_probs[1, m, a0:a0 + t]
+        for i in range(t):
+            a = np.float64(xs[i])
+            b = np.float64(xb[i])
+            pos += max(a, 0.0) + max(b, 0.0)
+            e[i] = w0 * a + w1 * b
+    for k in range(1 if odd else 2, K, 2):
+        wa, wb = weights[k], weights[k + 1]
+        xa = log_probs[k, m, a0:a0 + t]
+        xb = log_probs[k + 1, m, a0:a0 + t]
+        for i in range(t):
+            a = np.float64(xa[i])
+            b = np.float64(xb[i])
+            pos += max(a, 0.0) + max(b, 0.0)
+            e[i] += wa * a + wb * b
     chk = 0.0
     top = -np.inf
     for i in range(t):

@@ -446,6 +446,23 @@ def test_bad_rows_are_flagged_in_every_mode(M, workers, block, dtype):
         ag.log_geometric_pool(np.delete(lp, [1, 2], axis=1), [0.5, 0.5])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_bad_input_under_any_teacher_is_flagged(dtype):
+    """The pools read the teachers two at a time (the first alone when K is odd): a positive entry or a NaN under
+    each teacher of K = 1..5, in either of a pair's two rows, flags its row and no other."""
+    for K in range(1, 6):
+        w = np.full(K, 1.0 / K)
+        for k in range(K):
+            for bad in (1e-3, np.nan):
+                lp = np.full((K, 3, 70), np.log(1.0 / 70), dtype)
+                lp[k, 1, 66] = bad
+                out, log_z, status = np.empty((3, 70), dtype), np.empty(3), np.empty(3, np.int8)
+                _kernels.log_geometric_pool_kernel(read_only(lp), w, out, log_z, status, 1, 0)
+                assert list(status) == [0, 1, 0], (K, k, bad)
+                _kernels.log_arithmetic_pool_kernel(read_only(lp), np.log(w), out, status, 1, 0)
+                assert list(status) == [0, 1, 0], (K, k, bad)
+
+
 def test_float32_mixture_flags_bad_inputs_in_tiles_whose_sums_are_in_range():
     """A positive entry under a teacher of weight 1e-3 (the sum stays below 2^-6), +inf, NaN and -NaN, each in a
     float32 tile whose other sums lie in [2^-80, 2^-6]: the row is flagged, the clean row is not."""
