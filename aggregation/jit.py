@@ -59,75 +59,48 @@ EXP_C = (
 )
 
 
-def float_of_bits(bits):
-    """The float64 whose bit pattern is the int64 ``bits``: in compiled code a bit cast (a register move that
-    LLVM vectorises with the loop around it, no buffer to view); NumPy under NUMBA_DISABLE_JIT=1."""
-    return np.int64(bits).view(np.float64)
+def _bit_casts(np_int, np_float, nb_int, nb_float, llvm_int, llvm_float):
+    """(float_of_bits, bits_of_float) for one width: in compiled code a bit cast (a register move that LLVM
+    vectorises with the loop around it, no buffer to view); NumPy under NUMBA_DISABLE_JIT=1."""
+    def to_float(bits):
+        return np_int(bits).view(np_float)
+
+    def to_bits(x):
+        return np_float(x).view(np_int)
+
+    def cast(value, source, target, llvm_type):
+        if value != source:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], llvm_type)
+        return target(value), codegen
+
+    @intrinsic
+    def _to_float(typingctx, bits):
+        return cast(bits, nb_int, nb_float, llvm_float)
+
+    @intrinsic
+    def _to_bits(typingctx, x):
+        return cast(x, nb_float, nb_int, llvm_int)
+
+    @overload(to_float)
+    def _to_float_jit(bits):
+        return lambda bits: _to_float(np_int(bits))
+
+    @overload(to_bits)
+    def _to_bits_jit(x):
+        return lambda x: _to_bits(np_float(x))
+
+    return to_float, to_bits
 
 
-def bits_of_float(x):
-    """The int64 bit pattern of the float64 ``x`` (``float_of_bits`` the other way)."""
-    return np.float64(x).view(np.int64)
-
-
-def _bit_cast(typingctx, value, source, target, llvm_type):
-    if value != source:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], llvm_type)
-
-    return target(value), codegen
-
-
-@intrinsic
-def _float_of_bits(typingctx, bits):
-    return _bit_cast(typingctx, bits, types.int64, types.float64, llvm_ir.DoubleType())
-
-
-@intrinsic
-def _bits_of_float(typingctx, x):
-    return _bit_cast(typingctx, x, types.float64, types.int64, llvm_ir.IntType(64))
-
-
-@overload(float_of_bits)
-def _float_of_bits_jit(bits):
-    return lambda bits: _float_of_bits(np.int64(bits))
-
-
-@overload(bits_of_float)
-def _bits_of_float_jit(x):
-    return lambda x: _bits_of_float(np.float64(x))
-
-
-def float32_of_bits(bits):
-    """The float32 whose bit pattern is the int32 ``bits`` (``float_of_bits`` for float32 lanes)."""
-    return np.int32(bits).view(np.float32)
-
-
-def bits_of_float32(x):
-    """The int32 bit pattern of the float32 ``x``."""
-    return np.float32(x).view(np.int32)
-
-
-@intrinsic
-def _float32_of_bits(typingctx, bits):
-    return _bit_cast(typingctx, bits, types.int32, types.float32, llvm_ir.FloatType())
-
-
-@intrinsic
-def _bits_of_float32(typingctx, x):
-    return _bit_cast(typingctx, x, types.float32, types.int32, llvm_ir.IntType(32))
-
-
-@overload(float32_of_bits)
-def _float32_of_bits_jit(bits):
-    return lambda bits: _float32_of_bits(np.int32(bits))
-
-
-@overload(bits_of_float32)
-def _bits_of_float32_jit(x):
-    return lambda x: _bits_of_float32(np.float32(x))
+# float_of_bits(bits): the float64 whose bit pattern is the int64 bits; bits_of_float(x) the other way
+float_of_bits, bits_of_float = _bit_casts(np.int64, np.float64, types.int64, types.float64, llvm_ir.IntType(64),
+                                          llvm_ir.DoubleType())
+# the same for float32 lanes (int32 bits)
+float32_of_bits, bits_of_float32 = _bit_casts(np.int32, np.float32, types.int32, types.float32, llvm_ir.IntType(32),
+                                              llvm_ir.FloatType())
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
