@@ -59,9 +59,8 @@ EXP_C = (
 )
 
 
-def _bit_casts(np_int, np_float, nb_int, nb_float, llvm_int, llvm_float):
-    """(float_of_bits, bits_of_float) for one width: in compiled code a bit cast (a register move that LLVM
-    vectorises with the loop around it, no buffer to view); NumPy under NUMBA_DISABLE_JIT=1."""
+def _bit_casts(np_int, np_float, nb_int, nb_float, llvm_int, llvm_float, names):
+    """The two bit casts of one width, named ``names`` (float from bits, bits from float)."""
     def to_float(bits):
         return np_int(bits).view(np_float)
 
@@ -92,15 +91,19 @@ def _bit_casts(np_int, np_float, nb_int, nb_float, llvm_int, llvm_float):
     def _to_bits_jit(x):
         return lambda x: _to_bits(np_float(x))
 
+    how = (": in compiled code a bit cast (a register move that LLVM vectorises with the loop around it, no buffer "
+           "to view); NumPy under NUMBA_DISABLE_JIT=1.")
+    to_float.__doc__ = f"The {np_float.__name__} whose bit pattern is the {np_int.__name__} ``bits``{how}"
+    to_bits.__doc__ = f"The {np_int.__name__} bit pattern of the {np_float.__name__} ``x``{how}"
+    to_float.__name__ = to_float.__qualname__ = names[0]
+    to_bits.__name__ = to_bits.__qualname__ = names[1]
     return to_float, to_bits
 
 
-# float_of_bits(bits): the float64 whose bit pattern is the int64 bits; bits_of_float(x) the other way
 float_of_bits, bits_of_float = _bit_casts(np.int64, np.float64, types.int64, types.float64, llvm_ir.IntType(64),
-                                          llvm_ir.DoubleType())
-# the same for float32 lanes (int32 bits)
+                                          llvm_ir.DoubleType(), ("float_of_bits", "bits_of_float"))
 float32_of_bits, bits_of_float32 = _bit_casts(np.int32, np.float32, types.int32, types.float32, llvm_ir.IntType(32),
-                                              llvm_ir.FloatType())
+                                              llvm_ir.FloatType(), ("float32_of_bits", "bits_of_float32"))
 
 
 @njit(cache=True, fastmath=FASTMATH, error_model="numpy")
