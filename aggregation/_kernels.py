@@ -63,7 +63,8 @@ def log_kernel(x):
 # in the sum, so S is within (K + 4) 2^-24 relative, and ``jit.ln32_normal`` within 1 ulp of ln of it:
 #     |out - exact| <= 1 ulp of out + (K + 4) 2^-24,   at most 1 + (K + 4) / 8 ulps of out (|out| >= 4.16).
 # Other tiles (a token of mixture probability above 1/64, or sums below 2^-80, where the terms' clamp at e^-87
-# would count) are redone in float64 (at most 64 tiles a row, and a tile with a bad input, which that path flags).
+# would count: a token below ~e^-55 under every teacher, -inf included) are redone in float64 (at most 63 tiles a row
+# for the first reason), and so is a tile with a bad input, which that path flags.
 # Bandwidth: 4 bytes a value read and written for float32, as the data.
 #
 # Scheduling. Work is cut into many more items than threads (rows, or blocks of the vocabulary when
