@@ -172,7 +172,7 @@ def test_float32_mixture_tiles_take_float32_arithmetic_only_where_every_sum_is_i
     kind = np.arange(lp.shape[-1]) // T % 3                       # 0: float32 tile, 1 and 2: float64 tiles
     right = (out[0] == f) | ~clear
     assert right[kind > 0].all()
-    assert (~right[kind == 1]).sum() == 0 and (~right[kind == 0]).sum() > 0.05 * (kind == 0).sum()
+    assert (~right[kind == 0]).sum() > 0.05 * (kind == 0).sum()
     err = np.abs(out[0].astype(LONG) - exact)
     assert np.all(err <= np.spacing(np.abs(exact).astype(np.float32)).astype(LONG) + (K + 4) * 2.0**-24)
 
